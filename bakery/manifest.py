@@ -1,0 +1,119 @@
+"""BAKED.json: what a bake applied, to what, and what came out.
+
+It records the tool version, the base pin and wheel sha256, the series sha256,
+every patch's sha256 and hunk placements, and each touched file's sha256
+before and after. ``check`` re-hashes a tree (a baked tree or an installed
+site-packages) against it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import __version__
+from .apply import Plan
+from .errors import BakeryError
+from .series import Pin, Series
+
+__all__ = ["MANIFEST", "build", "dumps", "write", "load", "find", "Drift", "check"]
+
+MANIFEST = "BAKED.json"
+
+
+def _sha(data: bytes | None) -> str | None:
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+def build(series: Series, base: Pin, plan: Plan, wheel_name: str) -> dict:
+    package = series.package
+    return {
+        "tool": {"name": "bakery", "version": __version__},
+        "base": {"key": base.key, "requirement": str(base.requirement),
+                 "wheel": base.wheel, "sha256": base.sha256},
+        "series": {"name": series.name, "sha256": series.sha256,
+                   "package": package, "max_fuzz": series.max_fuzz},
+        "patches": [
+            {
+                "file": outcome.patch.name,
+                "sha256": outcome.patch.sha256,
+                "status": outcome.status,
+                "files": [
+                    {"path": f"{package}/{r.path}",
+                     "hunks": [{"hunk": p.hunk, "line": p.line, "offset": p.offset,
+                                "fuzz": p.fuzz} for p in r.placements]}
+                    for r in outcome.files
+                ],
+            }
+            for outcome in plan.outcomes
+        ],
+        "files": {
+            f"{package}/{path}": {"pre": _sha(plan.before[path]), "post": _sha(plan.after[path])}
+            for path in sorted(plan.after)
+        },
+        "wheel": wheel_name,
+    }
+
+
+def dumps(manifest: dict) -> bytes:
+    # Sorted keys and a fixed layout: the manifest is part of the reproducible output.
+    return (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+
+
+def write(path: Path, manifest: dict) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(dumps(manifest))
+    os.replace(tmp, path)
+
+
+def find(root: Path) -> Path:
+    """The manifest of a baked tree, or of a patched wheel installed in ``root``."""
+    direct = root / MANIFEST
+    if direct.is_file():
+        return direct
+    found = sorted(root.glob(f"*.dist-info/{MANIFEST}"))
+    if len(found) == 1:
+        return found[0]
+    what = "several patched installs" if found else f"no {MANIFEST}"
+    raise BakeryError(f"not a baked tree or patched site-packages ({what}): {str(root)!r}",
+                      hint="run `make bake`, or point at the folder holding BAKED.json")
+
+
+def load(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        data["files"], data["series"]["sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BakeryError(f"unreadable manifest ({exc}): {str(path)!r}") from None
+    return data
+
+
+@dataclass(frozen=True)
+class Drift:
+    modified: tuple[str, ...]
+    missing: tuple[str, ...]
+    extra: tuple[str, ...]  # the series deletes them, yet they exist
+
+    @property
+    def clean(self) -> bool:
+        return not (self.modified or self.missing or self.extra)
+
+
+def check(root: Path, manifest: dict) -> Drift:
+    modified, missing, extra = [], [], []
+    for rel, hashes in sorted(manifest["files"].items()):
+        path = root / rel
+        actual = _sha(path.read_bytes()) if path.is_file() else None
+        if hashes["post"] is None:
+            if actual is not None:
+                extra.append(rel)
+        elif actual is None:
+            missing.append(rel)
+        elif actual != hashes["post"]:
+            modified.append(rel)
+    return Drift(tuple(modified), tuple(missing), tuple(extra))

@@ -1,0 +1,142 @@
+"""Directory trees on disk: safe paths, atomic writes, clones and swaps.
+
+Nothing here knows about diffs or wheels. Every path a patch names goes
+through ``inside`` before it is read or written, so a ``..``, an absolute path
+or a symlink pointing out of the tree is refused before any byte moves.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .errors import UnsafePathError
+
+__all__ = [
+    "inside",
+    "read_file",
+    "write_atomic",
+    "clone_tree",
+    "swap_into_place",
+    "remove_tree",
+    "HARDLINK_MIN_BYTES",
+]
+
+# Files at least this big are hard-linked from the pristine cache instead of
+# copied: they are compiled blobs nobody edits. Sources stay real copies, so
+# an editor writing in place in a baked tree cannot reach the cache.
+HARDLINK_MIN_BYTES = 1 << 20
+
+
+def inside(root: Path, rel: str) -> Path:
+    """``root/rel``, refusing anything whose real path leaves ``root``."""
+    if os.path.isabs(rel) or ".." in Path(rel).parts:
+        raise UnsafePathError(f"path leaves the tree (refused): {rel!r}")
+    real_root = os.path.realpath(root)
+    target = os.path.realpath(os.path.join(real_root, rel))
+    if os.path.commonpath([real_root, target]) != real_root:
+        raise UnsafePathError(f"path resolves outside the tree through a symlink (refused): {rel!r}")
+    return Path(root) / rel
+
+
+def read_file(root: Path, rel: str) -> bytes | None:
+    """The file's bytes, or None when it does not exist."""
+    path = inside(root, rel)
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise UnsafePathError(f"path is a directory, not a file: {rel!r}") from None
+
+
+def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write via a temp file in the same folder and rename: always a new inode,
+    so a hard link to the old content (the pristine cache) is never written through."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if mode is None:
+        try:
+            mode = path.stat().st_mode & 0o777
+        except FileNotFoundError:
+            mode = 0o644
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def clone_tree(src: Path, dst: Path, *, skip: frozenset[str] = frozenset()) -> None:
+    """Recreate ``src`` at ``dst``: big files hard-linked, the rest copied.
+
+    ``skip`` lists relative paths the caller writes itself (patched files)."""
+    src = Path(src)
+    for dirpath, dirnames, filenames in os.walk(src):
+        dirnames.sort()
+        rel_dir = os.path.relpath(dirpath, src)
+        out_dir = dst / rel_dir if rel_dir != "." else dst
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name in sorted(filenames):
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            if rel in skip:
+                continue
+            source = os.path.join(dirpath, name)
+            target = out_dir / name
+            if os.path.getsize(source) >= HARDLINK_MIN_BYTES:
+                try:
+                    os.link(source, target)
+                    continue
+                except OSError:
+                    pass  # other filesystem: fall back to a copy
+            shutil.copyfile(source, target)
+            os.chmod(target, (os.stat(source).st_mode & 0o777) | 0o200)
+
+
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2); False if unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    rc = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def swap_into_place(new: Path, final: Path) -> None:
+    """Make ``new`` appear at ``final`` in one step; the old tree is removed after.
+
+    With RENAME_EXCHANGE there is no instant at which ``final`` is missing or
+    half-written: a kill leaves either the old or the new tree."""
+    if final.exists() and _exchange(new, final):
+        remove_tree(new)  # now holds the old tree
+        return
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.rename(final, old)
+        os.rename(new, final)
+        remove_tree(old)
+        return
+    os.rename(new, final)
+
+
+def remove_tree(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)
