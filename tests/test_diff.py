@@ -1,0 +1,101 @@
+"""The diff border: unidiff in, frozen types out, canonical diffs back."""
+
+import pytest
+
+from bakery.diff import parse_patch, render_file_diff, split_lines
+from bakery.errors import PatchParseError, UnsafePathError
+from tests.conftest import SEED
+
+RENAME = (("models/deepseek_v4_1/", "models/deepseek_v41/"),)
+
+
+def test_seed_is_stored_verbatim_and_lacks_its_final_newline():
+    data = SEED.read_bytes()
+    assert not data.endswith(b"\n")
+    patch = parse_patch(data, SEED.name, renames=RENAME)
+    assert patch.missing_final_newline
+    assert patch.paths == ("models/deepseek_v41/nvidia/flashinfer_sparse.py",)
+    assert len(patch.files[0].hunks) == 12
+    # The last line of the seed is an added line whose newline was lost with the file's.
+    assert patch.files[0].hunks[-1].lines[-1].eol == b"\n"
+
+
+def test_path_comes_from_header_not_file_name():
+    diff = b"--- a/x/my_file.py\n+++ b/x/my_file.py\n@@ -1 +1 @@\n-a\n+b\n"
+    assert parse_patch(diff, "01-x_my_other_name.py.diff").paths == ("x/my_file.py",)
+
+
+def test_no_newline_markers_on_both_sides():
+    diff = (
+        b"--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n a\n-b\n\\ No newline at end of file\n"
+        b"+c\n\\ No newline at end of file\n"
+    )
+    hunk = parse_patch(diff, "p").files[0].hunks[0]
+    assert [(line.kind, line.text, line.eol) for line in hunk.lines] == [
+        (" ", b"a", b"\n"),
+        ("-", b"b", b""),
+        ("+", b"c", b""),
+    ]
+
+
+def test_git_extended_headers_new_mode_and_index():
+    diff = (
+        b"diff --git a/run.sh b/run.sh\nold mode 100644\nnew mode 100755\n"
+        b"index 1111111..2222222\n--- a/run.sh\n+++ b/run.sh\n@@ -1 +1 @@\n-x\n+y\n"
+    )
+    (fp,) = parse_patch(diff, "p").files
+    assert fp.path == "run.sh" and fp.new_mode == 0o755
+
+
+def test_new_and_deleted_files():
+    new = b"--- /dev/null\n+++ b/n.py\n@@ -0,0 +1,2 @@\n+a\n+b\n"
+    gone = b"--- a/o.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-a\n"
+    assert parse_patch(new, "p").files[0].creates
+    assert parse_patch(gone, "p").files[0].deletes
+
+
+@pytest.mark.parametrize(
+    "header, error",
+    [
+        (b"--- /etc/passwd\n+++ /etc/passwd\n", UnsafePathError),
+        (b"--- a/../../x\n+++ b/../../x\n", UnsafePathError),
+    ],
+)
+def test_unsafe_header_paths_are_refused(header, error):
+    with pytest.raises(error, match="refused"):
+        parse_patch(header + b"@@ -1 +1 @@\n-a\n+b\n", "p")
+
+
+def test_rename_that_escapes_is_refused():
+    diff = b"--- a/m/x\n+++ b/m/x\n@@ -1 +1 @@\n-a\n+b\n"
+    with pytest.raises(UnsafePathError):
+        parse_patch(diff, "p", renames=(("m/", "../"),))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"hello world\nthis is not a diff\n",
+        b"",
+        b"--- a/f\n+++ b/f\n@@ -1,3 +1,3 @@\n a\n",  # hunk shorter than its header
+        b"diff --git a/f.bin b/f.bin\nGIT binary patch\nliteral 3\nKcmZ?\n",
+        b"Binary files a/f.bin and b/f.bin differ\n",
+    ],
+)
+def test_garbage_and_binary_are_refused(data):
+    with pytest.raises(PatchParseError):
+        parse_patch(data, "p")
+
+
+def test_render_roundtrip_keeps_crlf_and_missing_newline():
+    old = b"a\r\nb\r\nc"
+    new = b"a\r\nB\r\nc\r\nd"
+    diff = render_file_diff("f.txt", old, new)
+    assert diff.startswith(b"--- baked-ours/f.txt\n+++ baked/f.txt\n@@ -1,3 +1,4 @@\n")
+    assert b"\\ No newline at end of file\n" in diff and diff.endswith(b"\n")
+    fp = parse_patch(diff, "p").files[0]
+    assert [line.raw for line in fp.hunks[0].new_lines] == split_lines(new)
+
+
+def test_render_is_empty_without_change():
+    assert render_file_diff("f", b"a\n", b"a\n") == b""
