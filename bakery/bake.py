@@ -29,7 +29,7 @@ from .wheel import (
     write_patched_wheel,
 )
 
-__all__ = ["BakeResult", "bake", "tree_dir", "pristine", "patched_version"]
+__all__ = ["BakeResult", "bake", "tree_dir", "pristine", "patched_version", "staleness"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,28 @@ def _check_preimage(root: Path, wheel: WheelInfo, series: Series) -> None:
             f"base is not what the series expects ({len(bad)} file(s)): " + ", ".join(bad),
             hint="the pristine cache may be damaged: delete it under $BAKERY_CACHE/pristine",
         )
+
+
+def staleness(series: Series, base_key: str, build: Path = Path("build")) -> list[str]:
+    """Why the baked tree cannot be trusted as this series' bake ([] if it can)."""
+    tree = tree_dir(build, base_key)
+    path = tree / manifest.MANIFEST
+    if not path.is_file():
+        return [f"no baked tree at {tree}"]
+    data = manifest.load(path)
+    problems = []
+    if data["series"]["sha256"] != series.sha256:
+        problems.append(
+            f"{tree} was baked from series {data['series']['sha256'][:8]}, "
+            f"the repo has {series.sha256[:8]}"
+        )
+    if data["base"]["sha256"] != series.base(base_key).sha256:
+        problems.append(f"{tree} was baked from another {base_key} wheel")
+    drift = manifest.check(tree, data)
+    problems += [f"{kind}: {rel}" for kind, rels in
+                 (("modified", drift.modified), ("missing", drift.missing), ("extra", drift.extra))
+                 for rel in rels]
+    return problems
 
 
 def _write_wheel(

@@ -16,9 +16,11 @@ import click
 from . import __version__, manifest
 from . import apply as apply_mod
 from .bake import bake as run_bake
+from .bake import staleness, tree_dir
 from .diff import parse_patch, parse_renames
 from .errors import BakeryError, PatchParseError
 from .series import DEFAULT_SERIES, load_series
+from .verify.commands import verify
 
 __all__ = ["main", "cli"]
 
@@ -160,9 +162,19 @@ def apply_cmd(fuzz, renames, strip, dry_run, reverse, as_json, tree, patches) ->
     show_default=True,
     help="Output folder.",
 )
-def bake_cmd(series_dir, base_key, wheel, build_dir) -> None:
+@click.option("--check", "check_only", is_flag=True,
+              help="Write nothing; exit 1 if the baked tree is missing or stale.")
+def bake_cmd(series_dir, base_key, wheel, build_dir, check_only) -> None:
     """Fetch the pinned wheel, apply the series, write tree + BAKED.json + wheel."""
     series = load_series(series_dir)
+    if check_only:
+        problems = staleness(series, base_key, build_dir)
+        for problem in problems:
+            click.echo(problem)
+        if problems:
+            raise BakeryError(f"{tree_dir(build_dir, base_key)} is stale", hint="run `make bake`")
+        click.echo(f"ok: {tree_dir(build_dir, base_key)} is series {series.sha256[:8]}")
+        return
     result = run_bake(series, base_key, build=build_dir, wheel=wheel)
     for outcome in result.plan.outcomes:
         if outcome.status == apply_mod.ALREADY_APPLIED:
@@ -194,6 +206,9 @@ def check_cmd(directory: Path) -> None:
             hint="re-run `make bake` (or reinstall the patched wheel)",
         )
     click.echo(f"ok: {len(manifest.load(path)['files'])} touched file(s) match {path}")
+
+
+cli.add_command(verify)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,168 @@
+"""Calibration: gate thresholds from the baseline's measured run-to-run noise.
+
+Given two or more bundles of the *same* server setup (repeated captures, ideally
+across restarts), every pair is compared and each bound gate's worst observed
+value is its noise floor; the threshold is the floor widened by a policy factor,
+never tighter than a policy minimum. The result names every threshold it set
+(source ``calibration``). Capturing the runs is the command's job; this is pure
+apart from reading bundles and writing the gates file.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bakery.errors import UsageError
+from bakery.verify._io import write_json_atomic, write_text_atomic
+from bakery.verify.compare import BOUND_GATES, Gates, compare_bundles
+from bakery.verify.report import format_value
+
+__all__ = [
+    "CalibrationPolicy",
+    "Calibration",
+    "noise_floor",
+    "derive_threshold",
+    "calibrate_from_reports",
+    "calibrate_bundles",
+    "write_calibration",
+]
+
+KL_GATES = frozenset({"max_tf_kl"})
+
+
+@dataclass(frozen=True)
+class CalibrationPolicy:
+    """How far above the noise floor a threshold sits.
+
+    The minimums keep a bit-deterministic baseline (floor 0) from producing a gate
+    that any legitimate reduction-order change would break.
+    """
+
+    factor: float = 2.0
+    min_logprob_bound: float = 0.05
+    min_kl_bound: float = 1e-3
+    min_overlap_slack: float = 0.05
+
+
+@dataclass(frozen=True)
+class Calibration:
+    gates: Gates
+    noise_floor: Mapping[str, float | None]
+    bundles: tuple[str, ...]
+    pairs: int
+    policy: CalibrationPolicy
+    high_margin_mismatches: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The gates-file form that ``compare --gates`` reads."""
+        return {
+            "gates": self.gates.values(),
+            "sources": dict(self.gates.sources),
+            "calibration": {
+                "bundles": list(self.bundles),
+                "pairs": self.pairs,
+                "noise_floor": dict(self.noise_floor),
+                "policy": {
+                    "factor": self.policy.factor,
+                    "min_logprob_bound": self.policy.min_logprob_bound,
+                    "min_kl_bound": self.policy.min_kl_bound,
+                    "min_overlap_slack": self.policy.min_overlap_slack,
+                },
+                "high_margin_mismatches": list(self.high_margin_mismatches),
+            },
+        }
+
+
+def noise_floor(reports: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """Worst value of each bound gate's field over all cases of all reports (None: unseen)."""
+    floor: dict[str, float | None] = {}
+    for name, (key, kind) in BOUND_GATES.items():
+        seen = [case[key] for report in reports for case in report["cases"].values()
+                if case.get(key) is not None]
+        pick = max if kind == "max" else min
+        floor[name] = pick(seen) if seen else None
+    return floor
+
+
+def derive_threshold(name: str, floor: float | None, policy: CalibrationPolicy) -> float | None:
+    """Widen a floor by ``policy``: upper bounds grow, overlap lower bounds shrink toward 0."""
+    if floor is None:
+        return None
+    if BOUND_GATES[name][1] == "max":
+        minimum = policy.min_kl_bound if name in KL_GATES else policy.min_logprob_bound
+        return max(floor * policy.factor, minimum)
+    slack = max((1.0 - floor) * policy.factor, policy.min_overlap_slack)
+    return max(0.0, 1.0 - slack)
+
+
+def _high_margin(report: Mapping[str, Any]) -> list[str]:
+    return [
+        f"{report['candidate']['path']}: {name} step {case['first_token_mismatch']['step']}"
+        for name, case in sorted(report["cases"].items())
+        if not case["tokens_match"] and not case["first_token_mismatch_low_margin"]
+    ]
+
+
+def calibrate_from_reports(reports: Sequence[Mapping[str, Any]], bundles: Sequence[str],
+                           policy: CalibrationPolicy) -> Calibration:
+    floor = noise_floor(reports)
+    thresholds = {name: derive_threshold(name, value, policy) for name, value in floor.items()}
+    return Calibration(
+        gates=Gates().with_values("calibration", **thresholds),
+        noise_floor=floor,
+        bundles=tuple(bundles),
+        pairs=len(reports),
+        policy=policy,
+        high_margin_mismatches=tuple(m for r in reports for m in _high_margin(r)),
+    )
+
+
+def calibrate_bundles(bundle_dirs: Sequence[Path], policy: CalibrationPolicy | None = None, *,
+                      top_n: int = 20, low_margin: float = 0.5,
+                      teacher_forced: bool = False) -> Calibration:
+    """Compare every pair of same-setup bundles and derive thresholds from the spread."""
+    if len(bundle_dirs) < 2:
+        raise UsageError(f"calibration needs at least 2 baseline bundles, got {len(bundle_dirs)}")
+    reports = [
+        compare_bundles(a, b, Gates(), top_n=top_n, low_margin=low_margin,
+                        teacher_forced=teacher_forced)
+        for a, b in itertools.combinations(bundle_dirs, 2)
+    ]
+    names = [str(p) for p in bundle_dirs]
+    return calibrate_from_reports(reports, names, policy or CalibrationPolicy())
+
+
+def render_calibration(calibration: Calibration) -> str:
+    lines = [
+        "# Gate calibration",
+        "",
+        f"{len(calibration.bundles)} baseline bundles, {calibration.pairs} pairwise comparisons, "
+        f"factor {calibration.policy.factor}.",
+        "",
+        "| gate | noise floor | threshold | source |",
+        "|---|---|---|---|",
+    ]
+    gates = calibration.gates
+    for name in BOUND_GATES:
+        value = getattr(gates, name)
+        lines.append(
+            f"| {name} | {format_value(calibration.noise_floor[name])} | "
+            f"{format_value(value) if value is not None else 'off'} | "
+            f"{gates.sources.get(name, 'default')} |"
+        )
+    if calibration.high_margin_mismatches:
+        lines += ["", "The baseline disagrees with itself at high margin (not deterministic):"]
+        lines += [f"- {m}" for m in calibration.high_margin_mismatches]
+    return "\n".join(lines) + "\n"
+
+
+def write_calibration(calibration: Calibration, out_dir: Path) -> tuple[Path, Path]:
+    """Write ``gates.json`` (for ``compare --gates``) and ``calibration.md`` atomically."""
+    gates_path, md_path = out_dir / "gates.json", out_dir / "calibration.md"
+    write_json_atomic(gates_path, calibration.as_dict(), sort_keys=True)
+    write_text_atomic(md_path, render_calibration(calibration))
+    return gates_path, md_path

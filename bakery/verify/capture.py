@@ -1,0 +1,406 @@
+"""Capture: run a prompt suite against a live OpenAI-compatible vLLM server into a bundle.
+
+Greedy ``/v1/completions`` (temperature 0, ``logprobs`` 20) plus ``/tokenize`` for the
+prompt ids, with bounded concurrency, a per-request timeout and retries on
+connection errors; a progress bar only on a TTY. With ``teacher_forced`` it also
+scores a fixed token sequence (prompt plus a completion: its own, or a reference
+bundle's) through ``prompt_logprobs``. Everything is checked before the first
+request; the bundle format itself lives in ``bundle``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from packaging.version import InvalidVersion, Version
+
+from bakery import __version__
+from bakery.errors import UsageError
+from bakery.verify.bundle import (
+    CASE_PREFIX,
+    COMPLETIONS_PATH,
+    TEACHER_PREFIX,
+    CaseRecord,
+    case_from_document,
+    load_bundle,
+    write_bundle_meta,
+    write_case_file,
+)
+from bakery.verify.errors import BundleError, CaptureError
+from bakery.verify.suite import Suite, SuiteCase
+
+__all__ = ["CaptureSettings", "ServerInfo", "capture_bundle", "completion_request"]
+
+# Connection-level failures worth retrying: the request never reached a server that
+# answered. Read timeouts are not retried: a greedy request that hangs will hang again.
+RETRYABLE = (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout)
+GATE_ENV_PREFIX = "DSV41_"
+
+T = TypeVar("T")
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CaptureSettings:
+    """How to talk to the server; none of these change what a correct server answers."""
+
+    concurrency: int = 4
+    timeout_s: float = 600.0
+    retries: int = 3
+    backoff_s: float = 0.5
+    logprobs: int = 20
+    token_ids: bool = True
+    repeat: int = 1
+    model: str | None = None
+    progress: bool | None = None
+
+    def check(self) -> None:
+        for name in ("concurrency", "logprobs", "repeat"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        if self.retries < 0 or self.timeout_s <= 0 or self.backoff_s < 0:
+            raise UsageError("retries and backoff must be >= 0 and the timeout > 0")
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What is known about how the server was started (recorded in ``bundle.json``)."""
+
+    command: str | None = None
+    env: Mapping[str, str] | None = None
+    baked_json: Path | None = None
+
+
+def completion_request(model: str, prompt: str | list[int], max_tokens: int,
+                       settings: CaptureSettings) -> Json:
+    request: Json = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "logprobs": settings.logprobs,
+    }
+    if settings.token_ids:
+        # Token strings collide (two ids, one text), which drops top-k entries; ids do not.
+        request["return_tokens_as_token_ids"] = True
+    return request
+
+
+class _Client:
+    """An httpx client that retries connection errors and turns failures into CaptureError."""
+
+    def __init__(self, http: httpx.AsyncClient, settings: CaptureSettings) -> None:
+        self.http = http
+        self.settings = settings
+
+    async def call(self, method: str, path: str, what: str, payload: Json | None = None) -> Json:
+        attempts = self.settings.retries + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                response = await self.http.request(method, path, json=payload)
+            except RETRYABLE as exc:
+                if attempt == attempts:
+                    raise CaptureError(
+                        f"{what}: {path} unreachable after {attempts} attempts "
+                        f"({type(exc).__name__}: {exc})"
+                    ) from exc
+                await asyncio.sleep(self.settings.backoff_s * 2 ** (attempt - 1))
+            except httpx.TimeoutException as exc:
+                raise CaptureError(
+                    f"{what}: {path} timed out after {self.settings.timeout_s}s"
+                ) from exc
+            else:
+                return _json_body(response, path, what)
+        raise CaptureError(f"{what}: {path} was never attempted (retries < 0)")
+
+
+def _json_body(response: httpx.Response, path: str, what: str) -> Json:
+    if response.status_code != 200:
+        body = repr(response.text[:200])
+        raise CaptureError(f"{what}: HTTP {response.status_code} from {path} ({body})")
+    try:
+        body = response.json()
+    except ValueError as exc:
+        raise CaptureError(f"{what}: {path} answered with invalid JSON") from exc
+    if not isinstance(body, dict):
+        raise CaptureError(f"{what}: {path} answered with {type(body).__name__}, not an object")
+    return body
+
+
+async def _gather_all(awaitables: Iterable[Awaitable[T]]) -> list[T]:
+    """Like gather, but a failure cancels the rest instead of leaving them running."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def _tokenize(client: _Client, model: str, text: str, what: str) -> tuple[Json, Json]:
+    request = {"model": model, "prompt": text}
+    response = await client.call("POST", "/tokenize", what, request)
+    tokens = response.get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        raise CaptureError(f"{what}: /tokenize answered without an int list 'tokens'")
+    return request, response
+
+
+async def _resolve_prompt(client: _Client, model: str, case: SuiteCase
+                          ) -> tuple[str | list[int], Json, Json]:
+    """The prompt to send, plus the ``/tokenize`` request and answer that back it."""
+    what = f"case {case.case}"
+    if case.prompt is not None:
+        request, response = await _tokenize(client, model, case.prompt, what)
+        return case.prompt, request, response
+    assert case.filler is not None and case.prompt_tokens is not None  # suite guarantees
+    request, response = await _tokenize(client, model, case.filler, what)
+    count = len(response["tokens"])
+    if 0 < count < case.prompt_tokens:
+        times = case.prompt_tokens // count + 2
+        request, response = await _tokenize(client, model, "\n\n".join([case.filler] * times), what)
+    ids = response["tokens"][: case.prompt_tokens]
+    if len(ids) != case.prompt_tokens:
+        raise CaptureError(f"{what}: filler gives {len(ids)} tokens, need {case.prompt_tokens}")
+    return ids, request, response
+
+
+@dataclass(frozen=True)
+class _CaseResult:
+    record: CaseRecord
+    unique_sequences: int
+
+
+class _Capture:
+    """One capture run: the client, the destination and what each case needs."""
+
+    def __init__(self, client: _Client, out_dir: Path, model: str,
+                 reference: Mapping[str, CaseRecord] | None, teacher_forced: bool) -> None:
+        self.client, self.out_dir, self.model = client, out_dir, model
+        self.reference, self.teacher_forced = reference, teacher_forced
+
+    async def case(self, case: SuiteCase) -> _CaseResult:
+        prompt, tok_request, tok_response = await _resolve_prompt(self.client, self.model, case)
+        request = completion_request(self.model, prompt, case.max_tokens, self.client.settings)
+        what = f"case {case.case}"
+        started = time.monotonic()
+        response = await self.client.call("POST", COMPLETIONS_PATH, what, request)
+        document = {
+            "name": f"{CASE_PREFIX}{case.case}",
+            "path": COMPLETIONS_PATH,
+            "status": 200,
+            "elapsed_seconds": round(time.monotonic() - started, 3),
+            "request": request,
+            "tokenize_request": tok_request,
+            "tokenize_response": tok_response,
+            "response": response,
+        }
+        path = self.out_dir / f"{document['name']}.json"
+        record = _checked_record(document, path)
+        unique = await self._repeat(request, record, what)
+        write_case_file(self.out_dir, document)
+        if self.teacher_forced:
+            await self._teacher(case, record)
+        return _CaseResult(record, unique)
+
+    async def _repeat(self, request: Json, record: CaseRecord, what: str) -> int:
+        sequences = {record.completion.tokens}
+        for _ in range(self.client.settings.repeat - 1):
+            again = await self.client.call("POST", COMPLETIONS_PATH, what, request)
+            sequences.add(_checked_record(_wrap(request, again), record.file).completion.tokens)
+        return len(sequences)
+
+    async def _teacher(self, case: SuiteCase, own: CaseRecord) -> None:
+        source = self.reference[own.name] if self.reference is not None else own
+        prompt_ids, output_ids = source.completion.prompt_token_ids, source.completion.token_ids
+        if prompt_ids is None or output_ids is None:
+            raise CaptureError(
+                f"case {case.case}: teacher forcing needs prompt and output token ids "
+                f"({source.file} has none; capture with token ids)"
+            )
+        sequence = [*prompt_ids, *output_ids]
+        request = {"model": self.model, "prompt": sequence, "max_tokens": 1, "temperature": 0.0,
+                   "prompt_logprobs": self.client.settings.logprobs, "echo": True}
+        response = await self.client.call("POST", COMPLETIONS_PATH, f"case {case.case}", request)
+        write_case_file(self.out_dir, {
+            "name": f"{TEACHER_PREFIX}{case.case}",
+            "case": own.name,
+            "path": COMPLETIONS_PATH,
+            "status": 200,
+            "scored_from": "self" if self.reference is None else str(source.file.parent),
+            "sequence": sequence,
+            "completion_start": len(prompt_ids),
+            "request": request,
+            "response": response,
+        })
+
+
+def _wrap(request: Json, response: Json) -> Json:
+    return {"name": "repeat", "path": COMPLETIONS_PATH, "status": 200, "request": request,
+            "response": response}
+
+
+def _checked_record(document: Json, path: Path) -> CaseRecord:
+    """Parse what the server sent with the bundle loader, so a bad answer fails the capture."""
+    try:
+        return case_from_document(document, path)
+    except BundleError as exc:
+        raise CaptureError(f"server answer is not a usable completion: {exc}") from exc
+
+
+async def _model_and_version(client: _Client, settings: CaptureSettings) -> tuple[str, Json]:
+    model = settings.model
+    if model is None:
+        models = await client.call("GET", "/v1/models", "model list")
+        data = models.get("data")
+        if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+            raise CaptureError("/v1/models lists no model; pass --model")
+        model = str(data[0].get("id"))
+    version = await client.call("GET", "/version", "server version")
+    return model, _version_fields(version.get("version"))
+
+
+def _version_fields(raw: Any) -> Json:
+    if not isinstance(raw, str):
+        return {"vllm_version": None, "vllm_version_note": "/version gave no version string"}
+    try:
+        return {"vllm_version": str(Version(raw))}
+    except InvalidVersion:
+        return {"vllm_version": raw, "vllm_version_note": "not a PEP 440 version"}
+
+
+def _progress(enabled: bool, total: int) -> tuple[Any, Callable[[], None]]:
+    """A rich progress bar on stderr, or a no-op when stderr is not a terminal."""
+    if not enabled:
+        return None, lambda: None
+    from rich.console import Console
+    from rich.progress import Progress
+
+    bar = Progress(console=Console(stderr=True), transient=True)
+    task = bar.add_task("capturing", total=total)
+    return bar, lambda: bar.advance(task)
+
+
+async def _run(url: str, out_dir: Path, suite: Suite, settings: CaptureSettings,
+               reference: Mapping[str, CaseRecord] | None, teacher_forced: bool
+               ) -> tuple[str, Json, list[_CaseResult]]:
+    limits = httpx.Timeout(settings.timeout_s)
+    async with httpx.AsyncClient(base_url=url, timeout=limits) as http:
+        client = _Client(http, settings)
+        model, version = await _model_and_version(client, settings)
+        capture = _Capture(client, out_dir, model, reference, teacher_forced)
+        gate = asyncio.Semaphore(settings.concurrency)
+        show = settings.progress if settings.progress is not None else sys.stderr.isatty()
+        bar, advance = _progress(show, len(suite.cases))
+
+        async def one(case: SuiteCase) -> _CaseResult:
+            async with gate:
+                result = await capture.case(case)
+            advance()
+            return result
+
+        if bar is not None:
+            bar.start()
+        try:
+            results = await _gather_all(one(case) for case in suite.cases)
+        finally:
+            if bar is not None:
+                bar.stop()
+    return model, version, results
+
+
+def _sha256(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise UsageError(f"cannot read BAKED.json {path} ({exc.strerror})") from exc
+
+
+def _meta(url: str, model: str, version: Json, suite: Suite, settings: CaptureSettings,
+          server: ServerInfo, results: list[_CaseResult], reference: Path | None,
+          teacher_forced: bool) -> Json:
+    env = server.env if server.env is not None else os.environ
+    fingerprints = {r.record.system_fingerprint for r in results if r.record.system_fingerprint}
+    return {
+        "tool": {"name": "bakery", "version": __version__},
+        "url": url,
+        "model": model,
+        **version,
+        "system_fingerprints": sorted(fingerprints),
+        "server_command": server.command,
+        "dsv41_gates": {k: env[k] for k in sorted(env) if k.startswith(GATE_ENV_PREFIX)},
+        "baked_json_sha256": _sha256(server.baked_json) if server.baked_json else None,
+        "suite": {"name": suite.name, "sha256": suite.sha256, "cases": len(suite.cases)},
+        "settings": {"logprobs": settings.logprobs, "repeat": settings.repeat,
+                     "token_keys": "ids" if settings.token_ids else "strings"},
+        "repeat_unique_sequences": {r.record.name: r.unique_sequences for r in results},
+        "teacher_forced": {"enabled": teacher_forced,
+                           "reference": str(reference) if reference else None},
+    }
+
+
+def _check_inputs(url: str, out_dir: Path, suite: Suite, settings: CaptureSettings,
+                  teacher_forced: bool, reference: Path | None) -> dict[str, CaseRecord] | None:
+    """Every check that needs no server, before anything is written or sent."""
+    settings.check()
+    if httpx.URL(url).scheme not in ("http", "https"):
+        raise UsageError(f"--url must be an http(s) URL, got {url!r}")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise UsageError(f"output directory {out_dir} is not empty (pick a new directory)")
+    if reference is None:
+        if teacher_forced and not settings.token_ids:
+            raise UsageError("--teacher-forced needs token ids; drop --token-keys strings")
+        return None
+    if not teacher_forced:
+        raise UsageError("--reference only makes sense with --teacher-forced")
+    cases = load_bundle(reference).by_name()
+    missing = sorted(f"{CASE_PREFIX}{c.case}" for c in suite.cases
+                     if f"{CASE_PREFIX}{c.case}" not in cases)
+    if missing:
+        raise BundleError(f"reference bundle {reference} lacks suite cases: {missing}")
+    return cases
+
+
+def capture_bundle(
+    url: str,
+    out_dir: Path,
+    suite: Suite,
+    *,
+    settings: CaptureSettings | None = None,
+    server: ServerInfo | None = None,
+    teacher_forced: bool = False,
+    reference: Path | None = None,
+) -> Path:
+    """Capture ``suite`` from the server at ``url`` into the bundle directory ``out_dir``."""
+    settings = settings or CaptureSettings()
+    out_dir = Path(out_dir)
+    ref_cases = _check_inputs(url, out_dir, suite, settings, teacher_forced, reference)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Capture into a hidden sibling and move it into place at the end, so a failed
+    # capture leaves no half bundle that a later compare could mistake for a whole one.
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        model, version, results = asyncio.run(
+            _run(url, staging, suite, settings, ref_cases, teacher_forced)
+        )
+        meta = _meta(url, model, version, suite, settings, server or ServerInfo(), results,
+                     reference, teacher_forced)
+        write_bundle_meta(staging, meta)
+        os.replace(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging)
+        raise
+    return out_dir

@@ -1,0 +1,212 @@
+"""Compare two bundles under configurable gates and produce the report dict.
+
+``compare_bundles`` is the whole pipeline: load both bundles, check they ask the
+same questions, compute each case's metrics, apply the gates. It writes nothing;
+``report`` renders and writes, ``commands`` maps the verdict to an exit code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from bakery.verify.bundle import (
+    Bundle,
+    CaseRecord,
+    TeacherScores,
+    load_bundle,
+    load_json_object,
+)
+from bakery.verify.errors import BundleError, GatesError
+from bakery.verify.metrics import compare_completions, compare_teacher_forced
+
+__all__ = ["Gates", "load_gates", "compare_bundles", "evaluate_gates", "BOUND_GATES"]
+
+# The request fields that make two captures the same question. ``model`` is left
+# out on purpose: a candidate may serve a copy of the model under another path.
+COMPARABLE_REQUEST_FIELDS = ("prompt", "max_tokens", "temperature", "logprobs")
+
+# gate name -> (report field it reads, "max" = value must be <= bound, "min" = >=).
+# Bounds read the trajectory_* fields: after a low-margin fork the two runs condition
+# on different text, so their distributions may differ legitimately.
+BOUND_GATES: dict[str, tuple[str, str]] = {
+    "max_chosen_token_logprob_abs_error": ("trajectory_max_chosen_token_logprob_abs_error", "max"),
+    "max_common_logprob_abs_error": ("trajectory_max_common_logprob_abs_error", "max"),
+    "min_topk_overlap_mean": ("trajectory_topk_overlap_mean", "min"),
+    "min_topk_overlap_min": ("trajectory_topk_overlap_min", "min"),
+    "max_tf_kl": ("tf_max_kl", "max"),
+    "max_tf_abs_logprob_delta": ("tf_max_abs_logprob_delta", "max"),
+}
+
+
+@dataclass(frozen=True)
+class Gates:
+    """What a candidate must satisfy; a bound of None is off. ``sources`` says who set each."""
+
+    require_prompt_ids_equal: bool = True
+    fail_on_high_margin_mismatch: bool = True
+    max_chosen_token_logprob_abs_error: float | None = None
+    max_common_logprob_abs_error: float | None = None
+    min_topk_overlap_mean: float | None = None
+    min_topk_overlap_min: float | None = None
+    max_tf_kl: float | None = None
+    max_tf_abs_logprob_delta: float | None = None
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def values(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "sources"}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            name: {"value": value, "source": self.sources.get(name, "default")}
+            for name, value in self.values().items()
+        }
+
+    def with_values(self, source: str, **values: Any) -> Gates:
+        """A copy with the given (non-None) values set and attributed to ``source``."""
+        given = {k: v for k, v in values.items() if v is not None}
+        for name, value in given.items():
+            _check_gate_value(name, value)
+        return replace(self, **given, sources={**self.sources, **dict.fromkeys(given, source)})
+
+
+def _check_gate_value(name: str, value: Any) -> None:
+    known = {f.name: f for f in fields(Gates) if f.name != "sources"}
+    if name not in known:
+        raise GatesError(f"unknown gate {name!r} (known: {', '.join(sorted(known))})")
+    if name in BOUND_GATES:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    else:
+        ok = isinstance(value, bool)
+    if not ok:
+        kind = "a finite number" if name in BOUND_GATES else "true/false"
+        raise GatesError(f"gate {name!r} must be {kind}, got {value!r}")
+
+
+def load_gates(path: Path) -> Gates:
+    """Read a gates file (``{"gates": {...}, "sources": {...}}``, as calibrate writes it)."""
+    data = load_json_object(path, "gates file", GatesError)
+    values = data.get("gates")
+    sources = data.get("sources", {})
+    if not isinstance(values, dict) or not isinstance(sources, dict):
+        raise GatesError(f"gates file {path} (expected objects 'gates' and 'sources')")
+    values = {k: v for k, v in values.items() if v is not None}  # null = gate off
+    for name, value in values.items():
+        _check_gate_value(name, value)
+    return replace(Gates(), **values, sources={k: str(sources.get(k, "file")) for k in values})
+
+
+def evaluate_gates(case: Mapping[str, Any], gates: Gates) -> list[str]:
+    """Every gate this case breaks, as one readable line each (empty list = pass)."""
+    failures: list[str] = []
+    if gates.require_prompt_ids_equal and case.get("prompt_token_ids_match") is not True:
+        state = "could not be checked" if case.get("prompt_token_ids_match") is None else "differ"
+        failures.append(f"prompt token ids {state}")
+    if gates.fail_on_high_margin_mismatch and not case["tokens_match"]:
+        if not case["first_token_mismatch_low_margin"]:
+            step = case["first_token_mismatch"]["step"]
+            failures.append(f"high-margin token mismatch at step {step}")
+    for name, (key, kind) in BOUND_GATES.items():
+        failures.extend(_bound_failure(name, case.get(key), getattr(gates, name), kind, key))
+    return failures
+
+
+def _bound_failure(name: str, value: Any, bound: float | None, kind: str, key: str) -> list[str]:
+    if bound is None or value is None:
+        return []
+    broken = value > bound if kind == "max" else value < bound
+    if not broken:
+        return []
+    relation = ">" if kind == "max" else "<"
+    return [f"{key} {value:.6g} {relation} {name} {bound:.6g}"]
+
+
+def _check_comparable(baseline: Bundle, candidate: Bundle) -> None:
+    base, cand = baseline.by_name(), candidate.by_name()
+    missing, extra = sorted(base.keys() - cand.keys()), sorted(cand.keys() - base.keys())
+    if missing or extra:
+        raise BundleError(
+            f"bundles hold different cases (missing in candidate: {missing}, "
+            f"only in candidate: {extra})"
+        )
+    if baseline.token_key_kind != candidate.token_key_kind:
+        raise BundleError(
+            f"bundles key tokens differently (baseline: {baseline.token_key_kind}, "
+            f"candidate: {candidate.token_key_kind}); capture both with the same --token-keys"
+        )
+    for name in sorted(base):
+        for key in COMPARABLE_REQUEST_FIELDS:
+            if base[name].request.get(key) != cand[name].request.get(key):
+                raise BundleError(
+                    f"case {name!r} asks a different question in the candidate "
+                    f"(request.{key} differs: {base[name].file} vs {cand[name].file})"
+                )
+
+
+def _teacher_of(record: CaseRecord, role: str) -> TeacherScores:
+    if record.teacher is None:
+        raise BundleError(
+            f"{role} has no teacher-forced scores for {record.name!r} "
+            f"(expected teacher_*.json beside {record.file.name}; capture with --teacher-forced)"
+        )
+    return record.teacher
+
+
+def _teacher_fields(base: CaseRecord, cand: CaseRecord) -> dict[str, Any]:
+    base_scores, cand_scores = _teacher_of(base, "baseline"), _teacher_of(cand, "candidate")
+    if base_scores.sequence != cand_scores.sequence:
+        raise BundleError(
+            f"case {base.name!r}: the candidate scored another token sequence than the baseline "
+            "(capture the candidate with --teacher-forced --reference BASELINE_DIR)"
+        )
+    return compare_teacher_forced(base_scores, cand_scores).as_dict()
+
+
+def _case_report(
+    base: CaseRecord, cand: CaseRecord, gates: Gates, top_n: int, low_margin: float,
+    teacher_forced: bool,
+) -> dict[str, Any]:
+    case = compare_completions(
+        base.name, base.completion, cand.completion, top_n=top_n, low_margin=low_margin
+    ).as_dict()
+    if teacher_forced:
+        case.update(_teacher_fields(base, cand))
+    case["gate_failures"] = evaluate_gates(case, gates)
+    case["passed"] = not case["gate_failures"]
+    return case
+
+
+def _side(bundle: Bundle) -> dict[str, Any]:
+    fingerprints = sorted({c.system_fingerprint for c in bundle.cases if c.system_fingerprint})
+    return {"path": str(bundle.path), "meta": bundle.meta, "system_fingerprints": fingerprints}
+
+
+def compare_bundles(
+    baseline_dir: Path,
+    candidate_dir: Path,
+    gates: Gates | None = None,
+    *,
+    top_n: int = 20,
+    low_margin: float = 0.5,
+    teacher_forced: bool = False,
+) -> dict[str, Any]:
+    """The full comparison report: ``{"cases", "passed", "gates", "settings", ...}``."""
+    gates = gates or Gates()
+    baseline, candidate = load_bundle(Path(baseline_dir)), load_bundle(Path(candidate_dir))
+    _check_comparable(baseline, candidate)
+    cand = candidate.by_name()
+    cases = {
+        b.name: _case_report(b, cand[b.name], gates, top_n, low_margin, teacher_forced)
+        for b in sorted(baseline.cases, key=lambda c: c.name)
+    }
+    return {
+        "cases": cases,
+        "passed": all(case["passed"] for case in cases.values()),
+        "gates": gates.as_dict(),
+        "settings": {"top_n": top_n, "low_margin": low_margin, "teacher_forced": teacher_forced},
+        "baseline": _side(baseline),
+        "candidate": _side(candidate),
+    }

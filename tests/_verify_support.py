@@ -1,0 +1,59 @@
+"""Shared helpers for the tests/test_verify_*.py files (not a test module).
+
+The oracle fixtures are read in place from ``../shared/fixtures/oracle`` beside the
+repository (CI lays ``shared/`` out the same way). Copies made for perturbation
+tests carry the MIT notice along, as the fixtures' README asks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bakery.cli import main
+
+ORACLE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "oracle"
+NOMTP = ORACLE / "b200_tp2_nomtp"
+MTP = ORACLE / "b200_tp2_mtp"
+LICENSE = "LICENSE.jasl-vllm-ds4-sm120-harness"
+
+
+def require_fixtures() -> None:
+    if not NOMTP.is_dir() or not MTP.is_dir():
+        pytest.fail(f"oracle fixtures missing: expected {ORACLE} beside the repository")
+
+
+def copy_bundle(source: Path, dest: Path) -> Path:
+    """A writable copy of a fixture bundle (the originals are read-only), with the notice."""
+    require_fixtures()
+    dest.mkdir(parents=True)
+    for path in sorted(source.glob("*.json")):
+        shutil.copyfile(path, dest / path.name)
+    shutil.copyfile(ORACLE / LICENSE, dest / LICENSE)
+    return dest
+
+
+def edit_case(bundle: Path, name: str, change: Callable[[dict[str, Any]], None]) -> None:
+    path = bundle / f"{name}.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    change(data)
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+
+def logprobs_of(doc: dict[str, Any]) -> dict[str, Any]:
+    return doc["response"]["choices"][0]["logprobs"]
+
+
+def run_cli(args: Sequence[str]) -> tuple[int, str]:
+    """Run ``bakery verify ARGS`` through the real CLI boundary; (exit code, stdout+stderr)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = main(["verify", *args])
+    return code, out.getvalue()

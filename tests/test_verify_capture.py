@@ -1,0 +1,318 @@
+"""Capture client against a tiny loopback HTTP server that replays recorded answers.
+
+This tests the client (concurrency bound, retries, bundle round trip, teacher-forced
+requests), not vLLM: the real-server test comes with the launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _verify_support import MTP, NOMTP, require_fixtures, run_cli
+
+from bakery.errors import UsageError
+from bakery.verify import CaptureSettings, ServerInfo, capture_bundle, compare_bundles, load_suite
+from bakery.verify.errors import CaptureError
+
+FAST = {"backoff_s": 0.0, "timeout_s": 30.0, "progress": False}
+
+
+class FakeVllm:
+    """Answers like vLLM: recorded fixture responses by prompt, else a synthetic model."""
+
+    def __init__(self, *, delay: float = 0.0, drop_first: int = 0, status: int = 200,
+                 shift: float = 0.0) -> None:
+        self.delay, self.drop_left, self.status, self.shift = delay, drop_first, status, shift
+        self.lock = threading.Lock()
+        self.in_flight = self.max_in_flight = self.completion_calls = 0
+        self.tokenize_calls = 0
+        self.recorded: dict[str, dict[str, Any]] = {}
+
+    def record(self, bundle: Path) -> None:
+        for path in sorted(bundle.glob("completion_*.json")):
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            self.recorded[doc["request"]["prompt"]] = doc
+
+    @staticmethod
+    def ids(text: str) -> list[int]:
+        return [sum(map(ord, word)) % 1000 for word in text.split()]
+
+    def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            self.tokenize_calls += 1
+        text = body["prompt"]
+        if text in self.recorded:
+            return self.recorded[text]["tokenize_response"]
+        tokens = self.ids(text)
+        return {"count": len(tokens), "tokens": tokens, "token_strs": None}
+
+    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        prompt = body["prompt"]
+        if isinstance(prompt, str) and prompt in self.recorded:
+            return self.recorded[prompt]["response"]
+        ids = prompt if isinstance(prompt, list) else self.ids(prompt)
+        if "prompt_logprobs" in body:
+            return self.score(ids)
+        out = [(sum(ids) + 7 * i) % 50 for i in range(body["max_tokens"])]
+        logprobs = {
+            "tokens": [f"token_id:{t}" for t in out],
+            "token_logprobs": [-0.1 - self.shift for _ in out],
+            "top_logprobs": [{f"token_id:{t}": -0.1 - self.shift, f"token_id:{t + 1}": -3.0}
+                             for t in out],
+            "text_offset": list(range(len(out))),
+        }
+        return self.wrap({"text": "", "logprobs": logprobs, "prompt_token_ids": ids})
+
+    def score(self, ids: list[int]) -> dict[str, Any]:
+        positions: list[Any] = [None] + [
+            {str(t): {"logprob": -0.2 - self.shift, "rank": 1},
+             str(t + 1): {"logprob": -2.0 + self.shift, "rank": 2}}
+            for t in ids[1:]
+        ]
+        return self.wrap({"text": "", "logprobs": None, "prompt_logprobs": positions})
+
+    @staticmethod
+    def wrap(choice: dict[str, Any]) -> dict[str, Any]:
+        return {"id": "cmpl-fake", "object": "text_completion", "model": "fake",
+                "system_fingerprint": "fake-fp", "choices": [{"index": 0, **choice}]}
+
+    def enter(self) -> bool:
+        """Count a completion request; False means: drop this connection unanswered."""
+        with self.lock:
+            self.completion_calls += 1
+            if self.drop_left > 0:
+                self.drop_left -= 1
+                return False
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            return True
+
+    def leave(self) -> None:
+        with self.lock:
+            self.in_flight -= 1
+
+
+def handler_for(fake: FakeVllm) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:  # keep pytest output clean
+            pass
+
+        def send(self, status: int, data: Any) -> None:
+            payload = json.dumps(data).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def do_GET(self) -> None:
+            if self.path == "/v1/models":
+                self.send(200, {"data": [{"id": "deepseek-ai/DeepSeek-V4-Flash"}]})
+            elif self.path == "/version":
+                self.send(200, {"version": "0.20.1rc1.dev144+g5737770c6"})
+            else:
+                self.send(404, {"error": self.path})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/tokenize":
+                self.send(200, fake.tokenize(body))
+                return
+            if not fake.enter():
+                self.close_connection = True  # no response at all: a dropped connection
+                return
+            try:
+                time.sleep(fake.delay)
+                if fake.status != 200:
+                    self.send(fake.status, {"error": "boom"})
+                else:
+                    self.send(200, fake.complete(body))
+            finally:
+                fake.leave()
+
+    return Handler
+
+
+@pytest.fixture(autouse=True)
+def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
+                 "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def serve(fake: FakeVllm) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(fake))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.fixture
+def fixture_server() -> Iterator[tuple[FakeVllm, str]]:
+    require_fixtures()
+    fake = FakeVllm(delay=0.2)
+    fake.record(NOMTP)
+    yield from ((fake, url) for url in serve(fake))
+
+
+def fixture_suite(tmp_path: Path) -> Path:
+    """The fixtures' own questions as a suite, so case names line up with the fixtures."""
+    lines = []
+    for path in sorted(NOMTP.glob("completion_*.json")):
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        lines.append(json.dumps({"case": doc["name"].removeprefix("completion_"),
+                                 "prompt": doc["request"]["prompt"],
+                                 "max_tokens": doc["request"]["max_tokens"]}))
+    suite = tmp_path / "fixtures.jsonl"
+    suite.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return suite
+
+
+def test_round_trip_reproduces_the_fixture_bundle(fixture_server, tmp_path: Path) -> None:
+    fake, url = fixture_server
+    out = tmp_path / "captured"
+    settings = CaptureSettings(concurrency=2, token_ids=False, **FAST)
+    capture_bundle(url, out, load_suite(str(fixture_suite(tmp_path))), settings=settings,
+                   server=ServerInfo(command="vllm serve x", env={"DSV41_DCP_STAGE": "9",
+                                                                 "OTHER": "1"}))
+    same = compare_bundles(NOMTP, out)
+    assert same["passed"] is True
+    for case in same["cases"].values():
+        assert case["tokens_match"] is True and case["prompt_token_ids_match"] is True
+        assert case["max_common_logprob_abs_error"] == 0.0
+    # Key order survived the round trip: the captured bundle scores exactly like the original.
+    assert compare_bundles(out, MTP)["cases"] == compare_bundles(NOMTP, MTP)["cases"]
+    meta = json.loads((out / "bundle.json").read_text())
+    assert meta["vllm_version"] == "0.20.1rc1.dev144+g5737770c6"
+    assert meta["system_fingerprints"] == ["vllm-0.20.1rc1.dev144+g5737770c6-tp2-428f9306"]
+    assert meta["dsv41_gates"] == {"DSV41_DCP_STAGE": "9"}
+    assert meta["server_command"] == "vllm serve x"
+    assert meta["model"] == "deepseek-ai/DeepSeek-V4-Flash"
+
+
+def test_concurrency_is_bounded(fixture_server, tmp_path: Path) -> None:
+    fake, url = fixture_server
+    settings = CaptureSettings(concurrency=2, token_ids=False, **FAST)
+    capture_bundle(url, tmp_path / "b", load_suite(str(fixture_suite(tmp_path))),
+                   settings=settings)
+    assert fake.completion_calls == 5
+    assert fake.max_in_flight == 2  # 5 cases, 0.2 s each: the bound is reached, never passed
+
+
+def synthetic(tmp_path: Path, extra: str = "") -> Path:
+    suite = tmp_path / "syn.jsonl"
+    suite.write_text(
+        '{"case": "alpha", "prompt": "one two three", "max_tokens": 4}\n'
+        '{"case": "beta", "prompt": "four five", "max_tokens": 3}\n' + extra,
+        encoding="utf-8",
+    )
+    return suite
+
+
+def run_server(fake: FakeVllm) -> tuple[Iterator[str], str]:
+    gen = serve(fake)
+    return gen, next(gen)
+
+
+def test_connection_errors_are_retried(tmp_path: Path) -> None:
+    fake = FakeVllm(drop_first=2)
+    gen, url = run_server(fake)
+    try:
+        capture_bundle(url, tmp_path / "b", load_suite(str(synthetic(tmp_path))),
+                       settings=CaptureSettings(concurrency=1, retries=3, **FAST))
+    finally:
+        gen.close()
+    assert fake.completion_calls == 2 + 2  # two dropped, then one per case
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
+        "bundle.json", "completion_alpha.json", "completion_beta.json"]
+
+
+def test_retries_give_up_with_a_capture_error(tmp_path: Path) -> None:
+    fake = FakeVllm(drop_first=10)
+    gen, url = run_server(fake)
+    try:
+        with pytest.raises(CaptureError, match="unreachable after 2 attempts") as info:
+            capture_bundle(url, tmp_path / "b", load_suite(str(synthetic(tmp_path))),
+                           settings=CaptureSettings(concurrency=1, retries=1, **FAST))
+    finally:
+        gen.close()
+    assert info.value.exit_code == 1
+    assert not (tmp_path / "b").exists()  # a failed capture leaves no half bundle
+    assert list(tmp_path.iterdir()) == [tmp_path / "syn.jsonl"]
+
+
+def test_http_error_is_a_capture_error(tmp_path: Path) -> None:
+    gen, url = run_server(FakeVllm(status=500))
+    try:
+        with pytest.raises(CaptureError, match="HTTP 500"):
+            capture_bundle(url, tmp_path / "b", load_suite(str(synthetic(tmp_path))),
+                           settings=CaptureSettings(**FAST))
+    finally:
+        gen.close()
+
+
+def test_exact_context_length_prompts(tmp_path: Path) -> None:
+    fake = FakeVllm()
+    gen, url = run_server(fake)
+    edge = '{"case": "ctx_0007", "prompt_tokens": 7, "filler": "a b c", "max_tokens": 2}\n'
+    try:
+        capture_bundle(url, tmp_path / "b", load_suite(str(synthetic(tmp_path, edge))),
+                       settings=CaptureSettings(**FAST))
+    finally:
+        gen.close()
+    doc = json.loads((tmp_path / "b" / "completion_ctx_0007.json").read_text())
+    assert len(doc["request"]["prompt"]) == 7
+    assert doc["request"]["return_tokens_as_token_ids"] is True
+    assert fake.tokenize_calls == 2 + 2  # two text cases, then filler + repeated filler
+
+
+def test_refuses_a_non_empty_output_directory(tmp_path: Path) -> None:
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "x").write_text("")
+    with pytest.raises(UsageError, match="is not empty"):
+        capture_bundle("http://127.0.0.1:9", tmp_path / "b", load_suite(str(synthetic(tmp_path))))
+
+
+def capture_teacher(tmp_path: Path, name: str, shift: float, reference: Path | None) -> Path:
+    gen, url = run_server(FakeVllm(shift=shift))
+    try:
+        return capture_bundle(url, tmp_path / name, load_suite(str(synthetic(tmp_path))),
+                              settings=CaptureSettings(**FAST), teacher_forced=True,
+                              reference=reference)
+    finally:
+        gen.close()
+
+
+def test_teacher_forced_capture_and_compare(tmp_path: Path) -> None:
+    base = capture_teacher(tmp_path, "base", 0.0, None)
+    same = capture_teacher(tmp_path, "same", 0.0, base)
+    shifted = capture_teacher(tmp_path, "shifted", 0.3, base)
+    teacher = json.loads((shifted / "teacher_alpha.json").read_text())
+    assert teacher["case"] == "completion_alpha" and teacher["completion_start"] == 3
+    assert teacher["request"]["prompt_logprobs"] == 20 and teacher["request"]["echo"] is True
+
+    report = compare_bundles(base, same, teacher_forced=True)
+    assert report["cases"]["completion_alpha"]["tf_max_kl"] == 0.0
+    report = compare_bundles(base, shifted, teacher_forced=True)
+    alpha = report["cases"]["completion_alpha"]
+    assert alpha["tf_positions"] == 7  # 3 prompt + 4 generated
+    assert alpha["tf_max_abs_logprob_delta"] == pytest.approx(0.3)
+    assert alpha["tf_max_kl"] > 0.0
+
+    code, out = run_cli(["compare", str(base), str(shifted), "--teacher-forced",
+                         "--max-tf-kl", "1e-6"])
+    assert code == 1 and "parity failed" in out
+    args = ["compare", str(base), str(same), "--teacher-forced", "--max-tf-kl", "1e-6"]
+    assert run_cli(args)[0] == 0
