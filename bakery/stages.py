@@ -1,0 +1,160 @@
+"""The series' DCP stage table: ``patches/<series>/stages.toml``.
+
+stages.toml is the single source of truth (the launcher reads it); PLAN.md's
+table is rendered from it between two markers. ``python -m bakery.stages``
+prints the table, ``--write`` rewrites it in PLAN.md.
+"""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import SeriesError
+from .series import DEFAULT_SERIES, load_series
+
+__all__ = ["Stage", "load_stages", "render_table", "plan_table", "check", "BEGIN", "END"]
+
+BEGIN = "<!-- stages:begin (generated from stages.toml by python -m bakery.stages --write) -->"
+END = "<!-- stages:end -->"
+_STATUSES = ("implemented", "planned")
+
+
+@dataclass(frozen=True)
+class Stage:
+    number: int
+    name: str
+    status: str
+    enables: str
+    env: tuple[str, ...]
+    requires: tuple[str, ...]
+    patches: tuple[str, ...]
+
+
+def load_stages(root: Path = DEFAULT_SERIES) -> tuple[Stage, ...]:
+    """The stages 1..N of ``root/stages.toml``, in order, each checked for shape."""
+    where = str(Path(root) / "stages.toml")
+    try:
+        data = tomllib.loads(Path(where).read_text())
+    except FileNotFoundError:
+        raise SeriesError(f"no stage table here (missing file): {where!r}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SeriesError(f"{where}: not valid TOML ({exc})") from None
+    stages = []
+    for table in data.get("stages", []):
+        try:
+            stage = Stage(
+                number=int(table["number"]),
+                name=str(table["name"]),
+                status=str(table["status"]),
+                enables=str(table["enables"]),
+                env=tuple(table["env"]),
+                requires=tuple(table["requires"]),
+                patches=tuple(table["patches"]),
+            )
+        except KeyError as exc:
+            raise SeriesError(f"{where}: a stage lacks {exc.args[0]!r}") from None
+        if stage.status not in _STATUSES:
+            raise SeriesError(
+                f"{where}: stage {stage.number} status not in {_STATUSES}: {stage.status!r}"
+            )
+        if stage.status == "implemented" and not stage.patches:
+            raise SeriesError(f"{where}: implemented stage {stage.number} names no patch")
+        stages.append(stage)
+    numbers = [s.number for s in stages]
+    if numbers != list(range(1, len(numbers) + 1)):
+        raise SeriesError(f"{where}: stages must be numbered 1..N in order: {numbers!r}")
+    return tuple(stages)
+
+
+def _cell(items: tuple[str, ...] | str) -> str:
+    text = items if isinstance(items, str) else "<br>".join(items)
+    return (text or "—").replace("|", "\\|")
+
+
+def render_table(stages: tuple[Stage, ...]) -> str:
+    """The markdown stage table (no trailing newline)."""
+    rows = [
+        "| Stage | Name | Status | Enables | Env gates | Constraints | Patches |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in stages:
+        patches = tuple(f"`{p}`" for p in s.patches)
+        rows.append(
+            f"| {s.number} | {s.name} | {s.status} | {_cell(s.enables)} | {_cell(s.env)} "
+            f"| {_cell(s.requires)} | {_cell(patches)} |"
+        )
+    return "\n".join(rows)
+
+
+def plan_table(plan_text: str) -> str:
+    """The text between the markers of PLAN.md, stripped."""
+    start, end = plan_text.find(BEGIN), plan_text.find(END)
+    if start < 0 or end < start:
+        raise SeriesError("PLAN.md lacks the stage-table markers")
+    return plan_text[start + len(BEGIN) : end].strip()
+
+
+def check(root: Path = DEFAULT_SERIES) -> list[str]:
+    """Problems between stages.toml, PLAN.md and series.toml (empty when consistent).
+
+    PLAN.md's table must equal the rendered one; every patch a stage names must
+    be in series.toml; every series patch must be named by a stage, and its
+    series.toml stage must be the lowest stage naming it.
+    """
+    root = Path(root)
+    stages = load_stages(root)
+    series = load_series(root)
+    problems = []
+    if plan_table((root / "PLAN.md").read_text()) != render_table(stages):
+        problems.append(
+            f"{root / 'PLAN.md'}: stage table differs from stages.toml "
+            "(python -m bakery.stages --write)"
+        )
+    in_series = {e.file: e.stage for e in series.entries}
+    lowest: dict[str, int] = {}
+    for s in stages:
+        for name in s.patches:
+            if name not in in_series:
+                problems.append(
+                    f"stages.toml: stage {s.number} names a patch not in series.toml: {name!r}"
+                )
+            lowest.setdefault(name, s.number)
+    for name, stage in in_series.items():
+        if name not in lowest:
+            problems.append(f"series.toml: patch named by no stage: {name!r}")
+        elif lowest[name] != stage:
+            problems.append(
+                f"series.toml: patch {name!r} has stage {stage}, but the "
+                f"lowest stage naming it is {lowest[name]}"
+            )
+    return problems
+
+
+def _write(root: Path) -> None:
+    plan = root / "PLAN.md"
+    text = plan.read_text()
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise SeriesError(f"{plan}: lacks the stage-table markers")
+    table = render_table(load_stages(root))
+    plan.write_text(text[: start + len(BEGIN)] + "\n" + table + "\n" + text[end:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    root = DEFAULT_SERIES
+    if "--write" in args:
+        _write(root)
+    else:
+        print(render_table(load_stages(root)))
+    problems = check(root)
+    for p in problems:
+        print(p, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,47 @@
+"""stages.toml is the source of the DCP stage table; PLAN.md and series.toml agree."""
+
+import shutil
+import tomllib
+from pathlib import Path
+
+from bakery.series import DEFAULT_SERIES, load_series
+from bakery.stages import check, load_stages, plan_table, render_table
+
+ROOT = Path(__file__).resolve().parents[1] / DEFAULT_SERIES
+
+
+def test_plan_table_is_generated_from_stages_toml():
+    plan = (ROOT / "PLAN.md").read_text()
+    assert plan_table(plan) == render_table(load_stages(ROOT))
+
+
+def test_stages_one_to_nine_and_each_named_patch_is_in_the_series():
+    stages = load_stages(ROOT)
+    assert [s.number for s in stages] == list(range(1, 10))
+    in_series = {e.file for e in load_series(ROOT).entries}
+    for s in stages:
+        assert set(s.patches) <= in_series, (s.number, set(s.patches) - in_series)
+    env = tomllib.loads((ROOT / "stages.toml").read_text())["env"]
+    for name, table in env.items():
+        assert set(table["read_by"]) <= in_series, name
+
+
+def test_consistent():
+    assert check(ROOT) == []
+
+
+def test_check_reports_a_stale_table_and_an_unknown_patch(tmp_path):
+    copy = tmp_path / "dcp2"
+    shutil.copytree(ROOT, copy)
+    plan = copy / "PLAN.md"
+    plan.write_text(plan.read_text().replace("| 9 | prefill-gather |", "| 9 | gather |"))
+    toml = copy / "stages.toml"
+    toml.write_text(
+        toml.read_text().replace(
+            'patches = ["02-models_deepseek_v41_attention.py.diff"]',
+            'patches = ["02-models_deepseek_v41_attention.py.diff", "07-missing.diff"]',
+        )
+    )
+    problems = check(copy)
+    assert any("PLAN.md: stage table differs" in p for p in problems)
+    assert any("'07-missing.diff'" in p for p in problems)
