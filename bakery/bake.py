@@ -18,7 +18,7 @@ from . import apply, manifest
 from .errors import PreimageMismatch
 from .fetch import cache_dir, fetch
 from .progress import interactive, step
-from .series import Series
+from .series import Pin, Series
 from .tree import clone_tree, remove_tree, swap_into_place, write_atomic
 from .wheel import (
     WheelInfo,
@@ -29,7 +29,15 @@ from .wheel import (
     write_patched_wheel,
 )
 
-__all__ = ["BakeResult", "bake", "tree_dir", "pristine", "patched_version", "staleness"]
+__all__ = [
+    "BakeResult",
+    "bake",
+    "tree_dir",
+    "pristine",
+    "unpacked",
+    "patched_version",
+    "staleness",
+]
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,14 @@ def pristine(wheel: WheelInfo, sha256: str, cache: Path) -> Path:
     except OSError:  # another bake finished first; its tree is the same bytes
         remove_tree(tmp)
     return root
+
+
+def unpacked(pin: Pin, cache: Path | None = None, wheel: Path | None = None) -> Path:
+    """Fetch (hash-pinned) and extract a pinned wheel; the read-only pristine root."""
+    cache = cache or cache_dir()
+    with step(f"fetching {pin.wheel}"):
+        path = fetch(pin, wheel=wheel, cache=cache, verbose=interactive())
+    return pristine(read_wheel(path), pin.sha256, cache)
 
 
 def _check_preimage(root: Path, wheel: WheelInfo, series: Series) -> None:
@@ -102,9 +118,15 @@ def staleness(series: Series, base_key: str, build: Path = Path("build")) -> lis
     if data["base"]["sha256"] != series.base(base_key).sha256:
         problems.append(f"{tree} was baked from another {base_key} wheel")
     drift = manifest.check(tree, data)
-    problems += [f"{kind}: {rel}" for kind, rels in
-                 (("modified", drift.modified), ("missing", drift.missing), ("extra", drift.extra))
-                 for rel in rels]
+    problems += [
+        f"{kind}: {rel}"
+        for kind, rels in (
+            ("modified", drift.modified),
+            ("missing", drift.missing),
+            ("extra", drift.extra),
+        )
+        for rel in rels
+    ]
     return problems
 
 

