@@ -9,7 +9,7 @@ already applied instead of as a conflict.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,25 +44,39 @@ class Plan:
         return sorted(p for p in self.after if self.after[p] != self.before[p])
 
 
-def _run(patch: Patch, overlay: dict[str, bytes | None], tree: Path, max_fuzz: int):
+def _run(patch: Patch, overlay: dict[str, bytes | None], read, max_fuzz: int):
     results = []
     staged = dict(overlay)
     for file_patch in patch.files:
         path = file_patch.path
         if path not in staged:
-            staged[path] = read_file(tree, path)
+            staged[path] = read(path)
         result = apply_file_patch(patch.name, file_patch, staged[path], max_fuzz)
         staged[path] = result.after
         results.append(result)
     return tuple(results), staged
 
 
-def plan(tree: Path, patches: Sequence[Patch], *, max_fuzz: int = 0, reverse: bool = False) -> Plan:
-    """Place every hunk of ``patches`` (in order) against ``tree``; write nothing."""
+def plan(
+    tree: Path,
+    patches: Sequence[Patch],
+    *,
+    max_fuzz: int = 0,
+    reverse: bool = False,
+    files: Mapping[str, bytes | None] | None = None,
+) -> Plan:
+    """Place every hunk of ``patches`` (in order) against ``tree``; write nothing.
+
+    ``files`` (path -> bytes) stands in for reading the tree, e.g. members read
+    straight from a wheel."""
     tree = Path(tree)
     for patch in patches:
         for path in patch.paths:
             inside(tree, path)  # refuse unsafe targets before reading anything
+
+    def read(path: str) -> bytes | None:
+        return files.get(path) if files is not None else read_file(tree, path)
+
     ordered = [p.reversed() for p in reversed(patches)] if reverse else list(patches)
     overlay: dict[str, bytes | None] = {}
     before: dict[str, bytes | None] = {}
@@ -71,12 +85,12 @@ def plan(tree: Path, patches: Sequence[Patch], *, max_fuzz: int = 0, reverse: bo
     for patch in ordered:
         for path in patch.paths:
             if path not in before:
-                before[path] = overlay[path] = read_file(tree, path)
+                before[path] = overlay[path] = read(path)
         try:
-            results, overlay = _run(patch, overlay, tree, max_fuzz)
+            results, overlay = _run(patch, overlay, read, max_fuzz)
         except HunkFailed as failure:
             try:
-                _run(patch.reversed(), overlay, tree, max_fuzz)
+                _run(patch.reversed(), overlay, read, max_fuzz)
             except HunkFailed:
                 raise failure from None
             outcomes.append(PatchOutcome(patch, ALREADY_APPLIED, ()))

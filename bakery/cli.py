@@ -13,15 +13,16 @@ from pathlib import Path
 
 import click
 
-from . import __version__, manifest
+from . import __version__, manifest, refresh
 from . import apply as apply_mod
 from .bake import bake as run_bake
 from .bake import staleness, tree_dir, unpacked
 from .diff import parse_patch, parse_renames
-from .errors import BakeryError, PatchParseError
+from .errors import BakeryError, PatchParseError, UsageError
 from .importcheck import import_check, touched_modules
 from .linkcheck import format_finding, run_linkcheck
 from .series import DEFAULT_SERIES, load_series
+from .tree import read_file
 from .verify.commands import verify
 
 __all__ = ["main", "cli"]
@@ -263,6 +264,76 @@ def linkcheck_cmd(series_dir, base_key, only) -> None:
     click.echo(
         f"ok: every import, call and self attribute of {len(series.touched)} file(s) resolves"
     )
+
+
+@cli.command("refresh")
+@_series_option
+@_base_option
+@click.option(
+    "--build",
+    "build_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("build"),
+    show_default=True,
+    help="Where the edited baked tree is.",
+)
+@click.option(
+    "--check",
+    "check_only",
+    is_flag=True,
+    help="Write nothing; exit 1 if any patch is unclean, stale or out of order.",
+)
+@click.option("--at", type=click.IntRange(0, 99), help="Number for a new patch.")
+@click.option(
+    "--stage",
+    type=click.IntRange(1, 9),
+    default=1,
+    show_default=True,
+    help="DCP stage recorded for new patches.",
+)
+@click.option("--summary", default="", help="One-line summary recorded for new patches.")
+@click.option("--yes", is_flag=True, help="Remove patches of files that no longer differ.")
+@click.option("--no-bake", is_flag=True, help="Do not re-bake after writing the patches.")
+def refresh_cmd(series_dir, base_key, build_dir, check_only, at, stage, summary, yes, no_bake):
+    """Turn edits in the baked tree into the series' per-file patches."""
+    series = load_series(series_dir)
+    pristine_pkg = unpacked(series.base(base_key)) / series.package
+    if check_only:
+        problems = refresh.check(series, pristine_pkg)
+        for problem in problems:
+            click.echo(problem)
+        if problems:
+            raise BakeryError(
+                f"{len(problems)} patch problem(s): the series needs a refresh",
+                hint="bake, edit build/baked, then run `bakery refresh`",
+            )
+        click.echo(f"ok: {len(series.entries)} patch(es) are clean and up to date")
+        return
+    tree = tree_dir(build_dir, base_key)
+    if not (tree / manifest.MANIFEST).is_file():
+        raise BakeryError(f"no baked tree to refresh from: {str(tree)!r}", hint="run `make bake`")
+    edited = refresh.differing_files(pristine_pkg, tree / series.package)
+    changes = refresh.plan_refresh(series, edited, at)
+    if not changes:
+        click.echo(f"nothing to refresh: every patch matches {tree}")
+        return
+    removed = [c.file for c in changes if c.action == "remove"]
+    if removed and not yes:
+        if not sys.stdin.isatty():
+            raise UsageError(f"would remove {len(removed)} patch(es) (pass --yes): {removed!r}")
+        click.confirm(f"remove {', '.join(removed)}?", abort=True)
+    refresh.write_refresh(series, changes, stage, summary)
+    for change in changes:
+        click.echo(f"{change.action}: {change.file}")
+    if no_bake:
+        return
+    result = run_bake(load_series(series_dir), base_key, build=build_dir)
+    lost = [
+        p for p, (_, new) in edited.items() if read_file(result.tree / series.package, p) != new
+    ]
+    if lost:
+        raise BakeryError(f"re-bake does not reproduce the edits (a bug): {lost!r}")
+    click.echo(f"re-baked {result.tree}: the series reproduces every edit")
 
 
 cli.add_command(verify)

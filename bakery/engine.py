@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .diff import FilePatch, Hunk, HunkLine, split_eol, split_lines
 from .errors import HunkFailed
 
-__all__ = ["Placement", "FileResult", "apply_file_patch"]
+__all__ = ["Placement", "FileResult", "apply_file_patch", "survey_file_patch"]
 
 # A line's identity for matching: its text and whether it ends a line at all
 # ("\ No newline at end of file" matters; LF versus CRLF does not).
@@ -164,15 +164,10 @@ def _failure(patch_name: str, path: str, hunk: Hunk, matcher: _Matcher, guess: i
     )
 
 
-def apply_file_patch(
-    patch_name: str, file_patch: FilePatch, before: bytes | None, max_fuzz: int
-) -> FileResult:
-    """Apply every hunk of ``file_patch`` to ``before``; raise ``HunkFailed``."""
-    path = file_patch.path
-    if file_patch.creates and before:
-        raise HunkFailed(f"{patch_name}: creates {path!r}, which already exists")
-    if not file_patch.creates and before is None:
-        raise HunkFailed(f"{patch_name}: patches {path!r}, which does not exist")
+def _apply_hunks(
+    patch_name: str, file_patch: FilePatch, before: bytes | None, max_fuzz: int, keep_going: bool
+) -> tuple[bytes, list[Placement], list[HunkFailed]]:
+    """GNU patch's hunk loop; with ``keep_going`` a failed hunk is skipped, as GNU does."""
     lines = split_lines(before or b"")
     matcher = _Matcher([_key(raw) for raw in lines])
     crlf = _is_crlf(lines)
@@ -185,7 +180,8 @@ def apply_file_patch(
             out.extend(lines[frozen:n])
             frozen = n
 
-    placements = []
+    placements: list[Placement] = []
+    failures: list[HunkFailed] = []
     in_offset = 0
     for hunk in file_patch.hunks:
         pattern = [_line_key(line) for line in hunk.old_lines]
@@ -197,7 +193,12 @@ def apply_file_patch(
             if where:
                 break
         if not where:
-            raise _failure(patch_name, path, hunk, matcher, hunk.first + in_offset)
+            failures.append(
+                _failure(patch_name, file_patch.path, hunk, matcher, hunk.first + in_offset)
+            )
+            if keep_going:
+                continue
+            raise failures[0]
         in_offset = where - hunk.first
         placements.append(Placement(hunk=hunk.number, line=where, offset=in_offset, fuzz=fuzz))
         old_index = 0  # old-side lines of this hunk consumed so far
@@ -212,7 +213,30 @@ def apply_file_patch(
             else:
                 old_index += 1
     copy_till(len(lines))
-    after = b"".join(out)
+    return b"".join(out), placements, failures
+
+
+def survey_file_patch(
+    patch_name: str, file_patch: FilePatch, before: bytes | None, max_fuzz: int
+) -> tuple[list[Placement], list[HunkFailed]]:
+    """Place every hunk, continuing past failures (for reports, like GNU's rejects)."""
+    if (file_patch.creates and before) or (not file_patch.creates and before is None):
+        where = "already exists" if before else "does not exist"
+        return [], [HunkFailed(f"{patch_name}: {file_patch.path!r} {where}")]
+    _, placements, failures = _apply_hunks(patch_name, file_patch, before, max_fuzz, True)
+    return placements, failures
+
+
+def apply_file_patch(
+    patch_name: str, file_patch: FilePatch, before: bytes | None, max_fuzz: int
+) -> FileResult:
+    """Apply every hunk of ``file_patch`` to ``before``; raise ``HunkFailed``."""
+    path = file_patch.path
+    if file_patch.creates and before:
+        raise HunkFailed(f"{patch_name}: creates {path!r}, which already exists")
+    if not file_patch.creates and before is None:
+        raise HunkFailed(f"{patch_name}: patches {path!r}, which does not exist")
+    after, placements, _ = _apply_hunks(patch_name, file_patch, before, max_fuzz, False)
     if file_patch.deletes:
         if after:
             raise HunkFailed(
