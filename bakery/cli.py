@@ -8,13 +8,18 @@ work failed, 2: bad usage or unreadable input). Tests call ``main([...])``.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+from collections import Counter
 from pathlib import Path
 
 import click
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from . import __version__, manifest, refresh
 from . import apply as apply_mod
+from . import rebase as rebase_mod
 from .bake import bake as run_bake
 from .bake import staleness, tree_dir, unpacked
 from .diff import parse_patch, parse_renames
@@ -22,7 +27,7 @@ from .errors import BakeryError, PatchParseError, UsageError
 from .importcheck import import_check, touched_modules
 from .linkcheck import format_finding, run_linkcheck
 from .series import DEFAULT_SERIES, load_series
-from .tree import read_file
+from .tree import read_file, write_atomic
 from .verify.commands import verify
 
 __all__ = ["main", "cli"]
@@ -334,6 +339,99 @@ def refresh_cmd(series_dir, base_key, build_dir, check_only, at, stage, summary,
     if lost:
         raise BakeryError(f"re-bake does not reproduce the edits (a bug): {lost!r}")
     click.echo(f"re-baked {result.tree}: the series reproduces every edit")
+
+
+@cli.command("rebase")
+@_series_option
+@_base_option
+@click.option(
+    "--to",
+    "target",
+    required=True,
+    metavar="NAME==X.Y.Z",
+    help="The release to try, e.g. vllm==0.33.0.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for the refreshed series and report (default build/rebase/<release>).",
+)
+@click.option("--fuzz", type=click.IntRange(0, 3), default=3, show_default=True)
+@click.option(
+    "--in-place",
+    is_flag=True,
+    help="Also replace the current series with the refreshed one (only if all apply).",
+)
+def rebase_cmd(series_dir, base_key, target, out, fuzz, in_place) -> None:
+    """Try the series on another release: per-hunk report, refreshed series, linkcheck."""
+    series = load_series(series_dir)
+    version = _release_version(target, series.base(base_key).name)
+    out = out or Path("build") / "rebase" / f"{series.base(base_key).name}-{version}"
+    report = rebase_mod.rebase(series, version, out, base_key=base_key, max_fuzz=fuzz)
+    counts = Counter(h["status"] for h in report["hunks"])
+    click.echo(
+        f"{report['release']} (sha256 {report['sha256']}): "
+        + ", ".join(f"{counts[k]} {k}" for k in sorted(counts))
+    )
+    for patch, status in report["patches"].items():
+        click.echo(f"  {patch}: {status}")
+    for finding in report["linkcheck"]:
+        click.echo(f"linkcheck: {finding}")
+    click.echo(f"refreshed series and report: {out}")
+    problems = counts["failed"] + len(report["linkcheck"])
+    if problems:
+        raise BakeryError(
+            f"{counts['failed']} hunk(s) failed and {len(report['linkcheck'])} "
+            f"linkcheck finding(s) on {report['release']}",
+            hint=f"see {out / 'rebase.md'}",
+        )
+    if in_place:
+        for old in series.root.glob("*.diff"):
+            old.unlink()
+        for new in sorted(out.glob("*.diff")) + [out / "series.toml"]:
+            shutil.copyfile(new, series.root / new.name)
+        click.echo(f"replaced {series.root} with the refreshed series")
+
+
+def _release_version(target: str, project: str) -> str:
+    try:
+        requirement = Requirement(target)
+    except InvalidRequirement as exc:
+        raise UsageError(f"--to is not NAME==VERSION ({exc}): {target!r}") from None
+    specs = list(requirement.specifier)
+    if canonicalize_name(requirement.name) != canonicalize_name(project) or [
+        s.operator for s in specs
+    ] != ["=="]:
+        raise UsageError(f"--to must pin {project}==X.Y.Z: {target!r}")
+    return specs[0].version
+
+
+@cli.command("matrix")
+@_series_option
+@_base_option
+@click.option("--releases", required=True, help="Comma-separated versions, e.g. 0.31.0,0.32.0.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("build") / "matrix",
+    show_default=True,
+)
+@click.option("--fuzz", type=click.IntRange(0, 3), default=3, show_default=True)
+@click.option("--no-linkcheck", is_flag=True, help="Skip linkcheck (text status only).")
+def matrix_cmd(series_dir, base_key, releases, out, fuzz, no_linkcheck) -> None:
+    """Patch x release table of apply status and linkcheck findings (Markdown + JSON)."""
+    series = load_series(series_dir)
+    project = series.base(base_key).name
+    versions = [_release_version(f"{project}=={v.strip()}", project) for v in releases.split(",")]
+    table = rebase_mod.matrix(
+        series, versions, base_key=base_key, max_fuzz=fuzz, linkcheck=not no_linkcheck
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    markdown = rebase_mod.matrix_markdown(table)
+    write_atomic(out / "matrix.json", (json.dumps(table, indent=2) + "\n").encode())
+    write_atomic(out / "matrix.md", markdown.encode())
+    click.echo(markdown, nl=False)
+    click.echo(f"written: {out / 'matrix.md'}, {out / 'matrix.json'}")
 
 
 cli.add_command(verify)

@@ -8,6 +8,7 @@ pinned one. A cached file that no longer matches is discarded and fetched again.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from packaging.utils import parse_wheel_filename
 from .errors import FetchError, HashMismatch
 from .series import Pin
 
-__all__ = ["cache_dir", "sha256_file", "fetch"]
+__all__ = ["cache_dir", "sha256_file", "fetch", "fetch_release"]
 
 
 def cache_dir() -> Path:
@@ -103,3 +104,54 @@ def fetch(
         _check(downloaded, pin)
         os.replace(downloaded, cached)
     return cached
+
+
+def fetch_release(requirement: str, platform: str, cache: Path | None = None) -> Pin:
+    """Fetch an unpinned release and pin it by the sha256 seen (recorded in the cache's
+    index, so later runs verify against the first download instead of trusting again)."""
+    cache = cache or cache_dir()
+    index_path = cache / "index.json"
+    index = json.loads(index_path.read_text()) if index_path.is_file() else {}
+    key = f"{requirement} {platform}"
+    if key in index:
+        pin = Pin.parse(key, {"requirement": requirement, **index[key]}, str(index_path))
+        return (
+            pin if (cache / "wheels" / pin.sha256 / pin.wheel).is_file() else _download(pin, cache)
+        )
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".release-") as tmp:
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "--quiet",
+            "--dest",
+            tmp,
+            requirement,
+        ]
+        if platform != "any":
+            cmd += ["--platform", platform]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if proc.returncode != 0 or len(wheels) != 1:
+            tail = " | ".join(proc.stderr.strip().splitlines()[-2:]) or "no wheel"
+            raise FetchError(f"pip could not download the release ({tail}): {requirement!r}")
+        pin = Pin.parse(
+            key,
+            {"requirement": requirement, "wheel": wheels[0].name, "sha256": sha256_file(wheels[0])},
+            requirement,
+        )
+        folder = cache / "wheels" / pin.sha256
+        folder.mkdir(parents=True, exist_ok=True)
+        os.replace(wheels[0], folder / pin.wheel)
+    index[key] = {"wheel": pin.wheel, "sha256": pin.sha256}
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return pin
+
+
+def _download(pin: Pin, cache: Path) -> Pin:
+    fetch(pin, cache=cache)
+    return pin

@@ -31,6 +31,9 @@ __all__ = [
     "WheelInfo",
     "read_wheel",
     "extract",
+    "extract_sources",
+    "read_members",
+    "pinned_requirement",
     "write_patched_wheel",
     "patched_wheel_name",
 ]
@@ -134,6 +137,45 @@ def extract(wheel: WheelInfo, dest: Path, workers: int = 2) -> None:
     with ProcessPoolExecutor(len(parts)) as pool:
         for future in [pool.submit(_extract_part, str(wheel.path), p, str(dest)) for p in parts]:
             future.result()
+
+
+def extract_sources(wheel: WheelInfo, dest: Path) -> None:
+    """Only the ``.py`` members, plus empty stand-ins for compiled modules (so an
+    import of ``vllm._C`` still resolves to a module) - enough for linkcheck."""
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    with zipfile.ZipFile(wheel.path) as zf:
+        for info in zf.infolist():
+            name = info.filename
+            if not name.endswith((".py", ".so")) or info.is_dir():
+                continue
+            target = tmp / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(zf.read(info) if name.endswith(".py") else b"")
+    os.rename(tmp, dest)
+
+
+def read_members(wheel: WheelInfo, names: list[str]) -> dict[str, bytes | None]:
+    """The named members' bytes (None where absent), without extracting anything else."""
+    with zipfile.ZipFile(wheel.path) as zf:
+        present = set(zf.namelist())
+        return {n: zf.read(n) if n in present else None for n in names}
+
+
+def pinned_requirement(wheel: WheelInfo, project: str) -> str | None:
+    """``project==X`` as the wheel's METADATA pins it (None if it does not pin it)."""
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel.path) as zf:
+        metadata = zf.read(f"{wheel.dist_info}/METADATA").decode()
+    for line in metadata.splitlines():
+        if line.startswith("Requires-Dist:"):
+            req = Requirement(line.split(":", 1)[1].strip())
+            specs = list(req.specifier)
+            if canonicalize_name(req.name) == canonicalize_name(project) and [
+                s.operator for s in specs
+            ] == ["=="]:
+                return f"{req.name}=={specs[0].version}"
+    return None
 
 
 def patched_wheel_name(wheel: WheelInfo, version: Version) -> str:

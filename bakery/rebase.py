@@ -1,0 +1,268 @@
+"""Rebase and matrix: how the series fares on other vLLM releases.
+
+``survey`` places every hunk of the series against a release's files (read
+straight from its wheel), continuing past failures as GNU patch does, and
+labels each hunk clean, offset, fuzz, upstream (its reverse applies: the
+release already has it) or failed. ``rebase`` writes a refreshed series for
+one release into a new folder for review and runs linkcheck against it;
+``matrix`` tabulates patch x release.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import tomlkit
+from packaging.utils import parse_wheel_filename
+
+from .diff import render_file_diff
+from .engine import apply_file_patch, survey_file_patch
+from .errors import UsageError
+from .fetch import cache_dir, fetch, fetch_release
+from .linkcheck import format_finding, run_linkcheck
+from .series import Pin, Series, load_series
+from .tree import write_atomic
+from .wheel import extract_sources, pinned_requirement, read_members, read_wheel
+
+__all__ = ["HunkStatus", "survey", "patch_status", "rebase", "matrix", "sources"]
+
+_SEVERITY = ["clean", "offset", "fuzz", "upstream", "failed"]
+
+
+@dataclass(frozen=True)
+class HunkStatus:
+    patch: str
+    path: str
+    hunk: int
+    status: str  # one of _SEVERITY
+    offset: int | None = None
+    fuzz: int | None = None
+    detail: str = ""  # the near-match report of a failed hunk
+
+
+def _label(placement) -> str:
+    return "fuzz" if placement.fuzz else "offset" if placement.offset else "clean"
+
+
+def survey(series: Series, files: Mapping[str, bytes | None], max_fuzz: int) -> list[HunkStatus]:
+    """Every hunk's fate on ``files`` (package-relative path -> bytes)."""
+    state = dict(files)
+    out: list[HunkStatus] = []
+    for patch in series.patches:
+        for fp in patch.files:
+            before = state.get(fp.path)
+            placed, failures = survey_file_patch(patch.name, fp, before, max_fuzz)
+            by_hunk = {p.hunk: p for p in placed}
+            for hunk in fp.hunks:
+                if hunk.number in by_hunk:
+                    p = by_hunk[hunk.number]
+                    out.append(
+                        HunkStatus(patch.name, fp.path, hunk.number, _label(p), p.offset, p.fuzz)
+                    )
+                    continue
+                single = replace(fp, hunks=(hunk,)).reversed()
+                back, _ = survey_file_patch(patch.name, single, before, 0)
+                failure = next((str(f) for f in failures if f"hunk #{hunk.number} " in str(f)), "")
+                status = "upstream" if back else "failed"
+                out.append(
+                    HunkStatus(
+                        patch.name, fp.path, hunk.number, status, detail="" if back else failure
+                    )
+                )
+            if not failures:
+                state[fp.path] = apply_file_patch(patch.name, fp, before, max_fuzz).after
+    return out
+
+
+def patch_status(statuses: list[HunkStatus], patch: str) -> str:
+    """A patch's worst hunk (upstream only when every hunk is upstream)."""
+    mine = [s.status for s in statuses if s.patch == patch]
+    if mine and all(s == "upstream" for s in mine):
+        return "upstream"
+    worst = max((s for s in mine if s != "upstream"), key=_SEVERITY.index, default="clean")
+    return "fails" if worst == "failed" or "upstream" in mine else worst
+
+
+def _release_pin(series: Series, base_key: str, version: str, cache: Path) -> Pin:
+    base = series.base(base_key)
+    _, _, _, tags = parse_wheel_filename(base.wheel)
+    platform = sorted({t.platform for t in tags})[0]
+    return fetch_release(f"{base.name}=={version}", platform, cache)
+
+
+def sources(pin: Pin, cache: Path) -> Path:
+    """The release's Python sources, extracted once per sha256 (for linkcheck)."""
+    root = cache / "sources" / pin.sha256
+    if not root.is_dir():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        extract_sources(read_wheel(fetch(pin, cache=cache)), root)
+    return root
+
+
+def _release_files(series: Series, pin: Pin, cache: Path) -> dict[str, bytes | None]:
+    wheel = read_wheel(fetch(pin, cache=cache))
+    members = read_members(wheel, [f"{series.package}/{p}" for p in series.touched])
+    return {p: members[f"{series.package}/{p}"] for p in series.touched}
+
+
+def _dependency_pins(series: Series, pin: Pin, cache: Path) -> list[Pin]:
+    """The release's own pins of the series' third-party dependencies (fetched, hashed)."""
+    wheel = read_wheel(fetch(pin, cache=cache))
+    pins = []
+    for old in series.dependencies.values():
+        requirement = pinned_requirement(wheel, old.name)
+        pins.append(fetch_release(requirement, "any", cache) if requirement else old)
+    return pins
+
+
+def _linkcheck(
+    series: Series, pin: Pin, only: tuple[str, ...], cache: Path, max_fuzz: int
+) -> list[str]:
+    thirdparty = [sources(dep, cache) for dep in _dependency_pins(series, pin, cache)]
+    # Check the code as the survey placed it (with its fuzz), not only what applies exactly.
+    fuzzed = replace(series, max_fuzz=max_fuzz)
+    findings = run_linkcheck(fuzzed, sources(pin, cache), thirdparty, only=only)
+    return [format_finding(f) for f in findings]
+
+
+def _pin_table(pin: Pin) -> dict:
+    return {"requirement": str(pin.requirement), "wheel": pin.wheel, "sha256": pin.sha256}
+
+
+def _write_series(
+    series: Series, base_key: str, pins: list[Pin], out: Path, files, statuses, max_fuzz: int
+) -> list[str]:
+    """The refreshed series under ``out``; returns the patches kept as they were (failing)."""
+    out.mkdir(parents=True)
+    doc = tomlkit.parse((series.root / "series.toml").read_text())
+    base, *deps = pins
+    doc["bases"][base_key].update(_pin_table(base))
+    for dep in deps:
+        doc.setdefault("dependencies", tomlkit.table())[dep.name] = _pin_table(dep)
+    kept, dropped = [], []
+    state = dict(files)
+    for entry, patch in zip(series.entries, series.patches, strict=True):
+        status = patch_status(statuses, patch.name)
+        if status == "upstream":
+            dropped.append(entry.file)
+            continue
+        if status == "fails":
+            shutil.copyfile(series.root / entry.file, out / entry.file)
+            kept.append(entry.file)
+            continue
+        data = b""
+        for fp in patch.files:
+            after = apply_file_patch(patch.name, fp, state.get(fp.path), max_fuzz).after
+            data += render_file_diff(fp.path, state.get(fp.path), after)
+            state[fp.path] = after
+        write_atomic(out / entry.file, data)
+    patches = doc["patches"]
+    for name in dropped:
+        del patches[next(i for i, t in enumerate(patches) if t["file"] == name)]
+    write_atomic(out / "series.toml", tomlkit.dumps(doc).encode())
+    return kept
+
+
+def rebase(
+    series: Series,
+    version: str,
+    out: Path,
+    *,
+    base_key: str = "default",
+    max_fuzz: int = 3,
+    cache: Path | None = None,
+) -> dict:
+    """Try the series on ``version``; write the refreshed series and a report under ``out``."""
+    cache = cache or cache_dir()
+    if out.exists():
+        raise UsageError(f"output folder exists (choose another --out): {str(out)!r}")
+    pin = _release_pin(series, base_key, version, cache)
+    files = _release_files(series, pin, cache)
+    statuses = survey(series, files, max_fuzz)
+    deps = _dependency_pins(series, pin, cache)
+    failed = _write_series(series, base_key, [pin, *deps], out, files, statuses, max_fuzz)
+    refreshed = load_series(out)
+    applied = tuple(e.file for e in refreshed.entries if e.file not in failed)
+    report = {
+        "release": str(pin.requirement),
+        "wheel": pin.wheel,
+        "sha256": pin.sha256,
+        "dependencies": [_pin_table(dep) for dep in deps],
+        "max_fuzz": max_fuzz,
+        "patches": {e.file: patch_status(statuses, e.file) for e in series.entries},
+        "hunks": [asdict(s) for s in statuses],
+        "linkcheck": _linkcheck(refreshed, pin, applied, cache, max_fuzz) if applied else [],
+        "linkcheck_scope": list(applied),
+    }
+    write_atomic(out / "rebase.json", (json.dumps(report, indent=2) + "\n").encode())
+    write_atomic(out / "rebase.md", _rebase_markdown(report).encode())
+    return report
+
+
+def _rebase_markdown(report: dict) -> str:
+    lines = [
+        f"# Rebase onto {report['release']}",
+        "",
+        f"wheel `{report['wheel']}` sha256 `{report['sha256']}` (max fuzz {report['max_fuzz']})",
+        "",
+        "| patch | file | hunk | status |",
+        "|---|---|---|---|",
+    ]
+    for h in report["hunks"]:
+        status = h["status"]
+        if status in ("offset", "fuzz"):
+            status = f"{status} (offset {h['offset']:+d}, fuzz {h['fuzz']})"
+        lines.append(f"| {h['patch']} | {h['path']} | {h['hunk']} | {status} |")
+    for h in report["hunks"]:
+        if h["detail"]:
+            lines += ["", f"## {h['patch']} hunk #{h['hunk']}", "", "```", h["detail"], "```"]
+    lines += ["", f"## linkcheck ({len(report['linkcheck'])} finding(s))", ""]
+    lines += [f"- {f}" for f in report["linkcheck"]] or ["- none"]
+    return "\n".join(lines) + "\n"
+
+
+def matrix(
+    series: Series,
+    versions: list[str],
+    *,
+    base_key: str = "default",
+    max_fuzz: int = 3,
+    linkcheck: bool = True,
+    cache: Path | None = None,
+) -> dict:
+    """patch x release status table (JSON-ready)."""
+    cache = cache or cache_dir()
+    table: dict = {"patches": [e.file for e in series.entries], "releases": {}}
+    for version in versions:
+        pin = _release_pin(series, base_key, version, cache)
+        statuses = survey(series, _release_files(series, pin, cache), max_fuzz)
+        statuses_by_patch = {e.file: patch_status(statuses, e.file) for e in series.entries}
+        applicable = tuple(p for p, s in statuses_by_patch.items() if s != "fails")
+        findings = (
+            _linkcheck(series, pin, applicable, cache, max_fuzz) if linkcheck and applicable else []
+        )
+        table["releases"][version] = {
+            "wheel": pin.wheel,
+            "sha256": pin.sha256,
+            "patches": statuses_by_patch,
+            "linkcheck": findings if linkcheck else None,
+        }
+    return table
+
+
+def matrix_markdown(table: dict) -> str:
+    versions = list(table["releases"])
+    lines = ["| patch | " + " | ".join(versions) + " |", "|---" * (len(versions) + 1) + "|"]
+    for patch in table["patches"]:
+        cells = [table["releases"][v]["patches"][patch] for v in versions]
+        lines.append(f"| {patch} | " + " | ".join(cells) + " |")
+    counts = []
+    for v in versions:
+        findings = table["releases"][v]["linkcheck"]
+        counts.append("skipped" if findings is None else f"{len(findings)} finding(s)")
+    lines.append("| linkcheck | " + " | ".join(counts) + " |")
+    return "\n".join(lines) + "\n"
