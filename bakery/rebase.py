@@ -28,7 +28,17 @@ from .series import Pin, Series, load_series
 from .tree import write_atomic
 from .wheel import extract_sources, pinned_requirement, read_members, read_wheel
 
-__all__ = ["HunkStatus", "survey", "patch_status", "rebase", "matrix", "sources"]
+__all__ = [
+    "HunkStatus",
+    "survey",
+    "patch_status",
+    "release_pin",
+    "release_files",
+    "rebase",
+    "matrix",
+    "matrix_markdown",
+    "sources",
+]
 
 _SEVERITY = ["clean", "offset", "fuzz", "upstream", "failed"]
 
@@ -87,7 +97,7 @@ def patch_status(statuses: list[HunkStatus], patch: str) -> str:
     return "fails" if worst == "failed" or "upstream" in mine else worst
 
 
-def _release_pin(series: Series, base_key: str, version: str, cache: Path) -> Pin:
+def release_pin(series: Series, base_key: str, version: str, cache: Path) -> Pin:
     base = series.base(base_key)
     _, _, _, tags = parse_wheel_filename(base.wheel)
     platform = sorted({t.platform for t in tags})[0]
@@ -103,7 +113,7 @@ def sources(pin: Pin, cache: Path) -> Path:
     return root
 
 
-def _release_files(series: Series, pin: Pin, cache: Path) -> dict[str, bytes | None]:
+def release_files(series: Series, pin: Pin, cache: Path) -> dict[str, bytes | None]:
     wheel = read_wheel(fetch(pin, cache=cache))
     members = read_members(wheel, [f"{series.package}/{p}" for p in series.touched])
     return {p: members[f"{series.package}/{p}"] for p in series.touched}
@@ -180,8 +190,8 @@ def rebase(
     cache = cache or cache_dir()
     if out.exists():
         raise UsageError(f"output folder exists (choose another --out): {str(out)!r}")
-    pin = _release_pin(series, base_key, version, cache)
-    files = _release_files(series, pin, cache)
+    pin = release_pin(series, base_key, version, cache)
+    files = release_files(series, pin, cache)
     statuses = survey(series, files, max_fuzz)
     deps = _dependency_pins(series, pin, cache)
     failed = _write_series(series, base_key, [pin, *deps], out, files, statuses, max_fuzz)
@@ -238,8 +248,8 @@ def matrix(
     cache = cache or cache_dir()
     table: dict = {"patches": [e.file for e in series.entries], "releases": {}}
     for version in versions:
-        pin = _release_pin(series, base_key, version, cache)
-        statuses = survey(series, _release_files(series, pin, cache), max_fuzz)
+        pin = release_pin(series, base_key, version, cache)
+        statuses = survey(series, release_files(series, pin, cache), max_fuzz)
         statuses_by_patch = {e.file: patch_status(statuses, e.file) for e in series.entries}
         applicable = tuple(p for p, s in statuses_by_patch.items() if s != "fails")
         findings = (

@@ -1,0 +1,106 @@
+"""Rebase and matrix against real releases, checked hunk by hunk against GNU patch."""
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from bakery.rebase import release_files, release_pin, survey
+from bakery.series import load_series
+from tests.conftest import REPO, run_cli
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch not installed"),
+]
+_LINE = re.compile(
+    r"Hunk #(\d+) (succeeded|FAILED|ignored) at \d+"
+    r"(?: with fuzz (\d+))?(?: \(offset (-?\d+) lines?\))?"
+)
+
+
+def gnu_hunks(tree, patch, fuzz: int) -> dict[int, tuple]:
+    proc = subprocess.run(
+        [
+            "patch",
+            "--dry-run",
+            "--verbose",
+            "--batch",
+            "--forward",
+            f"--fuzz={fuzz}",
+            "-p1",
+            "-d",
+            str(tree),
+            "-i",
+            str(patch),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    out = {}
+    for m in _LINE.finditer(proc.stdout):
+        if m[2] == "succeeded":
+            out[int(m[1])] = ("placed", int(m[4] or 0), int(m[3] or 0))
+        else:
+            out[int(m[1])] = ("not placed",)
+    return out
+
+
+def ours(status) -> tuple:
+    if status.status in ("failed", "upstream"):
+        return ("not placed",)
+    return ("placed", status.offset, status.fuzz)
+
+
+@pytest.mark.parametrize("version", ["0.31.0", "0.33.0"])
+def test_rebase_survey_matches_gnu_patch_hunk_by_hunk(version, series, cache, tmp_path):
+    pin = release_pin(series, "default", version, cache)
+    files = release_files(series, pin, cache)
+    for path, data in files.items():
+        if data is not None:
+            (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / path).write_bytes(data)
+    statuses = survey(series, files, 3)
+    assert {s.status for s in statuses} - {"clean"}, "a release with no drift proves little"
+    for entry in series.entries:
+        gnu = gnu_hunks(tmp_path, series.root / entry.file, 3)
+        mine = {s.hunk: ours(s) for s in statuses if s.patch == entry.file}
+        assert mine == gnu, entry.file
+
+
+def test_rebase_to_0_33_reports_text_and_signature_drift(tmp_path):
+    before = load_series(REPO / "patches" / "dcp2").sha256
+    out = tmp_path / "rebased"
+    proc = run_cli("rebase", "--to", "vllm==0.33.0", "--out", str(out))
+    assert proc.returncode == 1
+    assert "missing required argument 'lse_scale'" in proc.stdout
+    assert "01-model_executor_kernels_attention_dsa_candidate_blocks.py.diff: fails" in proc.stdout
+    # A refreshed series for review, pinned by the hash seen; the repo's series untouched.
+    refreshed = load_series(out)
+    assert refreshed.base("default").requirement.specifier == "==0.33.0"
+    assert str(refreshed.dependencies["flashinfer-python"].requirement) == (
+        "flashinfer-python==0.7.2.post1"
+    )
+    assert "nearest near-match" in (out / "rebase.md").read_text()
+    assert load_series(REPO / "patches" / "dcp2").sha256 == before
+    assert run_cli("rebase", "--to", "vllm==0.33.0", "--out", str(out)).returncode == 2
+
+
+def test_rebase_refuses_another_project():
+    proc = run_cli("rebase", "--to", "torch==2.0.0")
+    assert proc.returncode == 2 and "vllm==X.Y.Z" in proc.stderr
+
+
+def test_matrix_table(tmp_path):
+    proc = run_cli("matrix", "--releases", "0.32.0,0.33.0", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split(" | ")[0].strip("| "): line for line in proc.stdout.splitlines()}
+    assert rows["09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff"].endswith(
+        "| clean | clean |"
+    )
+    assert rows["01-model_executor_kernels_attention_dsa_candidate_blocks.py.diff"].endswith(
+        "| clean | fails |"
+    )
+    assert rows["linkcheck"].endswith("| 0 finding(s) | 7 finding(s) |")
+    assert (tmp_path / "matrix.json").is_file()
