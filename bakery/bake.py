@@ -8,7 +8,9 @@ at any moment leaves the previous tree intact.
 
 from __future__ import annotations
 
+import json
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +19,9 @@ from packaging.version import Version
 from . import apply, manifest
 from .errors import PreimageMismatch
 from .fetch import cache_dir, fetch
-from .progress import interactive, step
+from .progress import interactive, step, warn
 from .series import Pin, Series
-from .tree import clone_tree, remove_tree, swap_into_place, write_atomic
+from .tree import clone_tree, empty_trash, remove_tree, stamp, swap_into_place, write_atomic
 from .wheel import (
     WheelInfo,
     extract,
@@ -57,18 +59,26 @@ def patched_version(series: Series, base_version: str) -> Version:
 
 
 def pristine(wheel: WheelInfo, sha256: str, cache: Path) -> Path:
-    """The wheel extracted once per sha256 (read-only, shared by every bake)."""
+    """The wheel extracted once per sha256, shared by every bake through hard links.
+
+    Its stamp (size + mtime of every file) is checked on each use; a pristine
+    tree that was written through a link from a baked tree is re-extracted."""
     root = cache / "pristine" / sha256
-    if root.is_dir():
-        return root
+    stamp_path = root.with_name(f"{sha256}.stamp.json")
+    if root.is_dir() and stamp_path.is_file():
+        if json.loads(stamp_path.read_text()) == stamp(root):
+            return root
+        warn(f"pristine cache {root} was modified (an edit through a hard link?); re-extracting")
+    remove_tree(root)
+    stamp_path.unlink(missing_ok=True)
     tmp = root.with_name(f".{sha256[:16]}.tmp-{os.getpid()}")
     remove_tree(tmp)
     with step(f"extracting {wheel.path.name}"):
         extract(wheel, tmp)
-    try:
-        os.rename(tmp, root)
-    except OSError:  # another bake finished first; its tree is the same bytes
-        remove_tree(tmp)
+    stamp_tmp = stamp_path.with_name(f".{stamp_path.name}.tmp-{os.getpid()}")
+    stamp_tmp.write_text(json.dumps(stamp(tmp), sort_keys=True))
+    os.rename(tmp, root)
+    os.replace(stamp_tmp, stamp_path)  # last: a tree without its stamp is never trusted
     return root
 
 
@@ -137,6 +147,7 @@ def _write_wheel(
     version: Version,
     changed: dict[str, bytes | None],
     data: dict,
+    trash: Path,
 ) -> Path:
     dist.mkdir(exist_ok=True)
     out = dist / name
@@ -146,7 +157,7 @@ def _write_wheel(
             write_patched_wheel(
                 base, tmp, version, changed, {manifest.MANIFEST: manifest.dumps(data)}
             )
-            os.replace(tmp, out)
+            swap_into_place(tmp, out, trash)  # freeing a 300 MB file is slow: trash it
         finally:
             tmp.unlink(missing_ok=True)
     return out
@@ -175,8 +186,10 @@ def bake(
 
     tree = tree_dir(build, base_key)
     build.mkdir(parents=True, exist_ok=True)
+    trash = build / ".trash"
     for stale in build.glob(f".{tree.name}.new-*"):  # left by a killed bake
-        remove_tree(stale)
+        trash.mkdir(exist_ok=True)
+        os.rename(stale, trash / f"{stale.name}-{uuid.uuid4().hex[:12]}")
     staging = build / f".{tree.name}.new-{os.getpid()}"
     changed = {f"{series.package}/{p}": plan.after[p] for p in plan.changed}
     modes = {f"{series.package}/{p}": mode for p, mode in plan.modes.items()}
@@ -187,9 +200,10 @@ def bake(
                 if content is not None:
                     write_atomic(staging / member, content, modes.get(member))
             manifest.write(staging / manifest.MANIFEST, data)
-        out = _write_wheel(base, build / "dist", wheel_name, version, changed, data)
-        swap_into_place(staging, tree)
+        out = _write_wheel(base, build / "dist", wheel_name, version, changed, data, trash)
+        swap_into_place(staging, tree, trash)
     except BaseException:
         remove_tree(staging)
         raise
+    empty_trash(trash)
     return BakeResult(tree, tree / manifest.MANIFEST, out, plan)

@@ -18,6 +18,7 @@ from pathlib import Path
 from . import apply
 from .bake import bake
 from .fetch import cache_dir, fetch
+from .rebase import matrix, release_pin
 from .series import Series, load_series
 
 __all__ = ["main"]
@@ -58,6 +59,32 @@ def _row(name: str, ours: float, base: float, base_name: str, target: str) -> st
     return f"| {name} | {ours:.3f} s | {base_name} {base:.3f} s | {ours / base:.2f}x | {target} |"
 
 
+def _matrix_row(series: Series, version: str, work: Path) -> str:
+    """One release's matrix column (wheel cached) vs unzip of its touched members + GNU patch."""
+    pin = release_pin(series, "default", version, cache_dir())
+    wheel = fetch(pin, cache=cache_dir())
+    members = [f"{series.package}/{p}" for p in series.touched]
+    out = work / f"members-{version}"
+
+    def baseline() -> None:
+        shutil.rmtree(out, ignore_errors=True)
+        subprocess.run(["unzip", "-q", "-o", str(wheel), *members, "-d", str(out)], check=False)
+        for entry in series.entries:
+            patch = (series.root / entry.file).resolve()
+            cmd = ["patch", "-s", "--dry-run", "-p1", "-F3", "-d", str(out / series.package)]
+            subprocess.run([*cmd, "-i", str(patch)], capture_output=True, check=False)
+
+    base = _median(baseline, 3)
+    ours = _median(lambda: matrix(series, [version], linkcheck=False), 3)
+    return _row(
+        f"matrix, one release ({version}, no linkcheck)",
+        ours,
+        base,
+        "unzip members+patch",
+        "report",
+    )
+
+
 def main(argv: list[str]) -> int:
     base_key = argv[0] if argv else "default"
     series = load_series()
@@ -90,6 +117,8 @@ def main(argv: list[str]) -> int:
         rows.append(
             _row("engine: parse + place series", engine, gnu, "GNU patch --dry-run", "<= 1.0x")
         )
+        for version in ("0.31.0", "0.32.0", "0.33.0"):
+            rows.append(_matrix_row(series, version, work))
     print(f"# bakery bench ({base_key} base, {len(series.entries)} patches)\n")
     print("| what | ours | baseline | ratio | target |\n|---|---|---|---|---|")
     print("\n".join(rows))

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 from rich.console import Console
 
-__all__ = ["interactive", "step"]
+__all__ = ["interactive", "step", "warn"]
 
 _console = Console(stderr=True)
 
@@ -26,3 +26,8 @@ def step(message: str) -> Iterator[None]:
     with _console.status(message):
         yield
     _console.print(f"[green]✓[/] {message}")
+
+
+def warn(message: str) -> None:
+    """A warning line on stderr, TTY or not (it reports something the user must know)."""
+    print(f"warning: {message}", file=sys.stderr)

@@ -11,7 +11,10 @@ import ctypes
 import errno
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import uuid
 from pathlib import Path
 
 from .errors import UnsafePathError
@@ -22,14 +25,10 @@ __all__ = [
     "write_atomic",
     "clone_tree",
     "swap_into_place",
+    "empty_trash",
     "remove_tree",
-    "HARDLINK_MIN_BYTES",
+    "stamp",
 ]
-
-# Files at least this big are hard-linked from the pristine cache instead of
-# copied: they are compiled blobs nobody edits. Sources stay real copies, so
-# an editor writing in place in a baked tree cannot reach the cache.
-HARDLINK_MIN_BYTES = 1 << 20
 
 
 def inside(root: Path, rel: str) -> Path:
@@ -77,9 +76,10 @@ def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
 
 
 def clone_tree(src: Path, dst: Path, *, skip: frozenset[str] = frozenset()) -> None:
-    """Recreate ``src`` at ``dst``: big files hard-linked, the rest copied.
+    """Recreate ``src`` at ``dst`` with hard links (a copy where linking fails).
 
-    ``skip`` lists relative paths the caller writes itself (patched files)."""
+    ``skip`` lists relative paths the caller writes itself (patched files).
+    Creating thousands of files costs seconds here; linking them costs a tenth."""
     src = Path(src)
     for dirpath, dirnames, filenames in os.walk(src):
         dirnames.sort()
@@ -91,15 +91,27 @@ def clone_tree(src: Path, dst: Path, *, skip: frozenset[str] = frozenset()) -> N
             if rel in skip:
                 continue
             source = os.path.join(dirpath, name)
-            target = out_dir / name
-            if os.path.getsize(source) >= HARDLINK_MIN_BYTES:
-                try:
-                    os.link(source, target)
-                    continue
-                except OSError:
-                    pass  # other filesystem: fall back to a copy
-            shutil.copyfile(source, target)
-            os.chmod(target, (os.stat(source).st_mode & 0o777) | 0o200)
+            try:
+                os.link(source, out_dir / name)
+            except OSError:  # another filesystem
+                shutil.copy2(source, out_dir / name)
+
+
+def stamp(root: Path) -> dict[str, list[int]]:
+    """path -> [size, mtime_ns] of every file: a write through a hard link into
+    the pristine cache changes the shared inode's mtime, so this detects it."""
+    out: dict[str, list[int]] = {}
+    pending = [("", os.fspath(root))]
+    while pending:
+        prefix, folder = pending.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append((f"{prefix}{entry.name}/", entry.path))
+                else:
+                    st = entry.stat(follow_symlinks=False)
+                    out[prefix + entry.name] = [st.st_size, st.st_mtime_ns]
+    return out
 
 
 _RENAME_EXCHANGE = 2
@@ -122,21 +134,38 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def swap_into_place(new: Path, final: Path) -> None:
-    """Make ``new`` appear at ``final`` in one step; the old tree is removed after.
+def swap_into_place(new: Path, final: Path, trash: Path) -> None:
+    """Make ``new`` appear at ``final`` in one step; the old one goes to ``trash``.
 
     With RENAME_EXCHANGE there is no instant at which ``final`` is missing or
-    half-written: a kill leaves either the old or the new tree."""
+    half-written: a kill leaves either the old or the new tree (or file)."""
+    trash.mkdir(parents=True, exist_ok=True)
+    old = trash / f"{final.name}-{uuid.uuid4().hex[:12]}"
     if final.exists() and _exchange(new, final):
-        remove_tree(new)  # now holds the old tree
-        return
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.rename(new, old)  # ``new`` now holds the old one
+    elif final.exists():
         os.rename(final, old)
         os.rename(new, final)
-        remove_tree(old)
-        return
-    os.rename(new, final)
+    else:
+        os.rename(new, final)
+
+
+def empty_trash(trash: Path) -> None:
+    """Delete ``trash`` in a detached child: the old tree is garbage once swapped
+    out, and unlinking thousands of entries would double a rebake's time."""
+    if trash.is_dir() and any(trash.iterdir()):
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import shutil, sys; shutil.rmtree(sys.argv[1], True)",
+                str(trash),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
 
 def remove_tree(path: Path) -> None:

@@ -113,9 +113,7 @@ def _extract_part(wheel: str, names: list[str], dest: str) -> None:
             with zf.open(info) as src, open(target, "wb") as out:
                 while chunk := src.read(_CHUNK):
                     out.write(chunk)
-            mode = (info.external_attr >> 16) & 0o777 or 0o644
-            # Read-only: the pristine cache is shared by every bake.
-            os.chmod(target, mode & ~0o222)
+            os.chmod(target, (info.external_attr >> 16) & 0o777 or 0o644)
 
 
 def extract(wheel: WheelInfo, dest: Path, workers: int = 2) -> None:

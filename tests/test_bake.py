@@ -128,8 +128,8 @@ def test_corrupt_cached_wheel_is_discarded_and_fetched_again(tmp_path, series, c
     assert sha(fetch(pin, cache=fake_cache)) == pin.sha256
 
 
-def test_damaged_pristine_cache_is_caught_by_record_preimage_check(tmp_path, series, cache):
-    pin = series.base("cpu")
+def _fake_cache(tmp_path, pin, cache) -> Path:
+    """A cache holding the real wheel and a hard-linked copy of the real pristine tree."""
     real = fetch(pin, cache=cache)
     fake = tmp_path / "cache"
     (fake / "wheels" / pin.sha256).mkdir(parents=True)
@@ -137,12 +137,47 @@ def test_damaged_pristine_cache_is_caught_by_record_preimage_check(tmp_path, ser
     clone_tree(
         cache / "pristine" / pin.sha256, fake / "pristine" / pin.sha256, skip=frozenset({PATCHED})
     )
-    (fake / "pristine" / pin.sha256 / PATCHED).write_bytes(b"# not the real file\n")
+    shutil.copy2(
+        cache / "pristine" / pin.sha256 / PATCHED, fake / "pristine" / pin.sha256 / PATCHED
+    )
+    stamp = f"{pin.sha256}.stamp.json"
+    shutil.copyfile(cache / "pristine" / stamp, fake / "pristine" / stamp)
+    return fake
+
+
+def test_damage_the_stamp_cannot_see_is_caught_by_the_record_preimage_check(
+    tmp_path, series, cache, cpu_bake
+):
+    pin = series.base("cpu")
+    fake = _fake_cache(tmp_path, pin, cache)
+    target = fake / "pristine" / pin.sha256 / PATCHED
+    st = target.stat()
+    data = target.read_bytes()
+    target.write_bytes(data[:-2] + b"#\n")  # same size ...
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))  # ... and same mtime
     proc = run_cli(
         "bake", "--base", "cpu", "--build", str(tmp_path / "b"), env={"BAKERY_CACHE": str(fake)}
     )
     assert proc.returncode == 1 and "hash differs from RECORD" in proc.stderr
-    assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
+    assert not (tmp_path / "b" / "baked-cpu").exists()
+
+
+def test_edit_written_through_a_hard_link_is_detected_and_healed(tmp_path, series, cache, cpu_bake):
+    pin = series.base("cpu")
+    fake = _fake_cache(tmp_path, pin, cache)
+    build = tmp_path / "b"
+    env = {"BAKERY_CACHE": str(fake)}
+    assert run_cli("bake", "--base", "cpu", "--build", str(build), env=env).returncode == 0
+    untouched = "vllm/models/deepseek_v41/quant_config.py"
+    baked = build / "baked-cpu" / untouched
+    original = baked.read_bytes()
+    assert os.stat(baked).st_ino == os.stat(fake / "pristine" / pin.sha256 / untouched).st_ino
+    with open(baked, "ab") as handle:  # an editor writing in place: reaches the cache
+        handle.write(b"# edited in place\n")
+    proc = run_cli("bake", "--base", "cpu", "--build", str(build), env=env)
+    assert proc.returncode == 0 and "re-extracting" in proc.stderr
+    assert (fake / "pristine" / pin.sha256 / untouched).read_bytes() == original
+    assert (build / "baked-cpu" / untouched).read_bytes() == original
 
 
 def test_bake_killed_at_random_points_never_leaves_a_half_tree(tmp_path, cpu_bake, series, cache):
