@@ -81,8 +81,12 @@ def noise_floor(reports: Sequence[Mapping[str, Any]]) -> dict[str, float | None]
     """Worst value of each bound gate's field over all cases of all reports (None: unseen)."""
     floor: dict[str, float | None] = {}
     for name, (key, kind) in BOUND_GATES.items():
-        seen = [case[key] for report in reports for case in report["cases"].values()
-                if case.get(key) is not None]
+        seen = [
+            case[key]
+            for report in reports
+            for case in report["cases"].values()
+            if case.get(key) is not None
+        ]
         pick = max if kind == "max" else min
         floor[name] = pick(seen) if seen else None
     return floor
@@ -107,8 +111,9 @@ def _high_margin(report: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def calibrate_from_reports(reports: Sequence[Mapping[str, Any]], bundles: Sequence[str],
-                           policy: CalibrationPolicy) -> Calibration:
+def calibrate_from_reports(
+    reports: Sequence[Mapping[str, Any]], bundles: Sequence[str], policy: CalibrationPolicy
+) -> Calibration:
     floor = noise_floor(reports)
     thresholds = {name: derive_threshold(name, value, policy) for name, value in floor.items()}
     return Calibration(
@@ -121,15 +126,21 @@ def calibrate_from_reports(reports: Sequence[Mapping[str, Any]], bundles: Sequen
     )
 
 
-def calibrate_bundles(bundle_dirs: Sequence[Path], policy: CalibrationPolicy | None = None, *,
-                      top_n: int = 20, low_margin: float = 0.5,
-                      teacher_forced: bool = False) -> Calibration:
+def calibrate_bundles(
+    bundle_dirs: Sequence[Path],
+    policy: CalibrationPolicy | None = None,
+    *,
+    top_n: int = 20,
+    low_margin: float = 0.5,
+    teacher_forced: bool = False,
+) -> Calibration:
     """Compare every pair of same-setup bundles and derive thresholds from the spread."""
     if len(bundle_dirs) < 2:
         raise UsageError(f"calibration needs at least 2 baseline bundles, got {len(bundle_dirs)}")
     reports = [
-        compare_bundles(a, b, Gates(), top_n=top_n, low_margin=low_margin,
-                        teacher_forced=teacher_forced)
+        compare_bundles(
+            a, b, Gates(), top_n=top_n, low_margin=low_margin, teacher_forced=teacher_forced
+        )
         for a, b in itertools.combinations(bundle_dirs, 2)
     ]
     names = [str(p) for p in bundle_dirs]

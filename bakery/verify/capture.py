@@ -82,8 +82,9 @@ class ServerInfo:
     baked_json: Path | None = None
 
 
-def completion_request(model: str, prompt: str | list[int], max_tokens: int,
-                       settings: CaptureSettings) -> Json:
+def completion_request(
+    model: str, prompt: str | list[int], max_tokens: int, settings: CaptureSettings
+) -> Json:
     request: Json = {
         "model": model,
         "prompt": prompt,
@@ -159,8 +160,9 @@ async def _tokenize(client: _Client, model: str, text: str, what: str) -> tuple[
     return request, response
 
 
-async def _resolve_prompt(client: _Client, model: str, case: SuiteCase
-                          ) -> tuple[str | list[int], Json, Json]:
+async def _resolve_prompt(
+    client: _Client, model: str, case: SuiteCase
+) -> tuple[str | list[int], Json, Json]:
     """The prompt to send, plus the ``/tokenize`` request and answer that back it."""
     what = f"case {case.case}"
     if case.prompt is not None:
@@ -187,8 +189,14 @@ class _CaseResult:
 class _Capture:
     """One capture run: the client, the destination and what each case needs."""
 
-    def __init__(self, client: _Client, out_dir: Path, model: str,
-                 reference: Mapping[str, CaseRecord] | None, teacher_forced: bool) -> None:
+    def __init__(
+        self,
+        client: _Client,
+        out_dir: Path,
+        model: str,
+        reference: Mapping[str, CaseRecord] | None,
+        teacher_forced: bool,
+    ) -> None:
         self.client, self.out_dir, self.model = client, out_dir, model
         self.reference, self.teacher_forced = reference, teacher_forced
 
@@ -232,25 +240,39 @@ class _Capture:
                 f"({source.file} has none; capture with token ids)"
             )
         sequence = [*prompt_ids, *output_ids]
-        request = {"model": self.model, "prompt": sequence, "max_tokens": 1, "temperature": 0.0,
-                   "prompt_logprobs": self.client.settings.logprobs, "echo": True}
+        request = {
+            "model": self.model,
+            "prompt": sequence,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": self.client.settings.logprobs,
+            "echo": True,
+        }
         response = await self.client.call("POST", COMPLETIONS_PATH, f"case {case.case}", request)
-        write_case_file(self.out_dir, {
-            "name": f"{TEACHER_PREFIX}{case.case}",
-            "case": own.name,
-            "path": COMPLETIONS_PATH,
-            "status": 200,
-            "scored_from": "self" if self.reference is None else str(source.file.parent),
-            "sequence": sequence,
-            "completion_start": len(prompt_ids),
-            "request": request,
-            "response": response,
-        })
+        write_case_file(
+            self.out_dir,
+            {
+                "name": f"{TEACHER_PREFIX}{case.case}",
+                "case": own.name,
+                "path": COMPLETIONS_PATH,
+                "status": 200,
+                "scored_from": "self" if self.reference is None else str(source.file.parent),
+                "sequence": sequence,
+                "completion_start": len(prompt_ids),
+                "request": request,
+                "response": response,
+            },
+        )
 
 
 def _wrap(request: Json, response: Json) -> Json:
-    return {"name": "repeat", "path": COMPLETIONS_PATH, "status": 200, "request": request,
-            "response": response}
+    return {
+        "name": "repeat",
+        "path": COMPLETIONS_PATH,
+        "status": 200,
+        "request": request,
+        "response": response,
+    }
 
 
 def _checked_record(document: Json, path: Path) -> CaseRecord:
@@ -294,9 +316,14 @@ def _progress(enabled: bool, total: int) -> tuple[Any, Callable[[], None]]:
     return bar, lambda: bar.advance(task)
 
 
-async def _run(url: str, out_dir: Path, suite: Suite, settings: CaptureSettings,
-               reference: Mapping[str, CaseRecord] | None, teacher_forced: bool
-               ) -> tuple[str, Json, list[_CaseResult]]:
+async def _run(
+    url: str,
+    out_dir: Path,
+    suite: Suite,
+    settings: CaptureSettings,
+    reference: Mapping[str, CaseRecord] | None,
+    teacher_forced: bool,
+) -> tuple[str, Json, list[_CaseResult]]:
     limits = httpx.Timeout(settings.timeout_s)
     async with httpx.AsyncClient(base_url=url, timeout=limits) as http:
         client = _Client(http, settings)
@@ -329,9 +356,17 @@ def _sha256(path: Path) -> str:
         raise UsageError(f"cannot read BAKED.json {path} ({exc.strerror})") from exc
 
 
-def _meta(url: str, model: str, version: Json, suite: Suite, settings: CaptureSettings,
-          server: ServerInfo, results: list[_CaseResult], reference: Path | None,
-          teacher_forced: bool) -> Json:
+def _meta(
+    url: str,
+    model: str,
+    version: Json,
+    suite: Suite,
+    settings: CaptureSettings,
+    server: ServerInfo,
+    results: list[_CaseResult],
+    reference: Path | None,
+    teacher_forced: bool,
+) -> Json:
     env = server.env if server.env is not None else os.environ
     fingerprints = {r.record.system_fingerprint for r in results if r.record.system_fingerprint}
     return {
@@ -344,16 +379,27 @@ def _meta(url: str, model: str, version: Json, suite: Suite, settings: CaptureSe
         "dsv41_gates": {k: env[k] for k in sorted(env) if k.startswith(GATE_ENV_PREFIX)},
         "baked_json_sha256": _sha256(server.baked_json) if server.baked_json else None,
         "suite": {"name": suite.name, "sha256": suite.sha256, "cases": len(suite.cases)},
-        "settings": {"logprobs": settings.logprobs, "repeat": settings.repeat,
-                     "token_keys": "ids" if settings.token_ids else "strings"},
+        "settings": {
+            "logprobs": settings.logprobs,
+            "repeat": settings.repeat,
+            "token_keys": "ids" if settings.token_ids else "strings",
+        },
         "repeat_unique_sequences": {r.record.name: r.unique_sequences for r in results},
-        "teacher_forced": {"enabled": teacher_forced,
-                           "reference": str(reference) if reference else None},
+        "teacher_forced": {
+            "enabled": teacher_forced,
+            "reference": str(reference) if reference else None,
+        },
     }
 
 
-def _check_inputs(url: str, out_dir: Path, suite: Suite, settings: CaptureSettings,
-                  teacher_forced: bool, reference: Path | None) -> dict[str, CaseRecord] | None:
+def _check_inputs(
+    url: str,
+    out_dir: Path,
+    suite: Suite,
+    settings: CaptureSettings,
+    teacher_forced: bool,
+    reference: Path | None,
+) -> dict[str, CaseRecord] | None:
     """Every check that needs no server, before anything is written or sent."""
     settings.check()
     if httpx.URL(url).scheme not in ("http", "https"):
@@ -367,8 +413,9 @@ def _check_inputs(url: str, out_dir: Path, suite: Suite, settings: CaptureSettin
     if not teacher_forced:
         raise UsageError("--reference only makes sense with --teacher-forced")
     cases = load_bundle(reference).by_name()
-    missing = sorted(f"{CASE_PREFIX}{c.case}" for c in suite.cases
-                     if f"{CASE_PREFIX}{c.case}" not in cases)
+    missing = sorted(
+        f"{CASE_PREFIX}{c.case}" for c in suite.cases if f"{CASE_PREFIX}{c.case}" not in cases
+    )
     if missing:
         raise BundleError(f"reference bundle {reference} lacks suite cases: {missing}")
     return cases
@@ -396,8 +443,17 @@ def capture_bundle(
         model, version, results = asyncio.run(
             _run(url, staging, suite, settings, ref_cases, teacher_forced)
         )
-        meta = _meta(url, model, version, suite, settings, server or ServerInfo(), results,
-                     reference, teacher_forced)
+        meta = _meta(
+            url,
+            model,
+            version,
+            suite,
+            settings,
+            server or ServerInfo(),
+            results,
+            reference,
+            teacher_forced,
+        )
         write_bundle_meta(staging, meta)
         os.replace(staging, out_dir)
     except BaseException:

@@ -166,7 +166,11 @@ def _teacher_fields(base: CaseRecord, cand: CaseRecord) -> dict[str, Any]:
 
 
 def _case_report(
-    base: CaseRecord, cand: CaseRecord, gates: Gates, top_n: int, low_margin: float,
+    base: CaseRecord,
+    cand: CaseRecord,
+    gates: Gates,
+    top_n: int,
+    low_margin: float,
     teacher_forced: bool,
 ) -> dict[str, Any]:
     case = compare_completions(

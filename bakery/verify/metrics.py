@@ -268,8 +268,15 @@ class CaseMetrics:
 
 
 def _mismatch_fields(mismatch: FirstMismatch | None) -> dict[str, Any]:
-    names = ("oracle_top1_margin", "actual_top1_margin", "oracle_actual_rank",
-             "actual_oracle_rank", "topk_overlap", "oracle_top5", "actual_top5")
+    names = (
+        "oracle_top1_margin",
+        "actual_top1_margin",
+        "oracle_actual_rank",
+        "actual_oracle_rank",
+        "topk_overlap",
+        "oracle_top5",
+        "actual_top5",
+    )
     if mismatch is None:
         return {"first_token_mismatch": None, **{f"first_token_mismatch_{n}": None for n in names}}
     fields = asdict(mismatch)
@@ -297,8 +304,9 @@ def compare_completions(
     low_margin: float,
 ) -> CaseMetrics:
     """Compare a baseline (``oracle``) and a candidate (``actual``) free-running completion."""
-    steps = min(len(oracle.tokens), len(actual.tokens),
-                len(oracle.top_logprobs), len(actual.top_logprobs))
+    steps = min(
+        len(oracle.tokens), len(actual.tokens), len(oracle.top_logprobs), len(actual.top_logprobs)
+    )
     mismatch = _first_mismatch_detail(oracle, actual, top_n, low_margin)
     stop = mismatch.step if mismatch is not None and mismatch.low_margin else None
     return CaseMetrics(
@@ -373,8 +381,9 @@ def _tf_summary(
     }
 
 
-def _position_delta(base: Mapping[int, float] | None, cand: Mapping[int, float] | None,
-                    token: int) -> float | None:
+def _position_delta(
+    base: Mapping[int, float] | None, cand: Mapping[int, float] | None, token: int
+) -> float | None:
     if base is None or cand is None or token not in base or token not in cand:
         return None
     return cand[token] - base[token]

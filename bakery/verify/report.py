@@ -69,8 +69,10 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
 
 
 def _gates_section(gates: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    rows = [(name, format_value(g["value"]) if g["value"] is not None else "off", g["source"])
-            for name, g in sorted(gates.items())]
+    rows = [
+        (name, format_value(g["value"]) if g["value"] is not None else "off", g["source"])
+        for name, g in sorted(gates.items())
+    ]
     return ["## Gates", "", *_table(("gate", "value", "source"), rows), ""]
 
 
@@ -82,14 +84,29 @@ def _mismatch_cell(case: Mapping[str, Any]) -> str:
 
 
 def _summary_section(cases: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    header = ("case", "result", "tokens_match", "matching_prefix", "first mismatch", "low_margin",
-              "top1_match_rate", "topk_overlap_mean", "max_chosen_token_logprob_abs_error")
+    header = (
+        "case",
+        "result",
+        "tokens_match",
+        "matching_prefix",
+        "first mismatch",
+        "low_margin",
+        "top1_match_rate",
+        "topk_overlap_mean",
+        "max_chosen_token_logprob_abs_error",
+    )
     rows = [
-        (name, "pass" if c["passed"] else "**FAIL**", format_value(c["tokens_match"]),
-         format_value(c["matching_prefix_tokens"]), _mismatch_cell(c),
-         format_value(c["first_token_mismatch_low_margin"]), format_value(c["top1_match_rate"]),
-         format_value(c["topk_overlap_mean"]),
-         format_value(c["max_chosen_token_logprob_abs_error"]))
+        (
+            name,
+            "pass" if c["passed"] else "**FAIL**",
+            format_value(c["tokens_match"]),
+            format_value(c["matching_prefix_tokens"]),
+            _mismatch_cell(c),
+            format_value(c["first_token_mismatch_low_margin"]),
+            format_value(c["top1_match_rate"]),
+            format_value(c["topk_overlap_mean"]),
+            format_value(c["max_chosen_token_logprob_abs_error"]),
+        )
         for name, c in sorted(cases.items())
     ]
     return ["## Summary", "", *_table(header, rows), ""]

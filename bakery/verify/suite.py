@@ -122,6 +122,12 @@ def _parse_case(line: str) -> SuiteCase:
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise ValueError(f"{case}: tags must be a list of strings")
     why = data.get("why")
-    return SuiteCase(case, max_tokens, prompt, prompt_tokens,
-                     filler if prompt_tokens is not None else None, tuple(tags),
-                     why if isinstance(why, str) else None)
+    return SuiteCase(
+        case,
+        max_tokens,
+        prompt,
+        prompt_tokens,
+        filler if prompt_tokens is not None else None,
+        tuple(tags),
+        why if isinstance(why, str) else None,
+    )
