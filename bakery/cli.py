@@ -25,6 +25,7 @@ from .bake import staleness, tree_dir, unpacked
 from .diff import parse_patch, parse_renames
 from .errors import BakeryError, PatchParseError, UsageError
 from .importcheck import import_check, touched_modules
+from .launch.cli import launch as launch_group
 from .linkcheck import format_finding, run_linkcheck
 from .series import DEFAULT_SERIES, load_series
 from .tree import read_file, write_atomic
@@ -435,6 +436,7 @@ def matrix_cmd(series_dir, base_key, releases, out, fuzz, no_linkcheck) -> None:
 
 
 cli.add_command(verify)
+cli.add_command(launch_group)
 
 
 def main(argv: list[str] | None = None) -> int:

