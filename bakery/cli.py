@@ -31,7 +31,7 @@ from .series import DEFAULT_SERIES, load_series
 from .tree import read_file, write_atomic
 from .verify.commands import verify
 
-__all__ = ["main", "cli"]
+__all__ = ["main", "cli", "run_command"]
 
 _series_option = click.option(
     "--series",
@@ -439,9 +439,10 @@ cli.add_command(verify)
 cli.add_command(launch_group)
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_command(command: click.Command, argv: list[str] | None, prog_name: str) -> int:
+    """Run a click command; bakery's errors become one ``error:`` line and an exit code."""
     try:
-        result = cli.main(args=argv, prog_name="bakery", standalone_mode=False)
+        result = command.main(args=argv, prog_name=prog_name, standalone_mode=False)
     except BakeryError as exc:
         click.echo(f"error: {exc}", err=True)
         if exc.hint:
@@ -459,6 +460,10 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(f"error: {exc.strerror or exc}: {exc.filename!r}", err=True)
         return 1
     return result if isinstance(result, int) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(cli, argv, "bakery")
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ from packaging.utils import parse_wheel_filename
 
 from .errors import FetchError, HashMismatch
 from .series import Pin
+from .tree import write_atomic
 
-__all__ = ["cache_dir", "sha256_file", "fetch", "fetch_release"]
+__all__ = ["cache_dir", "sha256_file", "fetch", "fetch_release", "wheel_platform"]
 
 
 def cache_dir() -> Path:
@@ -35,11 +36,8 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _pip_download(pin: Pin, dest: Path, verbose: bool) -> Path:
-    _, _, _, tags = parse_wheel_filename(pin.wheel)
-    platform = sorted({t.platform for t in tags})[0]
-    requirements = dest / "requirements.txt"
-    requirements.write_text(f"{pin.requirement} --hash=sha256:{pin.sha256}\n")
+def _pip_download(args: list[str], dest: Path, platform: str, verbose: bool) -> list[Path]:
+    """``pip download --no-deps`` of binary wheels into ``dest``; the wheels it wrote."""
     cmd = [
         sys.executable,
         "-m",
@@ -47,12 +45,10 @@ def _pip_download(pin: Pin, dest: Path, verbose: bool) -> Path:
         "download",
         "--no-deps",
         "--only-binary=:all:",
-        "--require-hashes",
         "--disable-pip-version-check",
         "--dest",
         str(dest),
-        "-r",
-        str(requirements),
+        *args,
     ]
     if platform != "any":
         cmd += ["--platform", platform]
@@ -61,15 +57,19 @@ def _pip_download(pin: Pin, dest: Path, verbose: bool) -> Path:
     proc = subprocess.run(
         cmd, stdout=None if verbose else subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    path = dest / pin.wheel
-    if proc.returncode != 0 or not path.exists():
-        tail = (proc.stdout or "").strip().splitlines()[-3:]
+    wheels = sorted(dest.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        tail = " | ".join((proc.stdout or "").strip().splitlines()[-3:]) or "no output"
         raise FetchError(
-            f"pip could not download the pinned wheel ({' | '.join(tail) or 'no output'}): "
-            f"{pin.wheel!r}",
+            f"pip could not download ({tail}): {' '.join(args)!r}",
             hint="check the network, or pass --wheel PATH to use a local copy",
         )
-    return path
+    return wheels
+
+
+def wheel_platform(wheel_name: str) -> str:
+    _, _, _, tags = parse_wheel_filename(wheel_name)
+    return sorted({t.platform for t in tags})[0]
 
 
 def _check(path: Path, pin: Pin) -> None:
@@ -100,7 +100,13 @@ def fetch(
             cached.unlink()  # corrupt or tampered cache entry: fetch it again
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
-        downloaded = _pip_download(pin, Path(tmp), verbose)
+        requirements = Path(tmp) / "requirements.txt"
+        requirements.write_text(f"{pin.requirement} --hash=sha256:{pin.sha256}\n")
+        args = ["--require-hashes", "-r", str(requirements)]
+        _pip_download(args, Path(tmp), wheel_platform(pin.wheel), verbose)
+        downloaded = Path(tmp) / pin.wheel
+        if not downloaded.is_file():
+            raise FetchError(f"pip fetched another file than the pinned wheel: {pin.wheel!r}")
         _check(downloaded, pin)
         os.replace(downloaded, cached)
     return cached
@@ -110,35 +116,16 @@ def fetch_release(requirement: str, platform: str, cache: Path | None = None) ->
     """Fetch an unpinned release and pin it by the sha256 seen (recorded in the cache's
     index, so later runs verify against the first download instead of trusting again)."""
     cache = cache or cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
     index_path = cache / "index.json"
     index = json.loads(index_path.read_text()) if index_path.is_file() else {}
     key = f"{requirement} {platform}"
     if key in index:
         pin = Pin.parse(key, {"requirement": requirement, **index[key]}, str(index_path))
-        return (
-            pin if (cache / "wheels" / pin.sha256 / pin.wheel).is_file() else _download(pin, cache)
-        )
+        fetch(pin, cache=cache)  # verifies against the hash seen first, refetches if needed
+        return pin
     with tempfile.TemporaryDirectory(dir=cache, prefix=".release-") as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--disable-pip-version-check",
-            "--quiet",
-            "--dest",
-            tmp,
-            requirement,
-        ]
-        if platform != "any":
-            cmd += ["--platform", platform]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = sorted(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or len(wheels) != 1:
-            tail = " | ".join(proc.stderr.strip().splitlines()[-2:]) or "no wheel"
-            raise FetchError(f"pip could not download the release ({tail}): {requirement!r}")
+        wheels = _pip_download([requirement], Path(tmp), platform, verbose=False)
         pin = Pin.parse(
             key,
             {"requirement": requirement, "wheel": wheels[0].name, "sha256": sha256_file(wheels[0])},
@@ -148,10 +135,5 @@ def fetch_release(requirement: str, platform: str, cache: Path | None = None) ->
         folder.mkdir(parents=True, exist_ok=True)
         os.replace(wheels[0], folder / pin.wheel)
     index[key] = {"wheel": pin.wheel, "sha256": pin.sha256}
-    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    return pin
-
-
-def _download(pin: Pin, cache: Path) -> Pin:
-    fetch(pin, cache=cache)
+    write_atomic(index_path, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
     return pin

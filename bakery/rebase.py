@@ -17,12 +17,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import tomlkit
-from packaging.utils import parse_wheel_filename
 
 from .diff import render_file_diff
 from .engine import apply_file_patch, survey_file_patch
 from .errors import UsageError
-from .fetch import cache_dir, fetch, fetch_release
+from .fetch import cache_dir, fetch, fetch_release, wheel_platform
 from .linkcheck import format_finding, run_linkcheck
 from .series import Pin, Series, load_series
 from .tree import write_atomic
@@ -99,9 +98,7 @@ def patch_status(statuses: list[HunkStatus], patch: str) -> str:
 
 def release_pin(series: Series, base_key: str, version: str, cache: Path) -> Pin:
     base = series.base(base_key)
-    _, _, _, tags = parse_wheel_filename(base.wheel)
-    platform = sorted({t.platform for t in tags})[0]
-    return fetch_release(f"{base.name}=={version}", platform, cache)
+    return fetch_release(f"{base.name}=={version}", wheel_platform(base.wheel), cache)
 
 
 def sources(pin: Pin, cache: Path) -> Path:

@@ -16,7 +16,6 @@ from pathlib import Path
 import click
 
 from bakery.bake import tree_dir
-from bakery.errors import BakeryError
 from bakery.launch import lifecycle, preflight
 from bakery.launch.gates import load_gate_table
 from bakery.launch.plan import make_plan, render_plan
@@ -300,22 +299,7 @@ def _profile_name(ref: str | None) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        result = launch.main(args=argv, prog_name="run.sh", standalone_mode=False)
-    except BakeryError as exc:
-        click.echo(f"error: {exc}", err=True)
-        if exc.hint:
-            click.echo(f"hint: {exc.hint}", err=True)
-        return exc.exit_code
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("aborted", err=True)
-        return 130
-    except OSError as exc:
-        click.echo(f"error: {exc.strerror or exc}: {exc.filename!r}", err=True)
-        return 1
-    return result if isinstance(result, int) else 0
+    # Imported here: bakery.cli registers this group, so a top-level import would cycle.
+    from bakery.cli import run_command
+
+    return run_command(launch, argv, "run.sh")
