@@ -41,6 +41,14 @@ _series_option = click.option(
     show_default=True,
     help="Series folder (holds series.toml).",
 )
+_build_option = click.option(
+    "--build",
+    "build_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("build"),
+    show_default=True,
+    help="Build folder (baked trees under it, wheels in dist/).",
+)
 _base_option = click.option(
     "--base",
     "base_key",
@@ -163,14 +171,7 @@ def apply_cmd(fuzz, renames, strip, dry_run, reverse, as_json, tree, patches) ->
     type=click.Path(dir_okay=False, path_type=Path),
     help="Use this local wheel instead of downloading (its sha256 is still checked).",
 )
-@click.option(
-    "--build",
-    "build_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("build"),
-    show_default=True,
-    help="Output folder.",
-)
+@_build_option
 @click.option(
     "--check",
     "check_only",
@@ -275,14 +276,7 @@ def linkcheck_cmd(series_dir, base_key, only) -> None:
 @cli.command("refresh")
 @_series_option
 @_base_option
-@click.option(
-    "--build",
-    "build_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("build"),
-    show_default=True,
-    help="Where the edited baked tree is.",
-)
+@_build_option
 @click.option(
     "--check",
     "check_only",
