@@ -22,6 +22,7 @@ from _launch_support import REPO, RUN_SH, free_port, marked, run_sh, wait_until
 
 from bakery import tiny_model
 from bakery.launch.lifecycle import group_members
+from bakery.verify import CaptureSettings, Gates, capture_bundle, compare_bundles, load_suite
 
 pytestmark = pytest.mark.slow
 
@@ -91,6 +92,8 @@ def test_smoke_start_health_completion_stop(launch_args):
     choice = reply.json()["choices"][0]
     assert len(choice["logprobs"]["tokens"]) == 4
 
+    _teacher_forced_parity_against_the_real_server(url, launch_args["art"])
+
     record = json.loads((run_dir / "run_environment.json").read_text())
     tree = Path(record["baked"]["path"]).parent
     assert Path(record["vllm_file"]).is_relative_to(tree), "vLLM came from the baked tree"
@@ -114,6 +117,22 @@ def test_smoke_start_health_completion_stop(launch_args):
     assert marked(run_id) == [], "a process of the run outlived stop"
     assert not pid_file.exists()
     assert run_sh("status", "--artifacts", str(art), timeout=60).returncode == 1
+
+
+def _teacher_forced_parity_against_the_real_server(url: str, tmp: Path) -> None:
+    """The harness's teacher forcing (prompt_logprobs over prompt + baseline completion)
+    on real vLLM: the server scored against itself gives zero KL at every position."""
+    suite = load_suite("tiny")
+    settings = CaptureSettings(concurrency=1)
+    base = capture_bundle(url, tmp / "tf-base", suite, settings=settings, teacher_forced=True)
+    cand = capture_bundle(
+        url, tmp / "tf-cand", suite, settings=settings, teacher_forced=True, reference=base
+    )
+    report = compare_bundles(base, cand, Gates(max_tf_kl=1e-6), teacher_forced=True)
+    assert report["passed"], report
+    for case in report["cases"].values():
+        assert case["tf_positions"] > case["tf_completion_start"] > 0
+        assert case["tf_max_kl"] == 0.0
 
 
 @pytest.mark.parametrize(
