@@ -226,3 +226,11 @@ def test_bake_killed_at_random_points_never_leaves_a_half_tree(tmp_path, cpu_bak
         assert sum(1 for p in tree.rglob("*") if p.is_file()) == pristine_files + 1
         patched = manifest["series"]["sha256"] == series.sha256
         assert (sha(tree / PATCHED) == manifest["files"][PATCHED]["post"]) if patched else True
+
+
+def test_bake_is_quiet_off_a_terminal(tmp_path, cpu_bake):
+    proc = run_cli("bake", "--base", "cpu", "--build", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""  # no spinner, no progress bar, no ANSI codes in a pipe
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("baked ") and lines[1].startswith("wheel ")
