@@ -110,12 +110,17 @@ def main(argv: list[str]) -> int:
         rows.append(_row("warm rebake", warm_time, baseline, "unzip+patch", "<= 2 s"))
 
         tree = cold_cache / "pristine" / pin.sha256 / series.package
+        gnu = _median(lambda: _gnu_patch_series(series, tree, dry_run=True), 20)
         engine = _median(
             lambda: apply.plan(tree, load_series(series.root).patches, max_fuzz=series.max_fuzz), 20
         )
-        gnu = _median(lambda: _gnu_patch_series(series, tree, dry_run=True), 20)
+        parsed = series.patches
+        placing = _median(lambda: apply.plan(tree, parsed, max_fuzz=series.max_fuzz), 20)
         rows.append(
             _row("engine: parse + place series", engine, gnu, "GNU patch --dry-run", "<= 1.0x")
+        )
+        rows.append(
+            _row("engine: place only (parsed)", placing, gnu, "GNU patch --dry-run", "report")
         )
         for version in ("0.31.0", "0.32.0", "0.33.0"):
             rows.append(_matrix_row(series, version, work))

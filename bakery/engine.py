@@ -14,14 +14,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .diff import FilePatch, Hunk, HunkLine, split_eol, split_lines
+from .diff import FilePatch, Hunk, HunkLine, split_lines
 from .errors import HunkFailed
 
 __all__ = ["Placement", "FileResult", "apply_file_patch", "survey_file_patch"]
 
-# A line's identity for matching: its text and whether it ends a line at all
+# A line's identity for matching: the line with any CRLF ending read as LF
 # ("\ No newline at end of file" matters; LF versus CRLF does not).
-_Key = tuple[bytes, bool]
+_Key = bytes
 
 
 @dataclass(frozen=True)
@@ -41,13 +41,14 @@ class FileResult:
     mode: int | None = None
 
 
-def _key(raw: bytes) -> _Key:
-    text, eol = split_eol(raw)
-    return text, bool(eol)
+def _file_keys(lines: list[bytes], data: bytes) -> list[_Key]:
+    if b"\r\n" not in data:
+        return lines  # LF only: every line is its own key (the common case, and free)
+    return [raw[:-2] + b"\n" if raw.endswith(b"\r\n") else raw for raw in lines]
 
 
 def _line_key(line: HunkLine) -> _Key:
-    return line.text, bool(line.eol)
+    return line.text + b"\n" if line.eol else line.text
 
 
 class _Matcher:
@@ -129,9 +130,10 @@ class _Matcher:
         return best[2], best[0]
 
 
-def _is_crlf(lines: Sequence[bytes]) -> bool:
-    ended = [line for line in lines if line.endswith(b"\n")]
-    return bool(ended) and all(line.endswith(b"\r\n") for line in ended)
+def _is_crlf(data: bytes) -> bool:
+    """Every line ending is CRLF (and there is at least one)."""
+    newlines = data.count(b"\n")
+    return newlines > 0 and data.count(b"\r\n") == newlines
 
 
 def _added(line: HunkLine, crlf: bool) -> bytes:
@@ -152,7 +154,7 @@ def _failure(patch_name: str, path: str, hunk: Hunk, matcher: _Matcher, guess: i
     for i, line in enumerate(hunk.old_lines):
         found = matcher.keys[where - 1 + i] if where - 1 + i < len(matcher.keys) else None
         if found != _line_key(line):
-            shown = found[0].decode("utf-8", "replace") if found else "<end of file>"
+            shown = found.rstrip(b"\n").decode("utf-8", "replace") if found else "<end of file>"
             diffs.append(
                 f"  line {where + i}: hunk wants {line.text.decode('utf-8', 'replace')!r}\n"
                 f"  {' ' * len(str(where + i))}       file has  {shown!r}"
@@ -169,8 +171,8 @@ def _apply_hunks(
 ) -> tuple[bytes, list[Placement], list[HunkFailed]]:
     """GNU patch's hunk loop; with ``keep_going`` a failed hunk is skipped, as GNU does."""
     lines = split_lines(before or b"")
-    matcher = _Matcher([_key(raw) for raw in lines])
-    crlf = _is_crlf(lines)
+    matcher = _Matcher(_file_keys(lines, before or b""))
+    crlf = _is_crlf(before or b"")
     out: list[bytes] = []
     frozen = 0  # input lines already copied or consumed (GNU last_frozen_line)
 
