@@ -28,8 +28,11 @@ bake: $(VENV)/.tool
 bake-cpu: $(VENV)/.tool
 	$(PY) -m bakery bake --base cpu
 
+# Code lint, then Electron's "patches are up to date" check: every patch applies
+# exactly to the pin, in order, and is byte-identical to what `bakery refresh` writes.
 lint: $(VENV)/.test
 	$(PY) -m ruff check bakery tools tests
+	$(PY) -m bakery refresh --check
 
 test: $(VENV)/.test lint
 	$(PY) -m pytest

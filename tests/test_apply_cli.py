@@ -121,3 +121,22 @@ def test_usage_errors_exit_2(tree, tmp_path):
     assert run_tool("apply.py", str(tree)).returncode == 2
     proc = run_tool("apply.py", "--rename", "nonsense", str(tree), str(tree / "pkg" / "a.py"))
     assert proc.returncode == 2 and "OLD=NEW" in proc.stderr
+
+
+def test_git_diff_creates_with_mode_and_deletes_files(tree, tmp_path):
+    diff = tmp_path / "01-git.diff"
+    diff.write_bytes(
+        b"diff --git a/pkg/run.sh b/pkg/run.sh\nnew file mode 100755\nindex 0000000..1111111\n"
+        b"--- /dev/null\n+++ b/pkg/run.sh\n@@ -0,0 +1,2 @@\n+#!/bin/sh\n+echo hi\n"
+        b"diff --git a/pkg/b.py b/pkg/b.py\ndeleted file mode 100644\nindex 2222222..0000000\n"
+        b"--- a/pkg/b.py\n+++ /dev/null\n@@ -1,3 +0,0 @@\n-one\n-two\n-three\n"
+    )
+    proc = run_tool("apply.py", str(tree), str(diff))
+    assert proc.returncode == 0, proc.stderr
+    created = tree / "pkg" / "run.sh"
+    assert created.read_bytes() == b"#!/bin/sh\necho hi\n"
+    assert created.stat().st_mode & 0o777 == 0o755
+    assert not (tree / "pkg" / "b.py").exists()
+    # And back: the reverse recreates the deleted file and removes the created one.
+    assert run_tool("apply.py", "--reverse", str(tree), str(diff)).returncode == 0
+    assert (tree / "pkg" / "b.py").read_bytes() == b"one\ntwo\nthree\n" and not created.exists()
