@@ -77,7 +77,12 @@ def pristine(wheel: WheelInfo, sha256: str, cache: Path) -> Path:
         extract(wheel, tmp)
     stamp_tmp = stamp_path.with_name(f".{stamp_path.name}.tmp-{os.getpid()}")
     stamp_tmp.write_text(json.dumps(stamp(tmp), sort_keys=True))
-    os.rename(tmp, root)
+    try:
+        os.rename(tmp, root)
+    except OSError:  # a concurrent bake extracted the same bytes first: use its tree
+        remove_tree(tmp)
+        stamp_tmp.unlink()
+        return root
     os.replace(stamp_tmp, stamp_path)  # last: a tree without its stamp is never trusted
     return root
 
