@@ -11,6 +11,7 @@ import json
 import shutil
 import sys
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -86,10 +87,7 @@ def _plan_json(plan: apply_mod.Plan, dry_run: bool) -> dict:
                 "files": [
                     {
                         "path": r.path,
-                        "hunks": [
-                            {"hunk": p.hunk, "line": p.line, "offset": p.offset, "fuzz": p.fuzz}
-                            for p in r.placements
-                        ],
+                        "hunks": [asdict(p) for p in r.placements],
                     }
                     for r in o.files
                 ],

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import __version__
@@ -53,10 +53,7 @@ def build(series: Series, base: Pin, plan: Plan, wheel_name: str) -> dict:
                 "files": [
                     {
                         "path": f"{package}/{r.path}",
-                        "hunks": [
-                            {"hunk": p.hunk, "line": p.line, "offset": p.offset, "fuzz": p.fuzz}
-                            for p in r.placements
-                        ],
+                        "hunks": [asdict(p) for p in r.placements],
                     }
                     for r in outcome.files
                 ],
