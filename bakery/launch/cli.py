@@ -43,6 +43,28 @@ def _paths(f):
     return f
 
 
+def _sources(f):
+    """Where the baked trees, the profiles and the series are (start and matrix)."""
+    f = click.option(
+        "--series", "series_dir", type=_DIR, default=ROOT / "patches" / "dcp2", show_default=True
+    )(f)
+    f = click.option(
+        "--profiles",
+        "profiles_dir",
+        type=_DIR,
+        default=ROOT / "launcher" / "dcp2" / "profiles",
+        show_default=True,
+    )(f)
+    return click.option(
+        "--build",
+        "build",
+        type=_DIR,
+        default=ROOT / "build",
+        show_default=True,
+        help="Build folder holding the baked trees.",
+    )(f)
+
+
 def _model(value: str | None) -> str | None:
     """A --model that exists from the caller's cwd becomes absolute (vLLM runs at the root)."""
     if value is not None and Path(value).exists():
@@ -112,24 +134,7 @@ def launch() -> None:
     show_default=True,
     help="The Python that runs vLLM.",
 )
-@click.option(
-    "--build",
-    "build",
-    type=_DIR,
-    default=ROOT / "build",
-    show_default=True,
-    help="Build folder holding the baked trees.",
-)
-@click.option(
-    "--profiles",
-    "profiles_dir",
-    type=_DIR,
-    default=ROOT / "launcher" / "dcp2" / "profiles",
-    show_default=True,
-)
-@click.option(
-    "--series", "series_dir", type=_DIR, default=ROOT / "patches" / "dcp2", show_default=True
-)
+@_sources
 @_paths
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- VLLM ARGS...]")
 def start_cmd(
@@ -239,17 +244,7 @@ def status_cmd(profile, as_json, artifacts) -> None:
     default=Path(sys.executable),
     show_default=True,
 )
-@click.option("--build", "build", type=_DIR, default=ROOT / "build", show_default=True)
-@click.option(
-    "--profiles",
-    "profiles_dir",
-    type=_DIR,
-    default=ROOT / "launcher" / "dcp2" / "profiles",
-    show_default=True,
-)
-@click.option(
-    "--series", "series_dir", type=_DIR, default=ROOT / "patches" / "dcp2", show_default=True
-)
+@_sources
 @_paths
 def matrix_cmd(
     matrix_file,
