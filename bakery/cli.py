@@ -203,7 +203,8 @@ def bake_cmd(series_dir, base_key, wheel, build_dir, check_only) -> None:
 def check_cmd(directory: Path) -> None:
     """Re-hash a baked tree or patched site-packages against its BAKED.json."""
     path = manifest.find(directory)
-    drift = manifest.check(directory, manifest.load(path))
+    data = manifest.load(path)
+    drift = manifest.check(directory, data)
     for label, paths in (
         ("modified", drift.modified),
         ("missing", drift.missing),
@@ -217,7 +218,7 @@ def check_cmd(directory: Path) -> None:
             f"{count} touched file(s) drifted from {path}",
             hint="re-run `make bake` (or reinstall the patched wheel)",
         )
-    click.echo(f"ok: {len(manifest.load(path)['files'])} touched file(s) match {path}")
+    click.echo(f"ok: {len(data['files'])} touched file(s) match {path}")
 
 
 @cli.command("importcheck")
