@@ -13,7 +13,6 @@ from bakery.fetch import cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = REPO / "tests" / "data" / "seed" / "09-models_deepseek_v4_1_nvidia_flashinfer_sparse.py.diff"
-SHARED = REPO.parent / "shared"
 
 
 @pytest.fixture(scope="session")
