@@ -1,6 +1,8 @@
 """The bake against the real pinned wheels: outputs, refusals, drift and atomicity."""
 
+import csv
 import hashlib
+import io
 import json
 import os
 import random
@@ -47,9 +49,14 @@ def test_cpu_bake_outputs(cpu_bake, series, pristine_cpu):
     assert run_cli("check", str(tree)).returncode == 0
 
 
-def test_default_bake_of_the_real_pin(tmp_path, series, cache):
-    result = bake(series, "default", build=tmp_path, cache=cache)
-    assert result.tree == tmp_path / "baked"
+@pytest.fixture(scope="module")
+def default_bake(tmp_path_factory, series, cache):
+    return bake(series, "default", build=tmp_path_factory.mktemp("build-default"), cache=cache)
+
+
+def test_default_bake_of_the_real_pin(default_bake, series):
+    result = default_bake
+    assert result.tree.name == "baked"
     assert result.wheel.name.startswith(f"vllm-0.32.0+dcp2.{series.sha256[:8]}-cp38-abi3-")
     assert run_cli("check", str(result.tree)).returncode == 0
     assert all(p.fuzz == 0 for o in result.plan.outcomes for f in o.files for p in f.placements)
@@ -61,19 +68,25 @@ def test_two_bakes_give_identical_wheels(cpu_bake, tmp_path, series, cache):
     assert (again.tree / MANIFEST).read_bytes() == (cpu_bake.tree / MANIFEST).read_bytes()
 
 
-def test_wheel_record_matches_every_member_and_pip_installs_it(cpu_bake, tmp_path):
+def _record_rows(wheel: Path) -> list[list[str]]:
+    """RECORD as the csv module reads it (the reader pip and installer use), not ours."""
+    with zipfile.ZipFile(wheel) as zf:
+        record = next(n for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
+        return list(csv.reader(io.StringIO(zf.read(record).decode(), newline="")))
+
+
+def test_wheel_record_is_csv_matching_every_member_and_pip_installs_it(cpu_bake, tmp_path):
+    rows = _record_rows(cpu_bake.wheel)
+    assert all(len(row) == 3 for row in rows), [r for r in rows if len(r) != 3][:3]
     with zipfile.ZipFile(cpu_bake.wheel) as zf:
         names = zf.namelist()
-        record = next(n for n in names if n.endswith(".dist-info/RECORD"))
-        assert names[-1] == record
+        assert names[-1] == rows[-1][0] and rows[-1][1:] == ["", ""]  # RECORD is last
         assert {i.date_time for i in zf.infolist()} == {(1980, 1, 1, 0, 0, 0)}
-        rows = [r.rsplit(",", 2) for r in zf.read(record).decode().splitlines()]
-        for member, digest, size in rows:
-            if member == record:
-                continue
+        for member, digest, size in rows[:-1]:
             data = zf.read(member)
             assert (record_hash(data), len(data)) == (digest, int(size)), member
-        assert {r[0] for r in rows} == set(names)
+    assert [r[0] for r in rows] == names
+    assert sum("," in r[0] for r in rows) > 500  # the fused_moe configs: quoted, not split
     target = tmp_path / "site"
     proc = subprocess.run(
         [
@@ -92,6 +105,36 @@ def test_wheel_record_matches_every_member_and_pip_installs_it(cpu_bake, tmp_pat
     assert proc.returncode == 0, proc.stderr
     assert sha(target / PATCHED) == sha(cpu_bake.tree / PATCHED)
     assert run_cli("check", str(target)).returncode == 0
+
+
+def _files_under(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def test_pip_installs_and_uninstalls_the_default_wheel_without_a_warning_or_a_leftover(
+    default_bake, tmp_path
+):
+    venv = tmp_path / "venv"  # throwaway: pip --python installs into it from outside
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    before = _files_under(venv)
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]
+    quiet = ["--disable-pip-version-check", "--no-input"]
+    install = subprocess.run(
+        [*pip, "install", *quiet, "--no-deps", "--no-compile", str(default_bake.wheel)],
+        capture_output=True,
+        text=True,
+    )
+    assert install.returncode == 0, install.stderr[-2000:]
+    assert "WARNING" not in install.stdout + install.stderr, install.stderr[:2000]
+    site = next(venv.glob("lib/python*/site-packages"))
+    assert sha(site / PATCHED) == sha(default_bake.tree / PATCHED)
+    assert run_cli("check", str(site)).returncode == 0
+    uninstall = subprocess.run(
+        [*pip, "uninstall", *quiet, "-y", "vllm"], capture_output=True, text=True
+    )
+    assert uninstall.returncode == 0, uninstall.stderr[-2000:]
+    assert "WARNING" not in uninstall.stdout + uninstall.stderr, uninstall.stderr[:2000]
+    assert sorted(_files_under(venv) - before) == []  # nothing left behind
 
 
 def test_check_reports_hand_edits_and_missing_files(tmp_path, series, cache):
