@@ -21,7 +21,15 @@ from .errors import PreimageMismatch
 from .fetch import cache_dir, fetch
 from .progress import interactive, step, warn
 from .series import Pin, Series
-from .tree import clone_tree, empty_trash, remove_tree, stamp, swap_into_place, write_atomic
+from .tree import (
+    clone_tree,
+    empty_trash,
+    inside,
+    remove_tree,
+    stamp,
+    swap_into_place,
+    write_atomic,
+)
 from .wheel import (
     WheelInfo,
     extract,
@@ -101,7 +109,7 @@ def _check_preimage(root: Path, wheel: WheelInfo, series: Series) -> None:
     for path in series.touched:
         member = f"{series.package}/{path}"
         expected = wheel.record.get(member)
-        target = root / member
+        target = inside(root, member)
         if expected is None:
             if target.exists():
                 bad.append(f"{member} (not in RECORD)")
@@ -184,7 +192,7 @@ def bake(
     root = pristine(base, pin.sha256, cache)
     _check_preimage(root, base, series)
     with step(f"applying {len(series.entries)} patch(es) of {series.name}"):
-        plan = apply.plan(root / series.package, series.patches, max_fuzz=series.max_fuzz)
+        plan = apply.plan(inside(root, series.package), series.patches, max_fuzz=series.max_fuzz)
     version = patched_version(series, pin.version)
     wheel_name = patched_wheel_name(base, version)
     data = manifest.build(series, pin, plan, wheel_name)
@@ -203,7 +211,7 @@ def bake(
             clone_tree(root, staging, skip=frozenset(changed))
             for member, content in changed.items():
                 if content is not None:
-                    write_atomic(staging / member, content, modes.get(member))
+                    write_atomic(inside(staging, member), content, modes.get(member))
             manifest.write(staging / manifest.MANIFEST, data)
         out = _write_wheel(base, build / "dist", wheel_name, version, changed, data, trash)
         swap_into_place(staging, tree, trash)

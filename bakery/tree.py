@@ -20,6 +20,7 @@ from pathlib import Path
 from .errors import UnsafePathError
 
 __all__ = [
+    "relative",
     "inside",
     "read_file",
     "write_atomic",
@@ -31,10 +32,16 @@ __all__ = [
 ]
 
 
+def relative(rel: str) -> str:
+    """``rel`` itself, if it is a relative path that cannot leave whatever root it joins."""
+    if not rel or os.path.isabs(rel) or ".." in Path(rel).parts or "\0" in rel:
+        raise UnsafePathError(f"path leaves the tree (refused): {rel!r}")
+    return rel
+
+
 def inside(root: Path, rel: str) -> Path:
     """``root/rel``, refusing anything whose real path leaves ``root``."""
-    if os.path.isabs(rel) or ".." in Path(rel).parts:
-        raise UnsafePathError(f"path leaves the tree (refused): {rel!r}")
+    relative(rel)
     real_root = os.path.realpath(root)
     target = os.path.realpath(os.path.join(real_root, rel))
     if os.path.commonpath([real_root, target]) != real_root:

@@ -332,6 +332,8 @@ def write_patched_wheel(
 ) -> None:
     """Write ``out``: ``base`` with ``replaced`` members (None deletes) under ``version``."""
     new_dist_info = f"{base.name}-{version}.dist-info"
+    for name in [*replaced, *extra_dist_info]:  # no member may leave the install root
+        _safe_member(name, out)
 
     def renamed(name: str) -> str:
         if name.startswith(base.dist_info + "/"):
