@@ -17,6 +17,7 @@ __all__ = [
     "FetchError",
     "PreimageMismatch",
     "WheelError",
+    "ManifestError",
 ]
 
 
@@ -72,3 +73,9 @@ class PreimageMismatch(BakeryError):
 
 class WheelError(BakeryError):
     """A wheel that cannot be read or rewritten safely."""
+
+
+class ManifestError(BakeryError):
+    """A BAKED.json that is unreadable, of the wrong shape, or names paths outside its tree."""
+
+    exit_code = 2
