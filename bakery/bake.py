@@ -8,16 +8,18 @@ at any moment leaves the previous tree intact.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
-import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.version import Version
 
 from . import apply, manifest
-from .errors import PreimageMismatch
+from .errors import BakeryError, PreimageMismatch
 from .fetch import cache_dir, fetch
 from .progress import interactive, step, warn
 from .series import Pin, Series
@@ -28,6 +30,7 @@ from .tree import (
     remove_tree,
     stamp,
     swap_into_place,
+    sweep_dead,
     write_atomic,
 )
 from .wheel import (
@@ -176,6 +179,27 @@ def _write_wheel(
     return out
 
 
+@contextlib.contextmanager
+def _build_lock(build: Path) -> Iterator[None]:
+    """One bake at a time per build folder: they share dist/, .trash and the staging
+    names, so a second bake would sweep the first one's staging from under it."""
+    build.mkdir(parents=True, exist_ok=True)
+    with open(build / ".bake.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise BakeryError(
+                f"another bake is running in this build folder (pid {holder}): {str(build)!r}",
+                hint="wait for it to finish, or bake into another folder with --build",
+            ) from None
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield  # the lock goes with the file's close, also when the process is killed
+
+
 def bake(
     series: Series,
     base_key: str = "default",
@@ -198,25 +222,27 @@ def bake(
     data = manifest.build(series, pin, plan, wheel_name)
 
     tree = tree_dir(build, base_key)
-    build.mkdir(parents=True, exist_ok=True)
-    trash = build / ".trash"
-    for stale in build.glob(f".{tree.name}.new-*"):  # left by a killed bake
-        trash.mkdir(exist_ok=True)
-        os.rename(stale, trash / f"{stale.name}-{uuid.uuid4().hex[:12]}")
-    staging = build / f".{tree.name}.new-{os.getpid()}"
     changed = {f"{series.package}/{p}": plan.after[p] for p in plan.changed}
     modes = {f"{series.package}/{p}": mode for p, mode in plan.modes.items()}
-    try:
-        with step(f"writing {tree}"):
-            clone_tree(root, staging, skip=frozenset(changed))
-            for member, content in changed.items():
-                if content is not None:
-                    write_atomic(inside(staging, member), content, modes.get(member))
-            manifest.write(staging / manifest.MANIFEST, data)
-        out = _write_wheel(base, build / "dist", wheel_name, version, changed, data, trash)
-        swap_into_place(staging, tree, trash)
-    except BaseException:
-        remove_tree(staging)
-        raise
-    empty_trash(trash)
+    with _build_lock(build):
+        # Partial trees and wheels of killed bakes (only those whose process is gone);
+        # the cache may sit on another filesystem than the trash.
+        trash = build / ".trash"
+        for folder in (build, build / "dist"):
+            sweep_dead(folder, trash)
+        sweep_dead(cache / "pristine")
+        staging = build / f".{tree.name}.new-{os.getpid()}"
+        try:
+            with step(f"writing {tree}"):
+                clone_tree(root, staging, skip=frozenset(changed))
+                for member, content in changed.items():
+                    if content is not None:
+                        write_atomic(inside(staging, member), content, modes.get(member))
+                manifest.write(staging / manifest.MANIFEST, data)
+            out = _write_wheel(base, build / "dist", wheel_name, version, changed, data, trash)
+            swap_into_place(staging, tree, trash)
+        except BaseException:
+            remove_tree(staging)
+            raise
+        empty_trash(trash)
     return BakeResult(tree, tree / manifest.MANIFEST, out, plan)

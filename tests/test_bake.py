@@ -1,6 +1,7 @@
 """The bake against the real pinned wheels: outputs, refusals, drift and atomicity."""
 
 import csv
+import fcntl
 import hashlib
 import io
 import json
@@ -171,12 +172,17 @@ def test_corrupt_cached_wheel_is_discarded_and_fetched_again(tmp_path, series, c
     assert sha(fetch(pin, cache=fake_cache)) == pin.sha256
 
 
-def _fake_cache(tmp_path, pin, cache) -> Path:
-    """A cache holding the real wheel and a hard-linked copy of the real pristine tree."""
+def _wheel_only_cache(tmp_path, pin, cache) -> Path:
+    """A cache holding only (a link to) the real wheel: a bake there extracts it."""
     real = fetch(pin, cache=cache)
     fake = tmp_path / "cache"
     (fake / "wheels" / pin.sha256).mkdir(parents=True)
     os.symlink(real, fake / "wheels" / pin.sha256 / pin.wheel)
+    return fake
+
+
+def _add_pristine(fake, pin, cache) -> None:
+    """A hard-linked copy of the real pristine tree (the file the series patches copied)."""
     clone_tree(
         cache / "pristine" / pin.sha256, fake / "pristine" / pin.sha256, skip=frozenset({PATCHED})
     )
@@ -185,6 +191,12 @@ def _fake_cache(tmp_path, pin, cache) -> Path:
     )
     stamp = f"{pin.sha256}.stamp.json"
     shutil.copyfile(cache / "pristine" / stamp, fake / "pristine" / stamp)
+
+
+def _fake_cache(tmp_path, pin, cache) -> Path:
+    """A cache holding the real wheel and a hard-linked copy of the real pristine tree."""
+    fake = _wheel_only_cache(tmp_path, pin, cache)
+    _add_pristine(fake, pin, cache)
     return fake
 
 
@@ -277,3 +289,98 @@ def test_bake_is_quiet_off_a_terminal(tmp_path, cpu_bake):
     assert proc.stderr == ""  # no spinner, no progress bar, no ANSI codes in a pipe
     lines = proc.stdout.splitlines()
     assert len(lines) == 2 and lines[0].startswith("baked ") and lines[1].startswith("wheel ")
+
+
+def _start_bake(build: Path, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bakery", "bake", "--base", "cpu", "--build", str(build)],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _kill_once_it_writes(proc: subprocess.Popen, folder: Path, pattern: str) -> list[Path]:
+    """SIGKILL the bake's whole group as soon as ``folder`` holds a ``pattern`` partial."""
+    deadline = time.monotonic() + 300
+    while not (partial := sorted(folder.glob(pattern))):
+        assert proc.poll() is None, f"bake ended before writing {pattern}: {proc.stderr.read()}"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return partial
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_second_bake_in_the_same_build_folder_is_refused_clearly(tmp_path, cpu_bake):
+    build = tmp_path / "build"
+    build.mkdir()
+    with open(build / ".bake.lock", "w") as held:  # as a running bake holds it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("4242\n")
+        held.flush()
+        proc = run_cli("bake", "--base", "cpu", "--build", str(build))
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"error: another bake is running in this build folder (pid 4242): {str(build)!r}",
+        "hint: wait for it to finish, or bake into another folder with --build",
+    ]
+    assert sorted(p.name for p in build.iterdir()) == [".bake.lock"]  # nothing else written
+
+
+def test_two_bakes_at_once_in_one_checkout(tmp_path, cpu_bake):
+    build = tmp_path / "build"
+    procs = [_start_bake(build) for _ in range(2)]
+    results = [(p.wait(), p.stderr.read()) for p in procs]
+    assert 0 in [code for code, _ in results], results
+    for code, err in results:
+        assert code == 0 or (code == 1 and "another bake is running" in err), err
+        assert "Traceback" not in err and "No such file" not in err
+    assert run_cli("check", str(build / "baked-cpu")).returncode == 0
+    assert not list(build.glob(".baked-cpu.new-*"))
+
+
+def test_partial_wheel_of_a_killed_bake_is_swept_by_the_next(tmp_path, cpu_bake):
+    build = tmp_path / "build"
+    dist = build / "dist"
+    partial = _kill_once_it_writes(_start_bake(build), dist, ".*.tmp-*")
+    assert all(p.exists() for p in partial)
+    live = dist / f".other.whl.tmp-{os.getpid()}"  # a live writer's file stays
+    live.write_bytes(b"in progress")
+    proc = run_cli("bake", "--base", "cpu", "--build", str(build))
+    assert proc.returncode == 0, proc.stderr
+    assert not any(p.exists() for p in partial)
+    assert sorted(dist.glob(".*")) == [live]
+    assert not list(build.glob(".baked-cpu.new-*"))
+
+
+def test_partial_extraction_of_a_killed_bake_is_swept_by_the_next(tmp_path, series, cache):
+    pin = series.base("cpu")
+    fake = _wheel_only_cache(tmp_path, pin, cache)
+    env = {"BAKERY_CACHE": str(fake)}
+    build = tmp_path / "build"
+    partial = _kill_once_it_writes(_start_bake(build, env), fake / "pristine", ".*.tmp-*")
+    assert all(p.exists() for p in partial)
+    dead = fake / "pristine" / f".{'0' * 16}.tmp-{_dead_pid()}"  # another killed extraction
+    (dead / "vllm").mkdir(parents=True)
+    sleeper = subprocess.Popen(["sleep", "600"])
+    try:
+        live = fake / "pristine" / f".{'1' * 16}.tmp-{sleeper.pid}"  # still extracting
+        live.mkdir()
+        _add_pristine(fake, pin, cache)  # spare this test a second full extraction
+        proc = run_cli("bake", "--base", "cpu", "--build", str(build), env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert not any(p.exists() for p in partial) and not dead.exists()
+        assert sorted((fake / "pristine").glob(".*")) == [live]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
