@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import __version__
 from .apply import Plan
-from .errors import BakeryError, ManifestError, UnsafePathError
+from .errors import ManifestError, UnsafePathError
 from .series import Pin, Series
 from .tree import inside, relative
 
@@ -92,7 +92,7 @@ def find(root: Path) -> Path:
     if len(found) == 1:
         return found[0]
     what = "several patched installs" if found else f"no {MANIFEST}"
-    raise BakeryError(
+    raise ManifestError(
         f"not a baked tree or patched site-packages ({what}): {str(root)!r}",
         hint="run `make bake`, or point at the folder holding BAKED.json",
     )

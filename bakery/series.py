@@ -222,7 +222,14 @@ class Series:
             raise SeriesError(f"unknown base (known: {known}): {key!r}") from None
 
     def patch_bytes(self, entry: PatchEntry) -> bytes:
-        return (self.root / entry.file).read_bytes()
+        path = self.root / entry.file
+        # A regular file only: a patch linked to /dev/zero or a FIFO would never end.
+        if not path.is_file():
+            raise SeriesError(f"patch is not a regular file: {str(path)!r}")
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise SeriesError(f"cannot read patch ({exc.strerror}): {str(path)!r}") from None
 
     @cached_property
     def patches(self) -> tuple[Patch, ...]:

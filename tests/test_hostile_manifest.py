@@ -75,3 +75,18 @@ def test_a_sound_manifest_still_checks(tmp_path, capsys):
     (tmp_path / "tree" / "vllm" / "x.py").write_bytes(b"edited\n")
     assert main(["check", tree]) == 1
     assert "modified: vllm/x.py" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["missing", "devzero", "fifo", "folder"])
+def test_no_readable_manifest_is_exit_2_without_a_hang(tmp_path, capsys, kind):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    target = tree / "BAKED.json"
+    if kind == "devzero":
+        os.symlink("/dev/zero", target)  # reading it would never end
+    elif kind == "fifo":
+        os.mkfifo(target)  # reading it would block forever
+    elif kind == "folder":
+        target.mkdir()
+    assert main(["check", str(tree)]) == 2
+    assert "no BAKED.json" in capsys.readouterr().err

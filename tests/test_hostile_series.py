@@ -4,6 +4,7 @@ with one clear error (exit 2) before anything is written."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import zipfile
 from pathlib import Path
@@ -103,6 +104,18 @@ def test_bad_series_toml_is_one_clear_error_exit_2(tmp_path, capsys, change, phr
     assert len(err) == 2 and err[0].startswith("error: ") and err[1].startswith("hint: "), err
     assert phrase in err[0]
     assert not build.exists()
+
+
+@pytest.mark.parametrize("kind", ["devzero", "fifo", "folder"])
+def test_a_patch_that_is_not_a_regular_file_is_refused(tmp_path, capsys, kind):
+    series = _series_copy(tmp_path, lambda doc: None)
+    patch = series / "01-model_executor_kernels_attention_dsa_candidate_blocks.py.diff"
+    patch.unlink()
+    {"devzero": lambda: os.symlink("/dev/zero", patch), "fifo": lambda: os.mkfifo(patch)}.get(
+        kind, patch.mkdir
+    )()
+    code, err = _bake_cli(capsys, series, tmp_path / "build")
+    assert code == 2 and "patch is not a regular file" in err[0], err
 
 
 def test_every_problem_is_named_at_once(tmp_path):
