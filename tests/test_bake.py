@@ -97,6 +97,7 @@ def test_wheel_record_is_csv_matching_every_member_and_pip_installs_it(cpu_bake,
             "install",
             "--quiet",
             "--no-deps",
+            "--no-compile",  # byte-compiling ~2k modules is most of the time, and not the point
             "--target",
             str(target),
             str(cpu_bake.wheel),
