@@ -189,14 +189,16 @@ def write(result: Plan) -> list[str]:
                 staged[path] = _stage(target, content, result.modes.get(path))
         for path, target in targets.items():
             if path in staged:
-                os.replace(staged.pop(path), target)
+                os.replace(staged[path], target)
+                del staged[path]
             else:
                 os.unlink(target)
             swapped.append(path)
     except BaseException as exc:
         for path in reversed(swapped):
             if path in kept:
-                os.replace(kept.pop(path), targets[path])
+                os.replace(kept[path], targets[path])
+                del kept[path]
             else:
                 os.unlink(targets[path])
         for leftover in [*staged.values(), *kept.values()]:
