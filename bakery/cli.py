@@ -23,8 +23,8 @@ from . import apply as apply_mod
 from . import rebase as rebase_mod
 from .bake import bake as run_bake
 from .bake import staleness, tree_dir, unpacked
-from .diff import parse_patch, parse_renames
-from .errors import BakeryError, PatchParseError, UsageError
+from .diff import parse_patch, parse_renames, read_patch
+from .errors import BakeryError, UsageError
 from .importcheck import import_check, touched_modules
 from .launch.cli import launch as launch_group
 from .linkcheck import format_finding, run_linkcheck
@@ -145,11 +145,7 @@ def apply_cmd(fuzz, renames, strip, dry_run, reverse, as_json, tree, patches) ->
     rename_pairs = parse_renames(renames)
     parsed = []
     for path in patches:
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise PatchParseError(f"cannot read patch ({exc.strerror}): {str(path)!r}") from None
-        parsed.append(parse_patch(data, path.name, renames=rename_pairs, strip=strip))
+        parsed.append(parse_patch(read_patch(path), path.name, renames=rename_pairs, strip=strip))
     plan = apply_mod.plan(tree, parsed, max_fuzz=fuzz, reverse=reverse)
     if not dry_run:
         apply_mod.write(plan)

@@ -11,7 +11,9 @@ __all__ = [
     "UsageError",
     "PatchParseError",
     "UnsafePathError",
+    "UnreadableInput",
     "HunkFailed",
+    "WriteFailed",
     "SeriesError",
     "HashMismatch",
     "FetchError",
@@ -49,6 +51,12 @@ class UnsafePathError(BakeryError):
     exit_code = 2
 
 
+class UnreadableInput(BakeryError):
+    """An input that exists but cannot be read (permissions, I/O errors)."""
+
+    exit_code = 2
+
+
 class SeriesError(BakeryError):
     """series.toml and the patch directory disagree or are malformed."""
 
@@ -57,6 +65,10 @@ class SeriesError(BakeryError):
 
 class HunkFailed(BakeryError):
     """A hunk could not be placed; the message carries the nearest near-match."""
+
+
+class WriteFailed(BakeryError):
+    """Everything placed, but the tree could not be written; every file was put back."""
 
 
 class HashMismatch(BakeryError):
