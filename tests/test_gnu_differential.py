@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bakery.apply import ALREADY_APPLIED, plan
-from bakery.diff import parse_patch, render_file_diff
+from bakery.diff import parse_patch, render_file_diff, split_lines
 from tests.test_gnu_parity import gnu_patch, ours
 
 pytestmark = [pytest.mark.property, pytest.mark.needs("patch"), pytest.mark.needs("diff")]
@@ -50,7 +50,7 @@ def _join(texts: list[bytes], style: str, final_eol: bool) -> bytes:
 def case(draw):
     style = draw(st.sampled_from(["lf", "crlf", "mixed"]))
     line = st.sampled_from(ALPHABET)
-    old = draw(st.lists(line, min_size=1, max_size=24))
+    old = draw(st.lists(line, min_size=6, max_size=30))
     new = list(old)
     for _ in range(draw(st.integers(1, 4))):  # the patch: edits anywhere, so often 2+ hunks
         at = draw(st.integers(0, len(new)))
@@ -93,6 +93,30 @@ def _crlf_file_lf_diff(target: bytes, diff: bytes) -> bool:
     return crlf_file and any(not line.endswith(b"\r\n") for line in body)
 
 
+def _moved(data, old: bytes, diff: bytes) -> bytes:
+    """``old`` with one hunk's old side blanked out at its own place and copied elsewhere:
+    either mirrored at the same distance above and below (which copy wins?) or once anywhere,
+    possibly above an earlier hunk (a hunk may not move above the last one)."""
+    hunks = parse_patch(diff, "p").files[0].hunks
+    hunk = data.draw(st.sampled_from(hunks[::-1]), label="hunk")  # the last one by default
+    pattern = [line.raw for line in hunk.old_lines]
+    lines = split_lines(old)
+    start, size = hunk.first - 1, len(pattern)
+    if not size or not all(raw.endswith(b"\n") for raw in pattern):
+        return old
+    filler = b"zz\n"
+    if data.draw(st.booleans(), label="mirror"):
+        least = (size + 1) // 2  # the two copies may not overlap
+        k = data.draw(st.integers(least, max(least, start)), label="distance")
+        if start < k:
+            return old
+        gap = [filler] * (2 * k - size)
+        return b"".join(lines[: start - k] + pattern + gap + pattern + lines[start + size :])
+    blanked = lines[:start] + [filler] * size + lines[start + size :]
+    at = data.draw(st.one_of(st.just(0), st.integers(0, len(blanked))), label="copy at")
+    return b"".join(blanked[:at] + pattern + blanked[at:])
+
+
 @DIFFERENTIAL
 @given(case(), st.data())
 def test_engine_matches_gnu_patch_byte_for_byte(example, data):
@@ -101,6 +125,8 @@ def test_engine_matches_gnu_patch_byte_for_byte(example, data):
         diff = gnu_diff(old, new, data.draw(st.integers(1, 3), label="context"))
     else:
         diff = render_file_diff("f", old, new)
+    if diff and data.draw(st.booleans(), label="move a hunk's context"):
+        target = _moved(data, old, diff)
     if not diff or _crlf_file_lf_diff(target, diff):
         return  # the deliberate difference, pinned by its own test below
     with tempfile.TemporaryDirectory() as tmp:
@@ -153,3 +179,15 @@ def test_lf_diff_on_crlf_file_is_a_deliberate_difference():
     assert _gnu(target, diff, 0) == (None, {})
     assert ours(target, diff, 0) == (b"a\r\nB\r\nc\r\n", {})
     assert _crlf_file_lf_diff(target, diff)
+
+
+def test_a_hunk_may_not_move_above_the_previous_one():
+    old = b"".join(b"%d\n" % i for i in range(20))
+    diff = render_file_diff("f", old, old.replace(b"4\n", b"four\n").replace(b"15\n", b"x\n"))
+    second = parse_patch(diff, "p").files[0].hunks[1]
+    lines, start = split_lines(old), second.first - 1
+    copy = lines[start : start + len(second.old_lines)]
+    # Hunk 2's context is gone from its place; its only copy sits above hunk 1.
+    target = b"".join(copy + lines[:start] + [b"zz\n"] * len(copy) + lines[start + len(copy) :])
+    assert _gnu(target, diff, 0) == (None, {})
+    assert ours(target, diff, 0) == (None, {})
