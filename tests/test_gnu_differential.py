@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from bakery.apply import ALREADY_APPLIED, plan
 from bakery.diff import parse_patch, render_file_diff, split_lines
+from tests.conftest import run_tool
 from tests.test_gnu_parity import gnu_patch, ours
 
 pytestmark = [pytest.mark.property, pytest.mark.needs("patch"), pytest.mark.needs("diff")]
@@ -191,3 +192,12 @@ def test_a_hunk_may_not_move_above_the_previous_one():
     target = b"".join(copy + lines[:start] + [b"zz\n"] * len(copy) + lines[start + len(copy) :])
     assert _gnu(target, diff, 0) == (None, {})
     assert ours(target, diff, 0) == (None, {})
+
+
+def test_apply_cli_skips_the_reversed_patch_instead_of_applying_it_twice(tmp_path):
+    (tmp_path / "f").write_bytes(REVERSED_TARGET)
+    (tmp_path / "p.diff").write_bytes(REVERSED_DIFF)
+    proc = run_tool("apply.py", "--fuzz", "1", str(tmp_path), str(tmp_path / "p.diff"))
+    assert proc.returncode == 0, proc.stderr
+    assert "already applied" in proc.stdout
+    assert (tmp_path / "f").read_bytes() == REVERSED_TARGET  # before the fix: one "a" less
