@@ -4,7 +4,10 @@ Placement follows GNU patch 2.7 (``locate_hunk``/``apply_hunk``): exact line
 first, then the nearest offset searching outward (+k before -k), then fuzz,
 which drops up to N context lines from the hunk ends (the longer end first).
 Offsets carry over to the next hunk, and a hunk may not move above the last
-line the previous hunk changed. Context lines come from the file, so the
+line the previous hunk changed. As in GNU, when the first hunk fails at fuzz
+N but its reverse places at fuzz N, the patch is refused as reversed (or
+already applied) rather than forced in at fuzz N+1. A line that lost its
+newline gets one before anything follows it. Context lines come from the file, so the
 result matches GNU patch byte for byte. Beyond GNU: a CRLF file matches an LF
 diff, and added lines take the file's CRLF endings.
 """
@@ -213,6 +216,20 @@ def _failure(patch_name: str, path: str, hunk: Hunk, matcher: _Matcher, guess: i
     )
 
 
+def _refuse_if_reversed(
+    patch_name: str, path: str, hunk: Hunk, matcher: _Matcher, fuzz: int
+) -> None:
+    """GNU's precedence: when the first hunk fails at fuzz N, its reverse is tried at fuzz N
+    before fuzz N+1, so a change already in the file is not applied again with more fuzz."""
+    back = hunk.reversed()
+    if matcher.locate(back, [_line_key(line) for line in back.old_lines], fuzz, 0, 0):
+        raise HunkFailed(
+            f"{patch_name}: hunk #{hunk.number} does not apply to {path!r} at fuzz {fuzz}, "
+            "but its reverse does: reversed (or previously applied)",
+            hint="the base may already carry this change; check it, or refresh the patch",
+        )
+
+
 def _apply_hunks(
     patch_name: str, file_patch: FilePatch, before: bytes | None, max_fuzz: int, keep_going: bool
 ) -> tuple[bytes, list[Placement], list[HunkFailed]]:
@@ -223,10 +240,17 @@ def _apply_hunks(
     out: list[bytes] = []
     frozen = 0  # input lines already copied or consumed (GNU last_frozen_line)
 
+    def emit(chunk: list[bytes]) -> None:
+        # GNU's after_newline: a line that lost its newline (fuzz dropped the
+        # "\ No newline" context, or drift) gets one before anything follows it.
+        if chunk and out and not out[-1].endswith(b"\n"):
+            out.append(b"\n")
+        out.extend(chunk)
+
     def copy_till(n: int) -> None:
         nonlocal frozen
         if n > frozen:
-            out.extend(lines[frozen:n])
+            emit(lines[frozen:n])
             frozen = n
 
     placements: list[Placement] = []
@@ -241,6 +265,8 @@ def _apply_hunks(
             where = matcher.locate(hunk, pattern, fuzz, in_offset, frozen)
             if where:
                 break
+            if hunk is file_patch.hunks[0] and not keep_going:
+                _refuse_if_reversed(patch_name, file_patch.path, hunk, matcher, fuzz)
         if not where:
             failures.append(
                 _failure(patch_name, file_patch.path, hunk, matcher, hunk.first + in_offset)
@@ -258,7 +284,7 @@ def _apply_hunks(
                 old_index += 1
             elif line.kind == "+":
                 copy_till(where + old_index - 1)
-                out.append(_added(line, crlf))
+                emit([_added(line, crlf)])
             else:
                 old_index += 1
     copy_till(len(lines))
