@@ -22,7 +22,7 @@ from . import __version__, manifest, rebase_loop, refresh
 from . import apply as apply_mod
 from . import rebase as rebase_mod
 from .bake import bake as run_bake
-from .bake import staleness, tree_dir, unpacked
+from .bake import pristine_edits, staleness, tree_dir, unpacked
 from .diff import parse_patch, parse_renames, render_file_diff
 from .errors import BakeryError, PatchParseError, UsageError
 from .fetch import cache_dir
@@ -183,12 +183,14 @@ def bake_cmd(series_dir, base_key, wheel, build_dir, check_only) -> None:
     series = load_series(series_dir)
     if check_only:
         problems = staleness(series, base_key, build_dir)
+        problems += _linked_edits(series.base(base_key).sha256)
         for problem in problems:
             click.echo(problem)
         if problems:
             raise BakeryError(f"{tree_dir(build_dir, base_key)} is stale", hint="run `make bake`")
         click.echo(f"ok: {tree_dir(build_dir, base_key)} is series {series.sha256[:8]}")
         return
+    refuse_during_rebase(build_dir)
     result = run_bake(series, base_key, build=build_dir, wheel=wheel)
     for outcome in result.plan.outcomes:
         if outcome.status == apply_mod.ALREADY_APPLIED:
@@ -198,6 +200,15 @@ def bake_cmd(series_dir, base_key, wheel, build_dir, check_only) -> None:
         f"{len(result.plan.changed)} file(s) patched)"
     )
     click.echo(f"wheel {result.wheel}")
+
+
+def _linked_edits(base_sha256: str) -> list[str]:
+    """A baked tree shares its untouched files with the pristine cache (hard links):
+    an edit of one is an edit of the other, invisible to per-file hashes of the tree."""
+    return [
+        f"modified through a hard link into the pristine cache: {rel}"
+        for rel in pristine_edits(base_sha256)
+    ]
 
 
 @cli.command("check")
@@ -214,10 +225,13 @@ def check_cmd(directory: Path) -> None:
     ):
         for rel in paths:
             click.echo(f"{label}: {rel}")
-    if not drift.clean:
-        count = len(drift.modified) + len(drift.missing) + len(drift.extra)
+    linked = _linked_edits(data["base"]["sha256"]) if path.parent == directory else []
+    for line in linked:
+        click.echo(line)
+    if not drift.clean or linked:
+        count = len(drift.modified) + len(drift.missing) + len(drift.extra) + len(linked)
         raise BakeryError(
-            f"{count} touched file(s) drifted from {path}",
+            f"{count} file(s) drifted from {path}",
             hint="re-run `make bake` (or reinstall the patched wheel)",
         )
     click.echo(f"ok: {len(data['files'])} touched file(s) match {path}")
