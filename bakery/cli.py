@@ -8,6 +8,7 @@ work failed, 2: bad usage or unreadable input). Tests call ``main([...])``.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from collections import Counter
@@ -21,6 +22,7 @@ from packaging.utils import canonicalize_name
 from . import __version__, manifest, rebase_loop, refresh
 from . import apply as apply_mod
 from . import rebase as rebase_mod
+from . import status as status_mod
 from .bake import bake as run_bake
 from .bake import pristine_edits, staleness, tree_dir, unpacked
 from .diff import parse_patch, parse_renames, render_file_diff
@@ -36,20 +38,40 @@ from .verify.commands import verify
 
 __all__ = ["main", "cli", "run_command"]
 
+
+def repo_root(start: Path | None = None) -> Path:
+    """The nearest folder at or above ``start`` that holds the default series, found the
+    way git finds ``.git`` (relative to the current folder; "." when it is the root)."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / DEFAULT_SERIES / "series.toml").is_file():
+            return Path(os.path.relpath(folder))
+    return Path(".")
+
+
+def _under_root(default: Path):
+    """A click callback: an option left out means ``default`` under the repo root."""
+
+    def resolve(ctx, param, value):
+        return value if value is not None else repo_root() / default
+
+    return resolve
+
+
 _series_option = click.option(
     "--series",
     "series_dir",
     type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_SERIES,
-    show_default=True,
+    callback=_under_root(DEFAULT_SERIES),
+    show_default=f"{DEFAULT_SERIES} in the repo root",
     help="Series folder (holds series.toml).",
 )
 _build_option = click.option(
     "--build",
     "build_dir",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path("build"),
-    show_default=True,
+    callback=_under_root(Path("build")),
+    show_default="build in the repo root",
     help="Build folder (baked trees under it, wheels in dist/).",
 )
 _base_option = click.option(
@@ -61,8 +83,31 @@ _base_option = click.option(
 )
 
 
+def _print_version(ctx, param, value) -> None:
+    """--version: the tool, and the series of this checkout with its pins."""
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo(f"bakery {__version__}")
+    try:
+        series = load_series(repo_root() / DEFAULT_SERIES)
+    except BakeryError as exc:
+        click.echo(f"series: none ({exc})")
+        ctx.exit(0)
+    click.echo(f"series {series.name} sha256 {series.sha256}")
+    for pin in [*series.bases.values(), *series.dependencies.values()]:
+        click.echo(f"  {pin.key}: {pin.requirement} sha256 {pin.sha256}")
+    ctx.exit(0)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="bakery")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the tool version, the series sha256 and the pins, and exit.",
+)
 def cli() -> None:
     """Bake a patch series onto a pinned vLLM wheel."""
 
@@ -243,12 +288,20 @@ def check_cmd(directory: Path) -> None:
 @click.option(
     "--tree",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Baked tree to import from (default: build/baked-<base>).",
+    help="Baked tree to import from [default: build/baked for --base default, "
+    "build/baked-cpu for --base cpu, in the repo root].",
 )
 def importcheck_cmd(series_dir, base_key, tree) -> None:
     """Import every touched module from the baked tree in a fresh interpreter."""
     series = load_series(series_dir)
-    tree = tree or tree_dir(Path("build"), base_key)
+    series.base(base_key)  # an unknown base is refused before anything else
+    tree = tree or tree_dir(repo_root() / "build", base_key)
+    if not (tree / manifest.MANIFEST).is_file():
+        raise BakeryError(
+            f"no baked tree to import from: {str(tree)!r}",
+            hint=f"run `bakery bake --base {base_key}` first, or pass "
+            "`bakery importcheck --tree DIR`",
+        )
     results = import_check(tree, touched_modules(series))
     for result in results:
         click.echo(f"{'ok' if result.ok else 'FAIL'}: {result.module}: {result.detail}")
@@ -553,13 +606,20 @@ def _release_version(target: str, project: str) -> str:
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path("build") / "matrix",
-    show_default=True,
+    callback=_under_root(Path("build") / "matrix"),
+    show_default="build/matrix in the repo root",
 )
 @click.option("--fuzz", type=click.IntRange(0, 3), default=3, show_default=True)
 @click.option("--no-linkcheck", is_flag=True, help="Skip linkcheck (text status only).")
-def matrix_cmd(series_dir, base_key, releases, out, fuzz, no_linkcheck) -> None:
-    """Patch x release table of apply status and linkcheck findings (Markdown + JSON)."""
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Exit 1 if any release is missing, any patch fails or linkcheck finds anything.",
+)
+def matrix_cmd(series_dir, base_key, releases, out, fuzz, no_linkcheck, strict) -> None:
+    """Patch x release table of apply status and linkcheck findings (Markdown + JSON).
+
+    A release that cannot be fetched is a row of "missing", not an abort."""
     series = load_series(series_dir)
     project = series.base(base_key).name
     versions = [_release_version(f"{project}=={v.strip()}", project) for v in releases.split(",")]
@@ -572,6 +632,36 @@ def matrix_cmd(series_dir, base_key, releases, out, fuzz, no_linkcheck) -> None:
     write_atomic(out / "matrix.md", markdown.encode())
     click.echo(markdown, nl=False)
     click.echo(f"written: {out / 'matrix.md'}, {out / 'matrix.json'}")
+    for version, row in table["releases"].items():
+        if row.get("error"):
+            click.echo(f"warning: {version}: {row['error']}", err=True)
+    failures = rebase_mod.matrix_failures(table)
+    if strict and failures:
+        raise BakeryError(
+            f"{len(failures)} failure(s) in the matrix (--strict): " + "; ".join(failures),
+            hint=f"see {out / 'matrix.md'}",
+        )
+
+
+@cli.command("status")
+@_series_option
+@_build_option
+@click.option(
+    "--artifacts",
+    type=click.Path(file_okay=False, path_type=Path),
+    callback=_under_root(Path("artifacts") / "dcp2"),
+    show_default="artifacts/dcp2 in the repo root",
+    help="Where the launcher records its runs.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON on stdout.")
+def status_cmd(series_dir, build_dir, artifacts, as_json) -> None:
+    """What is baked (series, pins), whether it is stale, pending edits, rebase, servers."""
+    report = status_mod.collect(load_series(series_dir), build_dir, artifacts)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    for line in status_mod.lines(report):
+        click.echo(line)
 
 
 cli.add_command(verify)

@@ -36,6 +36,7 @@ __all__ = [
     "rebase",
     "matrix",
     "matrix_markdown",
+    "matrix_failures",
     "sources",
     "pin_table",
     "other_base_pins",
@@ -277,7 +278,17 @@ def matrix(
     cache = cache or cache_dir()
     table: dict = {"patches": [e.file for e in series.entries], "releases": {}}
     for version in versions:
-        pin = release_pin(series, base_key, version, cache)
+        try:
+            pin = release_pin(series, base_key, version, cache)
+        except FetchError as exc:  # one missing release is a row, not the end of the table
+            table["releases"][version] = {
+                "wheel": None,
+                "sha256": None,
+                "error": str(exc),
+                "patches": {e.file: "missing" for e in series.entries},
+                "linkcheck": None,
+            }
+            continue
         statuses = survey(series, release_files(series, pin, cache), max_fuzz)
         statuses_by_patch = {e.file: patch_status(statuses, e.file) for e in series.entries}
         applicable = tuple(p for p, s in statuses_by_patch.items() if s != "fails")
@@ -301,7 +312,24 @@ def matrix_markdown(table: dict) -> str:
         lines.append(f"| {patch} | " + " | ".join(cells) + " |")
     counts = []
     for v in versions:
-        findings = table["releases"][v]["linkcheck"]
-        counts.append("skipped" if findings is None else f"{len(findings)} finding(s)")
+        row = table["releases"][v]
+        findings = row["linkcheck"]
+        if row.get("error"):
+            counts.append("no release")
+        else:
+            counts.append("skipped" if findings is None else f"{len(findings)} finding(s)")
     lines.append("| linkcheck | " + " | ".join(counts) + " |")
     return "\n".join(lines) + "\n"
+
+
+def matrix_failures(table: dict) -> list[str]:
+    """What ``matrix --strict`` fails on: a missing release, a failing patch, a finding."""
+    out = []
+    for version, row in table["releases"].items():
+        if row.get("error"):
+            out.append(f"{version}: release missing")
+            continue
+        out += [f"{version}: {p} fails" for p, s in row["patches"].items() if s == "fails"]
+        if row["linkcheck"]:
+            out.append(f"{version}: {len(row['linkcheck'])} linkcheck finding(s)")
+    return out
