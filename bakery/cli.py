@@ -144,14 +144,14 @@ def _plan_json(plan: apply_mod.Plan, dry_run: bool) -> dict:
     }
 
 
-def _print_plan(plan: apply_mod.Plan) -> None:
+def _print_plan(plan: apply_mod.Plan, dry_run: bool) -> None:
     for outcome in plan.outcomes:
         if outcome.status == apply_mod.ALREADY_APPLIED:
             click.echo(
                 f"{outcome.patch.name}: already applied (it reverse-applies cleanly), skipped"
             )
             continue
-        click.echo(f"{outcome.patch.name}: applied")
+        click.echo(f"{outcome.patch.name}: {'would apply' if dry_run else 'applied'}")
         for result in outcome.files:
             hunks = ", ".join(_placement_text(p) for p in result.placements)
             click.echo(f"  {result.path}: {hunks}")
@@ -203,7 +203,7 @@ def apply_cmd(fuzz, renames, strip, dry_run, reverse, as_json, tree, patches) ->
     if as_json:
         click.echo(json.dumps(_plan_json(plan, dry_run), indent=2))
         return
-    _print_plan(plan)
+    _print_plan(plan, dry_run)
     if dry_run:
         click.echo("dry run: nothing written")
 

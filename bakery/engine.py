@@ -162,7 +162,8 @@ def _failure(patch_name: str, path: str, hunk: Hunk, matcher: _Matcher, guess: i
     return HunkFailed(
         f"{head}\n nearest near-match at line {where} (offset {where - hunk.first}): "
         f"{len(pattern) - good} of {len(pattern)} lines differ:\n" + "\n".join(diffs[:8]),
-        hint="refresh the patch against this base, or allow fuzz with --fuzz N",
+        hint="refresh the patch against this base (`bakery rebase --checkout` writes the "
+        "conflicts to fix), or allow fuzz (`bakery apply --fuzz N`)",
     )
 
 

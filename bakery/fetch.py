@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,7 +37,9 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _pip_download(args: list[str], dest: Path, platform: str, verbose: bool) -> list[Path]:
+def _pip_download(
+    args: list[str], dest: Path, platform: str, verbose: bool, hint: str
+) -> list[Path]:
     """``pip download --no-deps`` of binary wheels into ``dest``; the wheels it wrote."""
     cmd = [
         sys.executable,
@@ -60,10 +63,7 @@ def _pip_download(args: list[str], dest: Path, platform: str, verbose: bool) -> 
     wheels = sorted(dest.glob("*.whl"))
     if proc.returncode != 0 or not wheels:
         tail = " | ".join((proc.stdout or "").strip().splitlines()[-3:]) or "no output"
-        raise FetchError(
-            f"pip could not download ({tail}): {' '.join(args)!r}",
-            hint="check the network, or pass --wheel PATH to use a local copy",
-        )
+        raise FetchError(f"pip could not download ({tail}): {' '.join(args)!r}", hint=hint)
     return wheels
 
 
@@ -85,13 +85,14 @@ def fetch(
     pin: Pin, *, wheel: Path | None = None, cache: Path | None = None, verbose: bool = False
 ) -> Path:
     """Path to a wheel whose sha256 is ``pin.sha256``; downloads on a cache miss."""
+    folder = (cache or cache_dir()) / "wheels" / pin.sha256
+    cached = folder / pin.wheel
     if wheel is not None:
         if not Path(wheel).is_file():
             raise FetchError(f"no such wheel file: {str(wheel)!r}")
         _check(Path(wheel), pin)
+        _keep(Path(wheel), cached)
         return Path(wheel)
-    folder = (cache or cache_dir()) / "wheels" / pin.sha256
-    cached = folder / pin.wheel
     if cached.exists():
         try:
             _check(cached, pin)
@@ -103,13 +104,34 @@ def fetch(
         requirements = Path(tmp) / "requirements.txt"
         requirements.write_text(f"{pin.requirement} --hash=sha256:{pin.sha256}\n")
         args = ["--require-hashes", "-r", str(requirements)]
-        _pip_download(args, Path(tmp), wheel_platform(pin.wheel), verbose)
+        hint = (
+            "check the network, or put a local copy of the pinned wheel in the cache once "
+            "with `bakery bake --wheel PATH`"
+        )
+        _pip_download(args, Path(tmp), wheel_platform(pin.wheel), verbose, hint)
         downloaded = Path(tmp) / pin.wheel
         if not downloaded.is_file():
             raise FetchError(f"pip fetched another file than the pinned wheel: {pin.wheel!r}")
         _check(downloaded, pin)
         os.replace(downloaded, cached)
     return cached
+
+
+def _keep(wheel: Path, cached: Path) -> None:
+    """A wheel given by path (already verified) joins the cache under its sha256, so every
+    later command that needs this pin (refresh --check, linkcheck, rebase) works offline."""
+    if cached.is_file():
+        return
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_name(f".{cached.name}.tmp-{os.getpid()}")
+    try:
+        try:
+            os.link(wheel, tmp)
+        except OSError:  # another filesystem
+            shutil.copyfile(wheel, tmp)
+        os.replace(tmp, cached)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def fetch_release(requirement: str, platform: str, cache: Path | None = None) -> Pin:
@@ -125,7 +147,8 @@ def fetch_release(requirement: str, platform: str, cache: Path | None = None) ->
         fetch(pin, cache=cache)  # verifies against the hash seen first, refetches if needed
         return pin
     with tempfile.TemporaryDirectory(dir=cache, prefix=".release-") as tmp:
-        wheels = _pip_download([requirement], Path(tmp), platform, verbose=False)
+        hint = "check the network (a release is downloaded once, then read from the cache)"
+        wheels = _pip_download([requirement], Path(tmp), platform, False, hint)
         pin = Pin.parse(
             key,
             {"requirement": requirement, "wheel": wheels[0].name, "sha256": sha256_file(wheels[0])},
