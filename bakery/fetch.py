@@ -37,8 +37,17 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+# pip's failure, for a release fetched by version: once downloaded, it is read from the cache.
+_RELEASE_HINT = "check the network (a release is downloaded once, then read from the cache)"
+# For a pinned wheel: `bake --wheel` puts a local copy in the cache for every later command.
+_PIN_HINT = (
+    "check the network, or put a local copy of the pinned wheel in the cache once with "
+    "`bakery bake --wheel PATH`"
+)
+
+
 def _pip_download(
-    args: list[str], dest: Path, platform: str, verbose: bool, hint: str
+    args: list[str], dest: Path, platform: str, verbose: bool, hint: str = _RELEASE_HINT
 ) -> list[Path]:
     """``pip download --no-deps`` of binary wheels into ``dest``; the wheels it wrote."""
     cmd = [
@@ -63,7 +72,10 @@ def _pip_download(
     wheels = sorted(dest.glob("*.whl"))
     if proc.returncode != 0 or not wheels:
         tail = " | ".join((proc.stdout or "").strip().splitlines()[-3:]) or "no output"
-        raise FetchError(f"pip could not download ({tail}): {' '.join(args)!r}", hint=hint)
+        raise FetchError(
+            f"pip could not download ({tail}): {' '.join(args)!r}",
+            hint=hint,
+        )
     return wheels
 
 
@@ -85,14 +97,14 @@ def fetch(
     pin: Pin, *, wheel: Path | None = None, cache: Path | None = None, verbose: bool = False
 ) -> Path:
     """Path to a wheel whose sha256 is ``pin.sha256``; downloads on a cache miss."""
-    folder = (cache or cache_dir()) / "wheels" / pin.sha256
-    cached = folder / pin.wheel
     if wheel is not None:
         if not Path(wheel).is_file():
             raise FetchError(f"no such wheel file: {str(wheel)!r}")
         _check(Path(wheel), pin)
-        _keep(Path(wheel), cached)
+        _keep(Path(wheel), (cache or cache_dir()) / "wheels" / pin.sha256 / pin.wheel)
         return Path(wheel)
+    folder = (cache or cache_dir()) / "wheels" / pin.sha256
+    cached = folder / pin.wheel
     if cached.exists():
         try:
             _check(cached, pin)
@@ -104,11 +116,7 @@ def fetch(
         requirements = Path(tmp) / "requirements.txt"
         requirements.write_text(f"{pin.requirement} --hash=sha256:{pin.sha256}\n")
         args = ["--require-hashes", "-r", str(requirements)]
-        hint = (
-            "check the network, or put a local copy of the pinned wheel in the cache once "
-            "with `bakery bake --wheel PATH`"
-        )
-        _pip_download(args, Path(tmp), wheel_platform(pin.wheel), verbose, hint)
+        _pip_download(args, Path(tmp), wheel_platform(pin.wheel), verbose, _PIN_HINT)
         downloaded = Path(tmp) / pin.wheel
         if not downloaded.is_file():
             raise FetchError(f"pip fetched another file than the pinned wheel: {pin.wheel!r}")
@@ -123,7 +131,7 @@ def _keep(wheel: Path, cached: Path) -> None:
     if cached.is_file():
         return
     cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_name(f".{cached.name}.tmp-{os.getpid()}")
+    tmp = cached.with_name(f".{cached.name}.keep-{os.getpid()}")
     try:
         try:
             os.link(wheel, tmp)
@@ -147,8 +155,7 @@ def fetch_release(requirement: str, platform: str, cache: Path | None = None) ->
         fetch(pin, cache=cache)  # verifies against the hash seen first, refetches if needed
         return pin
     with tempfile.TemporaryDirectory(dir=cache, prefix=".release-") as tmp:
-        hint = "check the network (a release is downloaded once, then read from the cache)"
-        wheels = _pip_download([requirement], Path(tmp), platform, False, hint)
+        wheels = _pip_download([requirement], Path(tmp), platform, verbose=False)
         pin = Pin.parse(
             key,
             {"requirement": requirement, "wheel": wheels[0].name, "sha256": sha256_file(wheels[0])},

@@ -75,7 +75,7 @@ def command_of(function: ast.FunctionDef | None) -> click.Command | None:
 
 def hints(path: Path):
     """(line, enclosing function, hint text) for every ``hint=`` argument in ``path``, and
-    for every string assigned to a variable named ``hint`` (passed on to a raise)."""
+    for every string assigned to ``hint`` or to a ``*HINT*`` constant (passed on to a raise)."""
     tree = ast.parse(path.read_text())
     constants = {
         t.id: node.value.value
@@ -92,7 +92,7 @@ def hints(path: Path):
 
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "hint" for t in node.targets
+            isinstance(t, ast.Name) and (t.id == "hint" or "HINT" in t.id) for t in node.targets
         ):
             hint = text(node.value, constants)
             assert hint is not None, f"{path}:{node.lineno}: a hint this test cannot read"
@@ -100,7 +100,9 @@ def hints(path: Path):
         for keyword in getattr(node, "keywords", []):
             if keyword.arg != "hint":
                 continue
-            if isinstance(keyword.value, ast.Name) and keyword.value.id == "hint":
+            if isinstance(keyword.value, ast.Name) and (
+                keyword.value.id == "hint" or "HINT" in keyword.value.id
+            ):
                 continue  # a variable: its assignments are checked above
             hint = text(keyword.value, constants)
             assert hint is not None, f"{path}:{node.lineno}: a hint this test cannot read"
