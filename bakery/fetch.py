@@ -93,6 +93,23 @@ def _check(path: Path, pin: Pin) -> None:
         )
 
 
+def _keep(wheel: Path, cached: Path) -> None:
+    """A wheel given by path (already verified) joins the cache under its sha256, so every
+    later command that needs this pin (refresh --check, linkcheck, rebase) works offline."""
+    if cached.is_file():
+        return
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_name(f".{cached.name}.tmp-{os.getpid()}")
+    try:
+        try:
+            os.link(wheel, tmp)
+        except OSError:  # another filesystem
+            shutil.copyfile(wheel, tmp)
+        os.replace(tmp, cached)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def fetch(
     pin: Pin, *, wheel: Path | None = None, cache: Path | None = None, verbose: bool = False
 ) -> Path:
@@ -123,23 +140,6 @@ def fetch(
         _check(downloaded, pin)
         os.replace(downloaded, cached)
     return cached
-
-
-def _keep(wheel: Path, cached: Path) -> None:
-    """A wheel given by path (already verified) joins the cache under its sha256, so every
-    later command that needs this pin (refresh --check, linkcheck, rebase) works offline."""
-    if cached.is_file():
-        return
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_name(f".{cached.name}.keep-{os.getpid()}")
-    try:
-        try:
-            os.link(wheel, tmp)
-        except OSError:  # another filesystem
-            shutil.copyfile(wheel, tmp)
-        os.replace(tmp, cached)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def fetch_release(requirement: str, platform: str, cache: Path | None = None) -> Pin:
