@@ -4,14 +4,12 @@ missing bake is a clear error, a missing release is a matrix row, --strict fails
 import json
 import shutil
 
-import pytest
-
 from bakery.diff import render_file_diff
 from tests._synthetic_release import make_loop
+from tests._verify_support import MTP, NOMTP, require_fixtures
 from tests.conftest import REPO, run_cli
 
 HERE = {"PYTHONPATH": str(REPO)}
-ORACLE = REPO.parent / "shared" / "fixtures" / "oracle"
 OFFLINE = {"PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": "/dev/null", "PIP_FIND_LINKS": ""}
 
 
@@ -28,10 +26,8 @@ def test_apply_dry_run_says_would_apply(tmp_path):
 
 
 def test_verify_compare_json_dash_is_stdout(tmp_path):
-    if not ORACLE.is_dir():
-        pytest.fail(f"oracle fixtures missing: {ORACLE}")
-    nomtp, mtp = ORACLE / "b200_tp2_nomtp", ORACLE / "b200_tp2_mtp"
-    proc = run_cli("verify", "compare", str(nomtp), str(mtp), "--json", "-", cwd=tmp_path, env=HERE)
+    require_fixtures()
+    proc = run_cli("verify", "compare", str(NOMTP), str(MTP), "--json", "-", cwd=tmp_path, env=HERE)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)  # nothing but the report on stdout
     assert report["passed"] is True and "parity passed" in proc.stderr
