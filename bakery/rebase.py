@@ -23,6 +23,7 @@ from .engine import apply_file_patch, survey_file_patch
 from .errors import FetchError, UsageError
 from .fetch import cache_dir, fetch, fetch_release, wheel_platform
 from .linkcheck import format_finding, run_linkcheck
+from .progress import step
 from .series import Pin, Series, load_series
 from .tree import write_atomic
 from .wheel import extract_sources, pinned_requirement, read_members, read_wheel
@@ -276,10 +277,12 @@ def matrix(
 ) -> dict:
     """patch x release status table (JSON-ready)."""
     cache = cache or cache_dir()
+    base = series.base(base_key)
     table: dict = {"patches": [e.file for e in series.entries], "releases": {}}
     for version in versions:
         try:
-            pin = release_pin(series, base_key, version, cache)
+            with step(f"{base.name}=={version}: fetching"):
+                pin = release_pin(series, base_key, version, cache)
         except FetchError as exc:  # one missing release is a row, not the end of the table
             table["releases"][version] = {
                 "wheel": None,
@@ -289,7 +292,8 @@ def matrix(
                 "linkcheck": None,
             }
             continue
-        statuses = survey(series, release_files(series, pin, cache), max_fuzz)
+        with step(f"{base.name}=={version}: placing {len(series.entries)} patch(es)"):
+            statuses = survey(series, release_files(series, pin, cache), max_fuzz)
         statuses_by_patch = {e.file: patch_status(statuses, e.file) for e in series.entries}
         applicable = tuple(p for p, s in statuses_by_patch.items() if s != "fails")
         findings = (

@@ -135,8 +135,13 @@ def checkout(
     """Write the series onto ``version`` into the baked tree, conflicts and all."""
     refuse_during_rebase(build)
     tree = tree_dir(build, base_key)
+    old_pkg = unpacked(series.base(base_key), cache) / series.package
     if tree.exists():
+        # The old tree is set aside and dropped by --continue: edits in it would be lost.
         problems = staleness(series, base_key, build)
+        if not problems:
+            edited = refresh.differing_files(old_pkg, tree / series.package)
+            problems = [f"{c.action} {c.file}" for c in refresh.plan_refresh(series, edited)]
         if problems:
             raise UsageError(
                 f"{tree} is not a clean bake of the series: " + "; ".join(problems[:3]),
@@ -146,7 +151,6 @@ def checkout(
     pin = release_pin(series, base_key, version, cache)
     deps = _dependency_pins(series, pin, cache)
     others, notes = other_base_pins(series, base_key, version, cache)
-    old_pkg = unpacked(series.base(base_key), cache) / series.package
     new_root = unpacked(pin, cache)
     outcomes = _place(series, old_pkg, new_root / series.package, str(pin.requirement), max_fuzz)
 
