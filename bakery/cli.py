@@ -506,6 +506,8 @@ def rebase_cmd(
         raise UsageError(f"choose one of {', '.join(modes)}")
     if (resume or abort) and (target or out):
         raise UsageError(f"{modes[0]} takes no --to or --out: the rebase in progress has them")
+    if checkout and out:
+        raise UsageError("--checkout writes into the baked tree and takes no --out")
     if not (resume or abort) and not target:
         raise UsageError("missing --to NAME==X.Y.Z", hint="e.g. `bakery rebase --to vllm==0.33.0`")
     if resume:
