@@ -50,6 +50,7 @@ __all__ = [
     "unpacked",
     "patched_version",
     "staleness",
+    "pristine_edits",
 ]
 
 
@@ -96,6 +97,18 @@ def pristine(wheel: WheelInfo, sha256: str, cache: Path) -> Path:
         return root
     os.replace(stamp_tmp, stamp_path)  # last: a tree without its stamp is never trusted
     return root
+
+
+def pristine_edits(sha256: str, cache: Path | None = None) -> list[str]:
+    """Files of the cached pristine tree whose size or mtime moved since extraction:
+    an append (``>>``) to an untouched file of a baked tree lands here, through the
+    hard link, and changes every tree linked to it ([] if none, or nothing cached)."""
+    root = (cache or cache_dir()) / "pristine" / sha256
+    stamp_path = root.with_name(f"{sha256}.stamp.json")
+    if not (root.is_dir() and stamp_path.is_file()):
+        return []
+    then, now = json.loads(stamp_path.read_text()), stamp(root)
+    return sorted(rel for rel in set(then) | set(now) if then.get(rel) != now.get(rel))
 
 
 def unpacked(pin: Pin, cache: Path | None = None, wheel: Path | None = None) -> Path:

@@ -191,7 +191,10 @@ def _failure(patch_name: str, path: str, hunk: Hunk, matcher: _Matcher, guess: i
     head = (
         f"{patch_name}: hunk #{hunk.number} does not apply to {path!r} (expected near line {guess})"
     )
-    hint = "refresh the patch against this base, or allow fuzz with --fuzz N"
+    hint = (
+        "refresh the patch against this base (`bakery rebase --checkout` writes the "
+        "conflicts to fix), or allow fuzz (`bakery apply --fuzz N`)"
+    )
     if len(matcher.keys) < len(pattern):
         return HunkFailed(
             f"{head}: the file has {len(matcher.keys)} lines, fewer than the hunk's "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,7 +37,18 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _pip_download(args: list[str], dest: Path, platform: str, verbose: bool) -> list[Path]:
+# pip's failure, for a release fetched by version: once downloaded, it is read from the cache.
+_RELEASE_HINT = "check the network (a release is downloaded once, then read from the cache)"
+# For a pinned wheel: `bake --wheel` puts a local copy in the cache for every later command.
+_PIN_HINT = (
+    "check the network, or put a local copy of the pinned wheel in the cache once with "
+    "`bakery bake --wheel PATH`"
+)
+
+
+def _pip_download(
+    args: list[str], dest: Path, platform: str, verbose: bool, hint: str = _RELEASE_HINT
+) -> list[Path]:
     """``pip download --no-deps`` of binary wheels into ``dest``; the wheels it wrote."""
     cmd = [
         sys.executable,
@@ -62,7 +74,7 @@ def _pip_download(args: list[str], dest: Path, platform: str, verbose: bool) -> 
         tail = " | ".join((proc.stdout or "").strip().splitlines()[-3:]) or "no output"
         raise FetchError(
             f"pip could not download ({tail}): {' '.join(args)!r}",
-            hint="check the network, or pass --wheel PATH to use a local copy",
+            hint=hint,
         )
     return wheels
 
@@ -81,6 +93,23 @@ def _check(path: Path, pin: Pin) -> None:
         )
 
 
+def _keep(wheel: Path, cached: Path) -> None:
+    """A wheel given by path (already verified) joins the cache under its sha256, so every
+    later command that needs this pin (refresh --check, linkcheck, rebase) works offline."""
+    if cached.is_file():
+        return
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_name(f".{cached.name}.tmp-{os.getpid()}")
+    try:
+        try:
+            os.link(wheel, tmp)
+        except OSError:  # another filesystem
+            shutil.copyfile(wheel, tmp)
+        os.replace(tmp, cached)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def fetch(
     pin: Pin, *, wheel: Path | None = None, cache: Path | None = None, verbose: bool = False
 ) -> Path:
@@ -89,6 +118,7 @@ def fetch(
         if not Path(wheel).is_file():
             raise FetchError(f"no such wheel file: {str(wheel)!r}")
         _check(Path(wheel), pin)
+        _keep(Path(wheel), (cache or cache_dir()) / "wheels" / pin.sha256 / pin.wheel)
         return Path(wheel)
     folder = (cache or cache_dir()) / "wheels" / pin.sha256
     sweep_dead(folder)  # downloads of killed fetches (named for their pid, as below)
@@ -106,7 +136,7 @@ def fetch(
         requirements = Path(tmp) / "requirements.txt"
         requirements.write_text(f"{pin.requirement} --hash=sha256:{pin.sha256}\n")
         args = ["--require-hashes", "-r", str(requirements)]
-        _pip_download(args, Path(tmp), wheel_platform(pin.wheel), verbose)
+        _pip_download(args, Path(tmp), wheel_platform(pin.wheel), verbose, _PIN_HINT)
         downloaded = Path(tmp) / pin.wheel
         if not downloaded.is_file():
             raise FetchError(f"pip fetched another file than the pinned wheel: {pin.wheel!r}")
