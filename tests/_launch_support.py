@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
+
+import tomlkit
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_SH = REPO / "launcher" / "dcp2" / "run.sh"
@@ -63,3 +66,20 @@ def wait_until(predicate, timeout: float, step: float = 0.5) -> bool:
             return True
         time.sleep(step)
     return bool(predicate())
+
+
+def series_with_stage(dest: Path, number: int, status: str) -> Path:
+    """A copy of the dcp2 series whose stage ``number`` has ``status`` (patches untouched).
+
+    Stage 4 (candidate blocks) is implemented by another change of this round; the
+    launcher's tests pin the status they need instead of depending on the merge order.
+    An implemented stage must name a patch: it gets stage 3's when it has none.
+    """
+    shutil.copytree(SERIES, dest)
+    data = tomlkit.parse((dest / "stages.toml").read_text())
+    stages = {s["number"]: s for s in data["stages"]}
+    stages[number]["status"] = status
+    if status == "implemented" and not stages[number]["patches"]:
+        stages[number]["patches"] = list(stages[3]["patches"])
+    (dest / "stages.toml").write_text(tomlkit.dumps(data))
+    return dest

@@ -17,7 +17,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from _launch_support import DATA, PYTHON, REPO, SERIES, free_port
+from _launch_support import DATA, PYTHON, REPO, SERIES, free_port, series_with_stage
 
 from bakery.launch import preflight
 from bakery.launch.cli import main
@@ -62,7 +62,13 @@ def env(monkeypatch, tmp_path, cpu_bake):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", str(bin_dir))
-    return {"build": cpu_bake.tree.parent, "art": tmp_path / "art", "bin": bin_dir}
+    series = series_with_stage(tmp_path / "dcp2", 4, "implemented")
+    return {
+        "build": cpu_bake.tree.parent,
+        "art": tmp_path / "art",
+        "bin": bin_dir,
+        "series": series,
+    }
 
 
 def gpus(env, text: str) -> None:
@@ -80,6 +86,8 @@ def launch(capsys, env, *args: str, profile: str = "cpu-tiny", port: int | None 
         str(env["build"]),
         "--artifacts",
         str(env["art"]),
+        "--series",
+        str(env["series"]),
         "--python",
         str(PYTHON),
         "--port",
@@ -146,7 +154,7 @@ def test_unknown_dsv41_variable_in_the_callers_env(capsys, env, monkeypatch):
 def test_planned_stage_is_accepted_with_a_note(capsys, env):
     code, err = launch(capsys, env, "--stage", "5", "--dry-run")
     assert code == 0, err
-    assert "note: stage 5 is planned (no code): it behaves exactly as stage 3" in err
+    assert "note: stage 5 is planned (no code): it behaves exactly as stage 4" in err
 
 
 def test_the_table_is_read_not_copied(tmp_path):
