@@ -83,3 +83,29 @@ def series_with_stage(dest: Path, number: int, status: str) -> Path:
         stages[number]["patches"] = list(stages[3]["patches"])
     (dest / "stages.toml").write_text(tomlkit.dumps(data))
     return dest
+
+
+def canned_probe(**parsed):
+    """A probe answer with vLLM's parse of the plan's own layout (``parsed`` overrides)."""
+
+    def probe(plan) -> dict:
+        lay, args = plan.profile.layout, plan.profile.vllm_args
+        flag = "--cp-kv-cache-interleave-size"
+        interleave = int(args[args.index(flag) + 1]) if flag in args else None
+        values = {
+            "tensor_parallel_size": lay.tp,
+            "pipeline_parallel_size": lay.pp,
+            "decode_context_parallel_size": lay.dcp,
+            "cp_kv_cache_interleave_size": interleave,
+            "dcp_kv_cache_interleave_size": 1,
+            **parsed,
+        }
+        return {
+            "vllm_file": str(plan.tree / "vllm" / "__init__.py"),
+            "vllm_version": "0.32.0",
+            "torch_version": "2.13.0+cpu",
+            "ray": False,
+            "args": {"ok": True, "parsed": values},
+        }
+
+    return probe

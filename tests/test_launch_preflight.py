@@ -17,39 +17,22 @@ import socket
 from pathlib import Path
 
 import pytest
-from _launch_support import DATA, PYTHON, REPO, SERIES, free_port, series_with_stage
+from _launch_support import (
+    DATA,
+    PYTHON,
+    REPO,
+    SERIES,
+    canned_probe,
+    free_port,
+    series_with_stage,
+)
 
 from bakery.launch import preflight
 from bakery.launch.cli import main
 from bakery.launch.gates import load_gate_table
-from bakery.launch.plan import Plan
 
 H100 = "0, NVIDIA H100 80GB HBM3, 81559, 9.0, 580.82\n1, NVIDIA H100 80GB HBM3, 81559, 9.0, 580.82"
 SM120 = "{i}, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 12.0, 580.82"
-
-
-def canned_probe(**parsed):
-    def probe(plan: Plan) -> dict:
-        lay, args = plan.profile.layout, plan.profile.vllm_args
-        flag = "--cp-kv-cache-interleave-size"
-        interleave = int(args[args.index(flag) + 1]) if flag in args else None
-        values = {
-            "tensor_parallel_size": lay.tp,
-            "pipeline_parallel_size": lay.pp,
-            "decode_context_parallel_size": lay.dcp,
-            "cp_kv_cache_interleave_size": interleave,
-            "dcp_kv_cache_interleave_size": 1,
-            **parsed,
-        }
-        return {
-            "vllm_file": str(plan.tree / "vllm" / "__init__.py"),
-            "vllm_version": "0.32.0",
-            "torch_version": "2.13.0+cpu",
-            "ray": False,
-            "args": {"ok": True, "parsed": values},
-        }
-
-    return probe
 
 
 @pytest.fixture
