@@ -68,8 +68,8 @@ def wait_until(predicate, timeout: float, step: float = 0.5) -> bool:
     return bool(predicate())
 
 
-def series_with_stage(dest: Path, number: int, status: str) -> Path:
-    """A copy of the dcp2 series whose stage ``number`` has ``status`` (patches untouched).
+def series_with_stage(dest: Path, number: int, status: str, *more: tuple[int, str]) -> Path:
+    """A copy of the dcp2 series whose stage ``number`` (and each of ``more``) has ``status``.
 
     Stage 4 (candidate blocks) is implemented by another change of this round; the
     launcher's tests pin the status they need instead of depending on the merge order.
@@ -78,9 +78,10 @@ def series_with_stage(dest: Path, number: int, status: str) -> Path:
     shutil.copytree(SERIES, dest)
     data = tomlkit.parse((dest / "stages.toml").read_text())
     stages = {s["number"]: s for s in data["stages"]}
-    stages[number]["status"] = status
-    if status == "implemented" and not stages[number]["patches"]:
-        stages[number]["patches"] = list(stages[3]["patches"])
+    for n, st in ((number, status), *more):
+        stages[n]["status"] = st
+        if st == "implemented" and not stages[n]["patches"]:
+            stages[n]["patches"] = list(stages[3]["patches"])
     (dest / "stages.toml").write_text(tomlkit.dumps(data))
     return dest
 

@@ -400,14 +400,31 @@ def gpu_inventory() -> tuple[Gpu, ...]:
     return _parse_gpus(out.stdout)
 
 
-def visible(gpus: tuple[Gpu, ...], env: dict[str, str]) -> tuple[Gpu, ...]:
+def visible(gpus: tuple[Gpu, ...], env: dict[str, str]) -> tuple[tuple[Gpu, ...], str | None]:
+    """The GPUs CUDA shows under ``CUDA_VISIBLE_DEVICES``, and the entry it stopped at.
+
+    CUDA reads the list left to right by index and stops at the first entry that
+    names no GPU (or repeats one): that entry and all after it are hidden. UUID
+    entries (GPU-..., MIG-...) are counted, not resolved: UUIDs are never read here.
+    """
     spec = env.get("CUDA_VISIBLE_DEVICES")
     if spec is None:
-        return gpus
-    wanted = [s.strip() for s in spec.split(",") if s.strip()]
-    if all(w.isdigit() for w in wanted):
-        return tuple(g for g in gpus if str(g.index) in wanted)
-    return gpus[: len(wanted)]  # UUID form: we do not read UUIDs, count them
+        return gpus, None
+    if not spec.strip():
+        return (), None  # CUDA_VISIBLE_DEVICES="" hides every GPU
+    by_index = {str(g.index): g for g in gpus}
+    shown: list[Gpu] = []
+    for entry in (s.strip() for s in spec.split(",")):
+        if entry.startswith(("GPU-", "MIG-")):
+            extra = [g for g in gpus if g not in shown][:1]
+            shown += extra
+            if extra:
+                continue
+        gpu = by_index.get(entry.lstrip("0") or "0" if entry.isdigit() else entry)
+        if gpu is None or gpu in shown:
+            return tuple(shown), entry
+        shown.append(gpu)
+    return tuple(shown), None
 
 
 def run_probe(plan: Plan) -> dict:
@@ -448,8 +465,19 @@ def _gpu_problems(plan: Plan, gpus: tuple[Gpu, ...] | None, error: str | None) -
                 "run on a GPU host with nvidia-smi, or use --base cpu",
             )
         ]
-    shown = visible(gpus or (), dict(os.environ) | dict(plan.env))
+    env = dict(os.environ) | dict(plan.env)
+    shown, stopped_at = visible(gpus or (), env)
     out = []
+    if stopped_at is not None:
+        listed = ", ".join(str(g.index) for g in gpus or ()) or "none"
+        out.append(
+            Problem(
+                "CUDA_VISIBLE_DEVICES names a GPU this node does not have",
+                f"CUDA hides entry {stopped_at!r} and every one after it; GPUs here: {listed}",
+                f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}",
+                "list only the indices nvidia-smi shows, once each",
+            )
+        )
     if len(shown) < need:
         where = f"per node over {lay.nnodes} nodes" if lay.nnodes > 1 else "on this node"
         out.append(
