@@ -1,4 +1,4 @@
-"""``bakery launch start|stop|status``: the click group behind launcher/dcp2/run.sh.
+"""``bakery launch start|stop|status|logs|matrix``: the group behind launcher/dcp2/run.sh.
 
 ``launch`` is a click group the core CLI registers (``cli.add_command(launch)``);
 ``main(argv)`` runs it standalone (``python -m bakery.launch``) with the same
@@ -107,9 +107,18 @@ def launch() -> None:
 )
 @click.option("--dry-run", is_flag=True, help="Print the plan and run every check; start nothing.")
 @click.option("--model", help="Model folder or id (overrides the profile).")
-@click.option("--tp", type=int, help="Tensor parallel size.")
-@click.option("--pp", type=int, help="Pipeline parallel size.")
-@click.option("--dcp", type=int, help="Decode context parallel size.")
+@click.option("--tp", "-tp", "--tensor-parallel-size", "tp", type=int, help="Tensor parallel size.")
+@click.option(
+    "--pp", "-pp", "--pipeline-parallel-size", "pp", type=int, help="Pipeline parallel size."
+)
+@click.option(
+    "--dcp",
+    "-dcp",
+    "--decode-context-parallel-size",
+    "dcp",
+    type=int,
+    help="Decode context parallel size.",
+)
 @click.option("--stage", type=int, help="DSV41_DCP_STAGE.")
 @click.option("--combine", help="DSV41_DCP_COMBINE (ag_rs|a2a).")
 @click.option(
@@ -228,6 +237,23 @@ def status_cmd(profile, as_json, artifacts) -> None:
         click.echo("no server recorded")
     if not any(r["running"] and r["health"] in ("healthy", "headless") for r in rows):
         raise click.exceptions.Exit(1)
+
+
+@launch.command("logs")
+@click.option("--profile", "profile", help="Only this profile's runs (default: all).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing while the run lives.")
+@click.option(
+    "-n", "--lines", type=click.IntRange(0), default=lifecycle.TAIL_LINES, show_default=True
+)
+@_paths
+def logs_cmd(profile, follow, lines, artifacts) -> None:
+    """The newest run's server log (serve.log); -f follows it until the run ends."""
+    log = lifecycle.latest_log(artifacts, _profile_name(profile))
+    _say(f"log: {log}")
+    if follow:
+        lifecycle.follow(log, lines, lambda text: click.echo(text, nl=False))
+    else:
+        click.echo(lifecycle.tail(log, lines))
 
 
 @launch.command("matrix")

@@ -56,12 +56,16 @@ __all__ = [
     "group_members",
     "tail",
     "wait_ready",
+    "latest_log",
+    "follow",
 ]
 
 PID_FILE = "server.pid"
 LOG_FILE = "serve.log"
 TAIL_LINES = 40
 HEADLESS_SETTLE_S = 10.0
+PROGRESS_S = 15.0  # seconds between two "waiting" lines during start
+PROGRESS_WIDTH = 160
 _INHERITED = ("CUDA_", "NCCL_", "VLLM_", "HF_", "TORCH_", "OMP_", "GLOO_", "DSV41_", "RAY_")
 _SECRET = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
 
@@ -251,12 +255,26 @@ def _ready_once(client: httpx.Client, plan: Plan) -> bool:
     return True
 
 
-def wait_ready(plan: Plan, proc: subprocess.Popen, log: Path, timeout_s: float) -> float:
-    """Seconds until /health and a 1-token completion answer; raises LaunchError."""
+def last_line(path: Path) -> str:
+    """The log's last non-empty line (vLLM's progress), shortened for one terminal row."""
+    line = next((ln for ln in reversed(tail(path, 5).splitlines()) if ln.strip()), "")
+    return line.strip()[:PROGRESS_WIDTH]
+
+
+def wait_ready(plan: Plan, proc: subprocess.Popen, log: Path, timeout_s: float, say=None) -> float:
+    """Seconds until /health and a 1-token completion answer; raises LaunchError.
+
+    Every ``PROGRESS_S`` seconds ``say`` gets the elapsed time and the log's last
+    line: a boot can take up to 30 minutes, and silence looks like a hang.
+    """
     started = time.monotonic()
     deadline = started + timeout_s
+    shown = started
     with httpx.Client(trust_env=False) as client:
         while time.monotonic() < deadline:
+            if say is not None and time.monotonic() - shown >= PROGRESS_S:
+                shown = time.monotonic()
+                say(f"waiting {shown - started:.0f} s / {timeout_s:g} s: {last_line(log)}")
             if proc.poll() is not None:
                 raise LaunchError(
                     f"the server exited with status {proc.returncode} before it was ready; "
@@ -344,7 +362,7 @@ def start(
         proc, write_fd = _spawn(plan, record, grace_s)
         _write_pid(record, plan, proc)
         say(f"started {plan.profile.name} (process group {proc.pid}); log: {record.log}")
-        elapsed = wait_ready(plan, proc, record.log, plan.profile.startup_timeout_s)
+        elapsed = wait_ready(plan, proc, record.log, plan.profile.startup_timeout_s, say)
         os.write(write_fd, b"detach\n")
     except BaseException as exc:
         if proc is not None:
@@ -421,6 +439,37 @@ def stop(artifacts: Path, profile: str | None, grace_s: float, say=print) -> int
     if not stopped:
         say("nothing running" + (f" for {profile}" if profile else ""))
     return stopped
+
+
+def latest_log(artifacts: Path, profile: str | None) -> Path:
+    """The serve.log of the newest recorded run (of ``profile``); raises LaunchError."""
+    runs = sorted(Path(artifacts).glob(f"{profile or '*'}/*/{LOG_FILE}"), key=_run_order)
+    if not runs:
+        raise LaunchError(
+            f"no run recorded under {artifacts}" + (f" for {profile}" if profile else ""),
+            hint="start one with run.sh start, or pass --artifacts",
+        )
+    return runs[-1]
+
+
+def _run_order(log: Path) -> tuple[str, str]:
+    return (log.parent.name, log.parent.parent.name)  # UTC stamps sort in time order
+
+
+def follow(log: Path, lines: int, write, poll_s: float = 0.5) -> None:
+    """Write the last ``lines`` of ``log``, then what is appended while the run lives."""
+    write(tail(log, lines) + "\n")
+    run_dir = log.parent
+    with open(log, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        while True:
+            chunk = handle.read()
+            if chunk:
+                write(chunk.decode(errors="replace"))
+            elif not launched(run_dir):
+                return  # the run is over and its log fully shown
+            else:
+                time.sleep(poll_s)
 
 
 def health(url: str | None) -> str:
