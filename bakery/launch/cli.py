@@ -106,6 +106,11 @@ def launch() -> None:
     help="A profile name in --profiles or a .toml path.",
 )
 @click.option("--dry-run", is_flag=True, help="Print the plan and run every check; start nothing.")
+@click.option(
+    "--installed",
+    is_flag=True,
+    help="Serve the patched wheel installed in --python's environment, not build/baked.",
+)
 @click.option("--model", help="Model folder or id (overrides the profile).")
 @click.option("--tp", "-tp", "--tensor-parallel-size", "tp", type=int, help="Tensor parallel size.")
 @click.option(
@@ -169,6 +174,7 @@ def launch() -> None:
 def start_cmd(
     profile_ref,
     dry_run,
+    installed,
     grace,
     python,
     build,
@@ -185,9 +191,8 @@ def start_cmd(
     flags["model"] = _model(flags["model"])
     profile = override(profile, vllm_args=vllm_args, **flags)
     python = python if python.is_absolute() else Path.cwd() / python
-    plan = make_plan(
-        profile, python=python, tree=tree_dir(build, profile.base), root=ROOT, artifacts=artifacts
-    )
+    tree = None if installed else tree_dir(build, profile.base)
+    plan = make_plan(profile, python=python, tree=tree, root=ROOT, artifacts=artifacts)
     if dry_run:
         click.echo(json.dumps(render_plan(plan), indent=2))
     report = preflight.run_preflight(plan, table, series, build)

@@ -177,8 +177,10 @@ def command_script(plan: Plan, run_id: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _baked(plan: Plan) -> dict:
-    path = plan.tree / MANIFEST
+def _baked(plan: Plan, facts: Facts) -> dict:
+    path = facts.manifest or (plan.tree / MANIFEST if plan.tree else None)
+    if path is None:
+        return {"path": None, "error": "no BAKED.json found"}
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -211,7 +213,7 @@ def environment(plan: Plan, facts: Facts, argv: list[str]) -> dict:
         },
         "python": str(plan.python),
         "vllm_file": probe.get("vllm_file"),
-        "baked": _baked(plan),
+        "baked": _baked(plan, facts),
         "gpus": [g.__dict__ for g in facts.gpus] if facts.gpus is not None else None,
         "supported_heads": list(facts.heads) if facts.heads else None,
         "dsv41": {k: v for k, v in sorted(server_env.items()) if k.startswith("DSV41_")},

@@ -26,9 +26,11 @@ from bakery.errors import BakeryError
 from bakery.launch import probe as probe_module
 from bakery.launch.errors import PreflightError, Problem
 from bakery.launch.gates import CANDIDATES, COMBINE, GATHER, PCP, SPECULATIVE, STAGE, GateTable
+from bakery.launch.installed import installed_problems
 from bakery.launch.model_config import candidate_blocks, find_config, text_config
 from bakery.launch.plan import Plan, server_args
 from bakery.launch.vllm_args import ArgValueError, read_args
+from bakery.manifest import MANIFEST
 from bakery.series import Series
 
 __all__ = [
@@ -66,6 +68,7 @@ class Facts:
     probe: dict | None = None
     heads: tuple[int, ...] | None = None
     model_config: dict | None = None
+    manifest: Path | None = None  # BAKED.json of what serves (the tree's, or the installed wheel's)
 
 
 @dataclass(frozen=True)
@@ -522,7 +525,7 @@ def _probe_problems(plan: Plan, probe: dict | None, error: str | None) -> list[P
         ]
     out = []
     vfile = Path(probe["vllm_file"]).resolve()
-    if not vfile.is_relative_to(plan.tree.resolve()):
+    if plan.tree is not None and not vfile.is_relative_to(plan.tree.resolve()):
         out.append(
             Problem(
                 "vLLM would not come from the baked tree",
@@ -652,11 +655,13 @@ def _gather_gpus(plan: Plan) -> tuple[tuple[Gpu, ...] | None, str | None, list[s
         return None, str(exc), []
 
 
-def _heads(plan: Plan, series: Series, table: GateTable) -> tuple[tuple[int, ...] | None, list]:
-    if not plan.tree.is_dir():
-        return None, []  # the tree check reports it
+def _heads(
+    tree: Path | None, series: Series, table: GateTable
+) -> tuple[tuple[int, ...] | None, list]:
+    if tree is None or not tree.is_dir():
+        return None, []  # the tree (or installed wheel) check reports it
     try:
-        return read_heads(plan.tree, series.package, table), []
+        return read_heads(tree, series.package, table), []
     except (OSError, ValueError, SyntaxError) as exc:
         return None, [
             Problem(
@@ -696,15 +701,23 @@ def run_preflight(plan: Plan, table: GateTable, series: Series, build: Path) -> 
     serving_env = {**os.environ, **dict(plan.env)}
     found = find_config(plan.profile.model, plan.cwd, serving_env, own.get("revision"))
     config = found.config
-    tree_problems = _tree_problems(plan, series, build)
-    heads, head_problems = _heads(plan, series, table)
-    if tree_problems:
-        head_problems = []  # a missing or stale tree is the one message for it
     gpus, gpu_error, gpu_notes = _gather_gpus(plan)
     try:
         probe, probe_error = run_probe(plan), None
     except (OSError, ValueError) as exc:
         probe, probe_error = None, str(exc)
+    if plan.tree is not None:
+        tree, baked = plan.tree, plan.tree / MANIFEST
+        tree_problems = _tree_problems(plan, series, build)
+    elif probe and probe.get("vllm_file"):
+        baked, tree_problems = installed_problems(series, plan.profile.base, probe["vllm_file"])
+        tree = baked.parent.parent if baked else None
+    else:
+        tree = baked = None
+        tree_problems = []  # the probe problem says why vllm could not be found
+    heads, head_problems = _heads(tree, series, table)
+    if tree_problems:
+        head_problems = []  # a missing or stale tree is the one message for it
     parsed, parse_notes = _parsed(probe, own)
     problems = config_problems(plan, table, heads, config, parsed)
     problems += arg_problems + list(found.problems) + head_problems
@@ -724,7 +737,7 @@ def run_preflight(plan: Plan, table: GateTable, series: Series, build: Path) -> 
             )
         )
     problems += _port_problems(plan)
-    return Report(tuple(problems), tuple(notes), Facts(gpus, probe, heads, config))
+    return Report(tuple(problems), tuple(notes), Facts(gpus, probe, heads, config, baked))
 
 
 def enforce(report: Report) -> None:
