@@ -26,6 +26,7 @@ from .bake import staleness, tree_dir, unpacked
 from .diff import parse_patch, parse_renames
 from .errors import BakeryError, PatchParseError, UsageError
 from .importcheck import import_check, touched_modules
+from .launch.cli import doctor_cmd
 from .launch.cli import launch as launch_group
 from .linkcheck import format_finding, run_linkcheck
 from .series import DEFAULT_SERIES, load_series
@@ -430,6 +431,7 @@ def matrix_cmd(series_dir, base_key, releases, out, fuzz, no_linkcheck) -> None:
 
 cli.add_command(verify)
 cli.add_command(launch_group)
+cli.add_command(doctor_cmd)  # `bakery doctor`: the launcher's host checks, no profile
 
 
 def run_command(command: click.Command, argv: list[str] | None, prog_name: str) -> int:

@@ -10,11 +10,13 @@ import dataclasses
 import json
 import os
 import shutil
+import subprocess
 
 import pytest
 from _launch_support import PROFILES, PYTHON, REPO, SERIES, canned_probe, free_port
 
-from bakery.launch import lifecycle, preflight
+from bakery.cli import main as bakery_main
+from bakery.launch import doctor, lifecycle, preflight
 from bakery.launch.cli import main
 from bakery.launch.errors import LaunchError
 from bakery.launch.gates import load_gate_table
@@ -183,3 +185,109 @@ def test_installed_wheel_from_another_series_or_edited_is_refused(
         f"the installed patched wheel was modified (1 touched file(s) differ from its "
         f"BAKED.json): {touched}"
     )
+
+
+# ---- bakery doctor ----------------------------------------------------------------------------
+
+SM120_SMI = (
+    "0, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 12.0, 580.82\n"
+    "1, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 12.0, 580.82"
+)
+
+
+@pytest.fixture
+def host(monkeypatch, tmp_path):
+    """PATH with only a fake nvidia-smi (``host["smi"](text)`` writes it), no PYTHONPATH."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+
+    def smi(text: str) -> None:
+        (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '%s\\n' '{text}'\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+
+    return {"smi": smi}
+
+
+def fake_vllm(monkeypatch, with_tree: str, without_tree: str):
+    """The probe's answer: vllm imports from ``with_tree`` when a tree is on PYTHONPATH."""
+
+    def probe(python, env, cwd, module, args):
+        where = with_tree if env.get("PYTHONPATH") else without_tree
+        return {"vllm_file": f"{where}/vllm/__init__.py", "vllm_version": "0.32.0"}
+
+    monkeypatch.setattr(doctor, "probe_python", probe)
+
+
+def run_doctor(capsys, *args):
+    code = bakery_main(["doctor", *args])
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    return code, out.out.splitlines()
+
+
+def test_doctor_cpu_base_served_from_the_baked_tree(capsys, host, monkeypatch, cpu_bake):
+    fake_vllm(monkeypatch, str(cpu_bake.tree), "/usr/lib/python3/site-packages")
+    build = str(cpu_bake.tree.parent)
+    code, lines = run_doctor(capsys, "--base", "cpu", "--build", build, "--python", str(PYTHON))
+    assert code == 0, lines
+    assert lines[1] == "info GPUs: none found (nvidia-smi not found on PATH)"
+    assert lines[-4].startswith(f"ok   baked tree: {cpu_bake.tree} (series ")
+    assert lines[-3] == f"ok   vllm from the baked tree: 0.32.0 from {cpu_bake.tree}/vllm"
+    assert lines[-2] == (
+        "info vllm installed (run.sh start --installed): 0.32.0 from "
+        "/usr/lib/python3/site-packages/vllm: not a patched wheel"
+    )
+    assert lines[-1] == "ok   verdict: this host can serve the cpu base"
+
+
+def test_doctor_default_base_needs_sm120_gpus(capsys, host, monkeypatch, cpu_bake):
+    fake_vllm(monkeypatch, str(cpu_bake.tree), "/usr/lib/python3/site-packages")
+    build = str(cpu_bake.tree.parent)
+    code, lines = run_doctor(capsys, "--build", build)
+    assert code == 1
+    assert "FAIL GPUs: none found (nvidia-smi not found on PATH)" in lines
+    assert lines[-1] == "FAIL verdict: cannot serve the default base"
+    host["smi"]("0, NVIDIA H100 80GB HBM3, 81559, 9.0, 580.82")
+    code, lines = run_doctor(capsys, "--build", build)
+    assert "ok   GPUs: 1: NVIDIA H100 80GB HBM3 (SM 9.0, 81559 MiB)" in lines
+    assert "FAIL SM120 GPUs: 0 of 1" in lines and "info driver: 580.82" in lines
+    host["smi"](SM120_SMI)
+    code, lines = run_doctor(capsys, "--build", build)
+    assert "ok   SM120 GPUs: 2 of 2" in lines
+
+
+def test_doctor_vllm_not_from_the_tree_fails(capsys, host, monkeypatch, cpu_bake):
+    fake_vllm(monkeypatch, "/usr/lib/python3/site-packages", "/usr/lib/python3/site-packages")
+    build = str(cpu_bake.tree.parent)
+    code, lines = run_doctor(capsys, "--base", "cpu", "--build", build)
+    assert code == 1
+    assert "FAIL vllm from the baked tree: 0.32.0 from /usr/lib/python3/site-packages/vllm" in lines
+
+
+def test_doctor_an_installed_patched_wheel_serves_without_a_tree(
+    capsys, host, monkeypatch, tmp_path, cpu_bake
+):
+    site, _ = installed_site(tmp_path, cpu_bake)
+    fake_vllm(monkeypatch, str(site), str(site))
+    code, lines = run_doctor(capsys, "--base", "cpu", "--build", str(tmp_path / "none"))
+    assert code == 0, lines
+    assert lines[-4].startswith(f"FAIL baked tree: no baked tree at {tmp_path}/none/baked-cpu")
+    assert lines[-2].startswith("ok   vllm installed (run.sh start --installed): patched wheel")
+
+
+@pytest.mark.slow
+def test_doctor_for_real_on_this_host(cpu_bake):
+    """The real probe, twice (with and without the tree), through ``python -m bakery``."""
+    out = subprocess.run(
+        [str(PYTHON), "-m", "bakery", "doctor", "--base", "cpu"]
+        + ["--build", str(cpu_bake.tree.parent)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"ok   vllm from the baked tree: 0.32.0 from {cpu_bake.tree}/vllm" in out.stdout

@@ -1,4 +1,4 @@
-"""``bakery launch start|stop|status|logs|matrix``: the group behind launcher/dcp2/run.sh.
+"""``bakery launch start|stop|status|logs|doctor|matrix``: the group behind run.sh.
 
 ``launch`` is a click group the core CLI registers (``cli.add_command(launch)``);
 ``main(argv)`` runs it standalone (``python -m bakery.launch``) with the same
@@ -23,7 +23,7 @@ from bakery.launch.plan import make_plan, render_plan
 from bakery.launch.profiles import BACKENDS, load_profile, override
 from bakery.series import load_series
 
-__all__ = ["launch", "main", "ROOT"]
+__all__ = ["launch", "doctor_cmd", "main", "ROOT"]
 
 ROOT = Path(__file__).resolve().parents[2]
 _DIR = click.Path(file_okay=False, path_type=Path, resolve_path=True)
@@ -242,6 +242,37 @@ def status_cmd(profile, as_json, artifacts) -> None:
         click.echo("no server recorded")
     if not any(r["running"] and r["health"] in ("healthy", "headless") for r in rows):
         raise click.exceptions.Exit(1)
+
+
+@click.command("doctor")
+@click.option("--base", default="default", show_default=True, help="Series base: default or cpu.")
+@click.option(
+    "--python",
+    "python",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path(sys.executable),
+    show_default=True,
+    help="The Python that would run vLLM.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@click.option("--series", "series_dir", type=_DIR, default=ROOT / "patches" / "dcp2")
+@click.option("--build", type=_DIR, default=ROOT / "build", help="Build folder (baked trees).")
+def doctor_cmd(base, python, as_json, build, series_dir) -> None:
+    """Can this host serve the series? GPUs, driver, baked tree, where vllm imports from."""
+    from bakery.launch.doctor import diagnose
+
+    python = python if python.is_absolute() else Path.cwd() / python
+    checks = diagnose(load_series(series_dir), base, build, python, ROOT)
+    if as_json:
+        click.echo(json.dumps([c.__dict__ for c in checks], indent=2))
+    else:
+        for check in checks:
+            click.echo(check.line())
+    if not checks[-1].ok:
+        raise click.exceptions.Exit(1)
+
+
+launch.add_command(doctor_cmd)
 
 
 @launch.command("logs")

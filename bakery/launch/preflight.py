@@ -432,13 +432,18 @@ def visible(gpus: tuple[Gpu, ...], env: dict[str, str]) -> tuple[tuple[Gpu, ...]
 
 def run_probe(plan: Plan) -> dict:
     """Run the probe with the serving Python, env and cwd. Raises OSError on failure."""
-    module = plan.command[2]
+    env = {**os.environ, **dict(plan.env)}
+    return probe_python(plan.python, env, plan.cwd, plan.command[2], server_args(plan.profile))
+
+
+def probe_python(python: Path, env: dict, cwd: Path, module: str, args: list[str]) -> dict:
+    """The probe's answer from ``python`` (bounded). Raises OSError on failure."""
     source = Path(probe_module.__file__).read_text()
     try:
         out = subprocess.run(
-            [str(plan.python), "-c", source, module, *server_args(plan.profile)],
-            cwd=plan.cwd,
-            env={**os.environ, **dict(plan.env)},
+            [str(python), "-c", source, module, *args],
+            cwd=cwd,
+            env=env,
             capture_output=True,
             text=True,
             timeout=PROBE_TIMEOUT_S,
