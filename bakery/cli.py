@@ -29,6 +29,7 @@ from .diff import parse_patch, parse_renames, read_patch, render_file_diff
 from .errors import BakeryError, PatchParseError, UsageError
 from .fetch import cache_dir
 from .importcheck import import_check, touched_modules
+from .launch.cli import doctor_cmd
 from .launch.cli import launch as launch_group
 from .linkcheck import format_finding, run_linkcheck
 from .rebase_loop import refuse_during_rebase
@@ -664,6 +665,7 @@ def status_cmd(series_dir, build_dir, artifacts, as_json) -> None:
 
 cli.add_command(verify)
 cli.add_command(launch_group)
+cli.add_command(doctor_cmd)  # `bakery doctor`: the launcher's host checks, no profile
 
 
 def run_command(command: click.Command, argv: list[str] | None, prog_name: str) -> int:
