@@ -9,14 +9,14 @@ rank and prints one ``RESULT {json}`` line: ``{"vllm_file", "class", "checks":
 
 Ranks run two ways, through the same ``rank_outputs``:
 - real gloo process groups, W=2 and W=4, forked after the (20 s) vLLM import so
-  it is paid once; forked processes also give each rank its own copy of the
-  class-level ``_dcp_gather_cache``;
+  it is paid once;
 - a sequential record/replay group for a wider W/K/page-size sweep: pass 1
   records every rank's ``all_gather`` input, pass 2 hands each rank the W
   ranks' real inputs (and checks it sent the same input again).
 
 Also, in the parent (series-side fixes of issue 13):
-- stage 9 across layers: two layers of compress_ratio 1 and 2 share one top-k
+- stage 9 across layers (replay group, W=2 and W=4): two layers of
+  compress_ratio 1 and 2 share one top-k
   buffer (overwritten in place between them) and one metadata object; each must
   get its own slots, a consumer of the same cache must reuse its gather, and no
   gathered KV may outlive the next source's gather or the step's metadata;
