@@ -693,6 +693,71 @@ def check_warmup(report: Report, cls) -> None:
         )
 
 
+def check_a2a_warmup(report: Report, cls) -> None:
+    """The dummy run (no attention metadata) launches the a2a kernels once."""
+    mod = sys.modules[cls.__module__]
+
+    def dummy_runs(a2a: bool, w: int = 4, runs: int = 2) -> list:
+        calls: list = []
+        layer = make_layer(cls, None, 0, replace(GLOO_CASES[2][0], w=w), torch.zeros(2))
+        layer.n_dcp_heads, layer.head_dim, layer._dcp_combine_a2a = 2 * w, 512, a2a
+        layer._reserve_empty_forward_workspace = lambda: None
+        patches = {
+            (mod, "_dcp_a2a_warmed"): False,
+            (mod, "_dcp_a2a_pack_send"): lambda *a: calls.append(("pack", a)),
+            (mod, "_dcp_a2a_unpack_combine"): lambda *a: calls.append(("unpack", a)),
+            (mod, "get_forward_context"): lambda: SimpleNamespace(attn_metadata=None),
+            (torch.cuda, "is_current_stream_capturing"): lambda: False,
+        }
+        saved = {k: getattr(*k) for k in patches}
+        try:
+            for (obj, attr), value in patches.items():
+                setattr(obj, attr, value)
+            for _ in range(runs):
+                q = torch.ones(3, 2, 512, dtype=torch.bfloat16)
+                out = torch.ones_like(q)
+                layer.forward_mqa(q, None, None, out)
+                assert not out.any(), "dummy run output not zeroed"
+        finally:
+            for (obj, attr), value in saved.items():
+                setattr(obj, attr, value)
+        return calls
+
+    def launched(w: int = 4):
+        calls = dummy_runs(a2a=True, w=w)
+        seen = []
+        for kind, args in calls:
+            if kind == "pack":
+                out, lse, buf, world, h, dim, pack = args
+                assert (out.dtype, lse.dtype, buf.dtype) == (
+                    torch.bfloat16,
+                    torch.float32,
+                    torch.bfloat16,
+                ), args
+                assert out.shape[1:] == (2 * w, 512) and lse.shape == out.shape[:2], args
+                assert buf.shape == (w, out.shape[0], 2, 512 + 2) and (world, h, dim, pack) == (
+                    w,
+                    2,
+                    512,
+                    2,
+                ), args
+                seen.append(("pack", out.shape[0]))
+            else:
+                buf, dim, pack, return_lse, base_e = args
+                assert (dim, pack, return_lse, base_e) == (512, 2, False, False), args
+                seen.append(("unpack", buf.shape[1]))
+        # T=1 and T=8: both stride classes of the [W, T, H/W, 514] buffers; once
+        want = [("pack", 1), ("unpack", 1), ("pack", 8), ("unpack", 8)]
+        assert seen == want, f"a2a warm-up launches {seen}, want {want}"
+
+    report.check("combine_warmup", "a2a:dummy_run", launched)
+    report.check(
+        "combine_warmup",
+        "ag_rs:dummy_run",
+        lambda: None if dummy_runs(a2a=False) == [] else "a2a kernels launched for ag_rs",
+    )
+
+
 class FakeEvent:
     """``torch.cuda.Event`` on CPU: each interval between records is 2 ms."""
 
@@ -988,6 +1053,7 @@ def main(tree: str) -> None:
         check_two_layers(report, tc, outs)
     check_refusals(report, cls, Path(tree))
     check_warmup(report, cls)
+    check_a2a_warmup(report, cls)
     check_prefill_timing(report, cls)
     result = {"vllm_file": str(vllm_file), "class": cls.__qualname__, "checks": report.checks}
     print(MARK + json.dumps(result), flush=True)
