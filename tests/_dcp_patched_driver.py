@@ -369,9 +369,12 @@ class TwoLayerCase:
         )
 
 
+# 33 and 65 tokens: the ratio-2 layer needs one page per rank fewer than the
+# ratio-1 layer (floor to whole states), so page geometry shared across ratios
+# shows, in either layer order.
 TWO_LAYER_CASES = (
-    TwoLayerCase(2, 8, 4, (9, 37, 50), (0, 3, 4), 1, 11),
-    TwoLayerCase(4, 8, 2, (70, 13, 41), (0, 2, 3), 1, 12),
+    TwoLayerCase(2, 8, 4, (9, 33, 50), (0, 3, 4), 1, 11),
+    TwoLayerCase(4, 8, 2, (70, 13, 65), (0, 2, 3), 1, 12, ratios=(2, 1)),
 )
 
 
@@ -395,12 +398,13 @@ def ref_placement(n: int, layout):
 
 
 def build_two_layer(tc: TwoLayerCase):
-    """Per layer: (case, step, layout, per-rank pools); plus the shared tables."""
+    """Per layer, in ``tc.ratios`` order: (case, step, layout, per-rank pools);
+    plus the per-rank block tables of the one metadata object."""
     from bakery import dcp_reference as ref
 
     gen = torch.Generator().manual_seed(tc.seed)
     layers, tables = [], None
-    for ratio in tc.ratios:
+    for ratio in sorted(tc.ratios):  # ratio 1 has the most pages: it sizes the tables
         case = tc.layer_case(ratio)
         step = ref.random_step(
             gen, case.n_states, case.tokens, heads=2 * case.w, topk=16, padding_rows=1
@@ -414,6 +418,7 @@ def build_two_layer(tc: TwoLayerCase):
         else:
             pools = fill_pool(step.states, layout, tables, n_pages)
         layers.append((case, step, layout, pools))
+    layers.sort(key=lambda layer: tc.ratios.index(layer[0].ratio))
     return layers, tables
 
 
@@ -681,6 +686,20 @@ def check_warmup(report: Report, cls) -> None:
         return len(keys)
 
     report.check("combine_warmup", "ag_rs:W4", ag_rs)
+
+    def called_at_build():
+        # __init__ needs a whole model config; check its body calls the hook
+        src = Path(sys.modules[cls.__module__].__file__).read_text()
+        cdef = next(
+            n
+            for n in ast.walk(ast.parse(src))
+            if isinstance(n, ast.ClassDef) and n.name == cls.__name__
+        )
+        init = next(n for n in cdef.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+        calls = {ast.unparse(n.func) for n in ast.walk(init) if isinstance(n, ast.Call)}
+        assert "self._register_dcp_warmup" in calls, sorted(calls)
+
+    report.check("combine_warmup", "registered_in_init", called_at_build)
     for name, args in {
         "a2a": (2, True, True),
         "disabled": (2, False, False),
