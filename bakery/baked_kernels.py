@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 import sys
 import textwrap
 import types
@@ -272,7 +273,10 @@ def verify_verbatim(ex: Extracted, ns: Mapping[str, Any]) -> dict[str, bool]:
     object was compiled under the baked file's path."""
     result = {}
     for label, fn in jit_functions(ns).items():
-        src = getattr(fn, "src", None) or textwrap.dedent(inspect.getsource(fn.fn))
+        src = getattr(fn, "src", None)
+        if src is None:  # the interpreter keeps no ``src``; getsource includes decorators
+            src = textwrap.dedent(inspect.getsource(fn.fn))
+            src = src[re.search(r"^def ", src, re.MULTILINE).start() :]
         same_src = src.strip() == _def_source(ex, fn.fn.__name__).strip()
         result[label] = same_src and fn.fn.__code__.co_filename == str(ex.path)
     return result
