@@ -406,6 +406,7 @@ def forward(mod, cls, case: Case, step: Step, group, combine: str, cache) -> tor
         block_size=case.bs * case.ratio,
         block_table=cache.block_table,
         seq_lens=torch.tensor(step.seq_lens, dtype=torch.int32),
+        dcp_prefill_gather={},  # per-step stage-9 state, where patch 04 declares it
     )
     q = step.q[:, rank * h : (rank + 1) * h].contiguous()
     out = torch.full_like(q, 7.0)  # rows the layer does not write stay 7
