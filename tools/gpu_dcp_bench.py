@@ -289,6 +289,32 @@ def random_partial(gen, t: int, hw: int, rank: int, device) -> ref.AttnOut:
     return ref.AttnOut(out.to(device, torch.bfloat16), lse.to(device))
 
 
+def real_parity(real, group: CollectiveGroup, part: ref.AttnOut, flavour: str) -> tuple:
+    """Max abs error of the real combine against the reference; ok on every rank."""
+    got = real[flavour](_copy(part))  # ag_rs corrects its input in place
+    want = ref.COMBINES[flavour](group, part).out
+    err = (got.float() - want.float()).abs().max().item()
+    ok = bool(torch.allclose(got.float(), want.float(), atol=3e-2, rtol=3e-2))
+    ok = ok and bool(torch.isfinite(got).all())  # NaN never passes
+    device = part.out.device
+    return slowest(err, device), slowest(0.0 if ok else 1.0, device) == 0.0
+
+
+def _copy(part: ref.AttnOut) -> ref.AttnOut:
+    return ref.AttnOut(part.out.clone(), part.lse.clone())
+
+
+def time_calls(fns: dict, device: torch.device, repeats: int) -> dict:
+    """us per call of each fn, slowest rank: graph-captured on CUDA, eager on CPU."""
+    timed = {}
+    for name, fn in fns.items():
+        if device.type == "cuda":
+            timed[name] = slowest(graph_time_us(fn, device, 20, repeats), device)
+        else:  # dry run: the interpreter takes seconds per call
+            timed[name] = slowest(time_us(fn, device, 1, 1), device)
+    return timed
+
+
 def kernel_bench(group: CollectiveGroup, device: torch.device, quick: bool, ns: dict) -> list[dict]:
     """Real and reference combine per shape: parity on every rank, then timings."""
     w = group.world_size
@@ -302,38 +328,22 @@ def kernel_bench(group: CollectiveGroup, device: torch.device, quick: bool, ns: 
             part = random_partial(gen, t, hw, group.rank_in_group, device)
             row = dict(tokens=t, gathered_heads=hw, head_dim=HEAD_DIM, world_size=w)
             for flavour in ("ag_rs", "a2a"):
-                fresh = ref.AttnOut(part.out.clone(), part.lse.clone())
-                got = real[flavour](fresh)  # ag_rs corrects its input in place: a copy
-                want = ref.COMBINES[flavour](group, part).out
-                err = (got.float() - want.float()).abs().max().item()
-                ok = bool(torch.allclose(got.float(), want.float(), atol=3e-2, rtol=3e-2))
-                ok = ok and bool(torch.isfinite(got).all())
+                err, ok = real_parity(real, group, part, flavour)
                 sent = bytes_sent(flavour, t, hw, w)
                 chunk = torch.empty(max(sent // (w - 1), 1), dtype=torch.uint8, device=device)
                 gathered = torch.empty(w * chunk.numel(), dtype=torch.uint8, device=device)
-
-                def bound(c=chunk, g=gathered):
-                    dist.all_gather_into_tensor(g, c)
-
-                # Timed calls reuse one input: ag_rs rescales it in place each call, which
-                # moves values, not time.
-                def run_real(f=real[flavour], x=part):
-                    f(x)
-
-                def run_ref(f=ref.COMBINES[flavour], x=part):
-                    f(group, x)
-
-                if device.type == "cuda":
-                    timed = {
-                        k: graph_time_us(fn, device, 20, repeats)
-                        for k, fn in (("real", run_real), ("ref", run_ref), ("bound", bound))
-                    }
-                else:  # dry run: eager, a couple of calls
-                    timed = {
-                        k: time_us(fn, device, 1, 1)
-                        for k, fn in (("real", run_real), ("ref", run_ref), ("bound", bound))
-                    }
-                timed = {k: slowest(v, device) for k, v in timed.items()}
+                # Timed calls reuse one copy: ag_rs rescales it in place on every call,
+                # which moves the values, not the time.
+                x = _copy(part)
+                timed = time_calls(
+                    {
+                        "real": lambda f=real[flavour], x=x: f(x),
+                        "ref": lambda f=ref.COMBINES[flavour], x=x: f(group, x),
+                        "bound": lambda c=chunk, g=gathered: dist.all_gather_into_tensor(g, c),
+                    },
+                    device,
+                    repeats,
+                )
                 row[flavour] = dict(
                     bytes_sent=sent,
                     real_us=round(timed["real"], 2),
@@ -341,8 +351,8 @@ def kernel_bench(group: CollectiveGroup, device: torch.device, quick: bool, ns: 
                     bound_us=round(timed["bound"], 2),
                     real_fraction=round(timed["bound"] / timed["real"], 3),
                     ref_fraction=round(timed["bound"] / timed["ref"], 3),
-                    max_abs_err_vs_ref=slowest(err, device),
-                    parity=slowest(0.0 if ok else 1.0, device) == 0.0,
+                    max_abs_err_vs_ref=err,
+                    parity=ok,
                 )
             rows.append(row)
     return rows
