@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpu_triton_kernels as gtk  # noqa: E402
 
 from bakery import dcp_reference as ref  # noqa: E402
+from bakery.baked_kernels import load_file  # noqa: E402
 
 CANDIDATES = "vllm/model_executor/kernels/attention/dsa/candidate_blocks.py"
 ROOTS = (
@@ -361,9 +362,8 @@ def worker(rank: int, w: int, port: int, args: argparse.Namespace) -> None:
         "nccl" if cuda else "gloo", rank=rank, world_size=w, device_id=device if cuda else None
     )
     try:
-        ex = gtk.extract(Path(args.baked).resolve() / CANDIDATES, ROOTS)
-        ns = gtk.build_namespace(ex, gtk.standins())
-        verbatim = gtk.verify_verbatim(ex, ns)
+        ns, report = load_file(Path(args.baked), CANDIDATES, ROOTS)
+        verbatim = report["kernels_verbatim"]
         results = []
         for case in cases(args.quick):
             try:
