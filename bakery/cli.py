@@ -25,10 +25,11 @@ from . import rebase as rebase_mod
 from . import status as status_mod
 from .bake import bake as run_bake
 from .bake import pristine_edits, staleness, tree_dir, unpacked
-from .diff import parse_patch, parse_renames, render_file_diff
+from .diff import parse_patch, parse_renames, read_patch, render_file_diff
 from .errors import BakeryError, PatchParseError, UsageError
 from .fetch import cache_dir
 from .importcheck import import_check, touched_modules
+from .launch.cli import doctor_cmd
 from .launch.cli import launch as launch_group
 from .linkcheck import format_finding, run_linkcheck
 from .rebase_loop import refuse_during_rebase
@@ -192,11 +193,7 @@ def apply_cmd(fuzz, renames, strip, dry_run, reverse, as_json, tree, patches) ->
     rename_pairs = parse_renames(renames)
     parsed = []
     for path in patches:
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise PatchParseError(f"cannot read patch ({exc.strerror}): {str(path)!r}") from None
-        parsed.append(parse_patch(data, path.name, renames=rename_pairs, strip=strip))
+        parsed.append(parse_patch(read_patch(path), path.name, renames=rename_pairs, strip=strip))
     plan = apply_mod.plan(tree, parsed, max_fuzz=fuzz, reverse=reverse)
     if not dry_run:
         apply_mod.write(plan)
@@ -668,6 +665,7 @@ def status_cmd(series_dir, build_dir, artifacts, as_json) -> None:
 
 cli.add_command(verify)
 cli.add_command(launch_group)
+cli.add_command(doctor_cmd)  # `bakery doctor`: the launcher's host checks, no profile
 
 
 def run_command(command: click.Command, argv: list[str] | None, prog_name: str) -> int:

@@ -20,7 +20,7 @@ from packaging.utils import parse_wheel_filename
 
 from .errors import FetchError, HashMismatch
 from .series import Pin
-from .tree import write_atomic
+from .tree import sweep_dead, write_atomic
 
 __all__ = ["cache_dir", "sha256_file", "fetch", "fetch_release", "wheel_platform"]
 
@@ -121,6 +121,7 @@ def fetch(
         _keep(Path(wheel), (cache or cache_dir()) / "wheels" / pin.sha256 / pin.wheel)
         return Path(wheel)
     folder = (cache or cache_dir()) / "wheels" / pin.sha256
+    sweep_dead(folder)  # downloads of killed fetches (named for their pid, as below)
     cached = folder / pin.wheel
     if cached.exists():
         try:
@@ -129,7 +130,9 @@ def fetch(
         except HashMismatch:
             cached.unlink()  # corrupt or tampered cache entry: fetch it again
     folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
+    with tempfile.TemporaryDirectory(
+        dir=folder, prefix=".download-", suffix=f".tmp-{os.getpid()}"
+    ) as tmp:
         requirements = Path(tmp) / "requirements.txt"
         requirements.write_text(f"{pin.requirement} --hash=sha256:{pin.sha256}\n")
         args = ["--require-hashes", "-r", str(requirements)]
@@ -142,19 +145,47 @@ def fetch(
     return cached
 
 
+def _release_index(path: Path) -> dict[str, dict[str, str]]:
+    """The cache's record of first-seen release hashes: "<req> <platform>" -> wheel, sha256."""
+    if not path.is_file():
+        return {}
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        index = None
+    pin_keys = {"wheel", "sha256"}
+    if not (
+        isinstance(index, dict)
+        and all(
+            isinstance(v, dict)
+            and set(v) == pin_keys
+            and all(isinstance(x, str) for x in v.values())
+            for v in index.values()
+        )
+    ):
+        raise FetchError(
+            f"release index is not an object of {{wheel, sha256}} entries: {str(path)!r}",
+            hint="delete it; the next fetch pins each release by the sha256 it sees again",
+        )
+    return index
+
+
 def fetch_release(requirement: str, platform: str, cache: Path | None = None) -> Pin:
     """Fetch an unpinned release and pin it by the sha256 seen (recorded in the cache's
     index, so later runs verify against the first download instead of trusting again)."""
     cache = cache or cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     index_path = cache / "index.json"
-    index = json.loads(index_path.read_text()) if index_path.is_file() else {}
+    index = _release_index(index_path)
     key = f"{requirement} {platform}"
     if key in index:
         pin = Pin.parse(key, {"requirement": requirement, **index[key]}, str(index_path))
         fetch(pin, cache=cache)  # verifies against the hash seen first, refetches if needed
         return pin
-    with tempfile.TemporaryDirectory(dir=cache, prefix=".release-") as tmp:
+    sweep_dead(cache)
+    with tempfile.TemporaryDirectory(
+        dir=cache, prefix=".release-", suffix=f".tmp-{os.getpid()}"
+    ) as tmp:
         wheels = _pip_download([requirement], Path(tmp), platform, verbose=False)
         pin = Pin.parse(
             key,
