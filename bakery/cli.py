@@ -26,7 +26,7 @@ from . import status as status_mod
 from .bake import bake as run_bake
 from .bake import pristine_edits, staleness, tree_dir, unpacked
 from .diff import parse_patch, parse_renames, read_patch, render_file_diff
-from .errors import BakeryError, PatchParseError, UsageError
+from .errors import BakeryError, UsageError
 from .fetch import cache_dir
 from .importcheck import import_check, touched_modules
 from .launch.cli import doctor_cmd

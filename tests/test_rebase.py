@@ -2,6 +2,7 @@
 
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
