@@ -103,48 +103,60 @@ def _schema_problems(value, spec, at: str) -> list[str]:
     return problems
 
 
+def _typed(value, kind) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def _tables(value) -> list[tuple[str, dict]]:
+    """The (name, table) pairs of a table of tables, skipping what the schema refuses."""
+    return [(k, v) for k, v in value.items() if isinstance(v, dict)] if _typed(value, dict) else []
+
+
 def _range_problems(data: dict) -> list[str]:
-    """Values of the right type that are still unusable (paths that escape, out of range)."""
+    """Values whose type is right but which are still unusable: out of range, or paths
+    that could leave their folder. Wrong types are the schema's to report."""
     problems = []
-    policy = data.get("policy", {})
-    if not 0 <= policy.get("max_fuzz", 0) <= MAX_FUZZ:
-        problems.append(f"policy.max_fuzz must be 0..{MAX_FUZZ}, not {policy['max_fuzz']!r}")
-    if not 0 <= policy.get("strip", 1) <= MAX_STRIP:
-        problems.append(f"policy.strip must be 0..{MAX_STRIP}, not {policy['strip']!r}")
-    if "package" in data and not _PACKAGE.match(data["package"]):
+    policy = data.get("policy") if _typed(data.get("policy"), dict) else {}
+    for key, high in (("max_fuzz", MAX_FUZZ), ("strip", MAX_STRIP)):
+        value = policy.get(key)
+        if _typed(value, int) and not 0 <= value <= high:
+            problems.append(f"policy.{key} must be 0..{high}, not {value!r}")
+    package = data.get("package")
+    if _typed(package, str) and not _PACKAGE.match(package):
         problems.append(
             f"package must be a folder of the wheel such as 'vllm' (names joined by '/'), "
-            f"not {data['package']!r}"
+            f"not {package!r}"
         )
-    if not _NAME.match(data["name"]):
+    if _typed(data["name"], str) and not _NAME.match(data["name"]):
         problems.append(f"name must be letters and digits (joined by . _ -), not {data['name']!r}")
-    for old, new in data.get("renames", {}).items():
-        for side in (old, new):
+    renames = data.get("renames") if _typed(data.get("renames"), dict) else {}
+    for old, new in renames.items():
+        for side in (old, new) if _typed(new, str) else (old,):
             try:
                 relative(side)
             except UnsafePathError:
                 problems.append(f"renames: {old!r} = {new!r} leaves the tree (refused): {side!r}")
     for kind in ("bases", "dependencies"):
-        for key, pin in data.get(kind, {}).items():
-            if "/" in pin["wheel"] or "\\" in pin["wheel"] or "\0" in pin["wheel"]:
-                problems.append(f"{kind}.{key}.wheel must be a file name, not {pin['wheel']!r}")
-    for i, table in enumerate(data.get("patches", [])):
-        if not _PATCH_NAME.match(table["file"]):
-            problems.append(f"patches[{i}].file is not NN-<path>.diff: {table['file']!r}")
-        if table["stage"] not in STAGES:
-            problems.append(
-                f"patches[{i}].stage must be {STAGES[0]}..{STAGES[-1]}, not {table['stage']!r}"
-            )
-        if not table["summary"].strip():
+        for key, pin in _tables(data.get(kind)):
+            wheel = pin.get("wheel")
+            if _typed(wheel, str) and any(c in wheel for c in "/\\\0"):
+                problems.append(f"{kind}.{key}.wheel must be a file name, not {wheel!r}")
+    patches = data.get("patches") if _typed(data.get("patches"), list) else []
+    for i, table in enumerate(patches):
+        table = table if _typed(table, dict) else {}
+        file, stage, summary = table.get("file"), table.get("stage"), table.get("summary")
+        if _typed(file, str) and not _PATCH_NAME.match(file):
+            problems.append(f"patches[{i}].file is not NN-<path>.diff: {file!r}")
+        if _typed(stage, int) and stage not in STAGES:
+            problems.append(f"patches[{i}].stage must be {STAGES[0]}..{STAGES[-1]}, not {stage!r}")
+        if _typed(summary, str) and not summary.strip():
             problems.append(f"patches[{i}].summary is empty")
     return problems
 
 
 def validate(data: dict, where: str) -> None:
     """Refuse a series.toml that is not exactly the schema, naming every problem at once."""
-    problems = _schema_problems(data, _SCHEMA, "")
-    if not problems:
-        problems = _range_problems(data)
+    problems = _schema_problems(data, _SCHEMA, "") + _range_problems(data)
     if problems:
         raise SeriesError(
             f"{where}: {len(problems)} problem(s): " + "; ".join(problems),

@@ -15,7 +15,7 @@ from packaging.version import Version
 
 from bakery.bake import bake
 from bakery.cli import main
-from bakery.errors import UnsafePathError
+from bakery.errors import SeriesError, UnsafePathError
 from bakery.series import load_series
 from bakery.wheel import read_wheel, write_patched_wheel
 from tests.conftest import REPO
@@ -121,12 +121,18 @@ def test_a_patch_that_is_not_a_regular_file_is_refused(tmp_path, capsys, kind):
 def test_every_problem_is_named_at_once(tmp_path):
     def change(doc):
         doc["policy"]["max_fuzz"] = "abc"
+        doc["policy"]["strip"] = -1  # a range problem beside the type problems
         doc["patches"][0]["file"] = 1
+        doc["patches"][1]["stage"] = 0
         doc["colour"] = "blue"
 
-    with pytest.raises(Exception, match=r"3 problem\(s\)") as caught:
+    with pytest.raises(SeriesError, match=r"5 problem\(s\)") as caught:
         load_series(_series_copy(tmp_path, change))
     assert caught.value.exit_code == 2
+    for phrase in ("max_fuzz must be an integer", "strip must be 0..16", "file must be a string"):
+        assert phrase in str(caught.value)
+    assert "patches[1].stage must be 1..9" in str(caught.value)
+    assert "unknown field colour" in str(caught.value)
 
 
 def test_the_real_series_is_valid():
