@@ -52,7 +52,7 @@ MAX_PATCH_BYTES = 64 << 20
 MAX_LINE_NUMBER = 2**63 - 1
 # GNU patch strips every line's trailing CR once a file's ``---``/``+++``
 # header lines both end in CRLF ("Stripping trailing CRs from patch").
-_ADDED, _REMOVED, _CONTEXT, _MARKER = b"+- \\"
+_ADDED, _REMOVED, _MARKER = b"+-\\"
 _KINDS = {_ADDED: "+", _REMOVED: "-"}
 # unidiff's RE_HUNK_HEADER, over bytes.
 _HUNK_HEADER = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.MULTILINE)
@@ -270,10 +270,8 @@ def _read_hunk(number: int, hunk, header: re.Match[bytes] | None, data: bytes, p
             new += 1
         elif first == _REMOVED:
             old += 1
-        else:  # " ", or an empty line, which diff tools emit for an empty context line
+        else:  # " ", or an empty line (a context line whose space was stripped): text b""
             old, new = old + 1, new + 1
-            if first != _CONTEXT:
-                pos -= 1  # the line has no prefix byte to skip
         if data[end - 2 : end] == b"\r\n":
             text, eol = data[pos + 1 : end - 2], b"\r\n"
         elif data[end - 1 : end] == b"\n":
