@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import os
 import posixpath
 import re
 from collections.abc import Iterable, Sequence
@@ -200,7 +201,11 @@ def parse_renames(specs: Iterable[str]) -> tuple[tuple[str, str], ...]:
 def read_patch(path: Path) -> bytes:
     """A diff file's bytes, read up to ``MAX_PATCH_BYTES`` (a device or pipe may never end)."""
     try:
-        with open(path, "rb") as handle:
+        # Opened non-blocking so a FIFO nobody writes to reads as empty instead of
+        # hanging in open(); reads then block as usual (a pipe from `<(git diff)`).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        os.set_blocking(fd, True)
+        with open(fd, "rb") as handle:
             data = handle.read(MAX_PATCH_BYTES + 1)
     except OSError as exc:
         raise PatchParseError(f"cannot read patch ({exc.strerror}): {str(path)!r}") from None
