@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from _dcp_candidate_driver import CHECKS, failed, run_driver
+from _dcp_candidate_driver import CHECKS, REFUSALS, failed, run_driver
 
 from bakery.bake import bake
 from bakery.series import load_series
@@ -85,9 +85,9 @@ def test_candidate_baked_code_and_planted_bugs(candidate_variants, name):
     bug = BUGS[name]
     if bug is None:
         ran = {c["name"] for c in result["checks"]}
-        assert ran == set(CHECKS), ran
-        # W=2: 4 cases x 2 ranks, W=4: 3 cases x 4 ranks, for each check
-        assert len(result["checks"]) == len(CHECKS) * (4 * 2 + 3 * 4)
+        assert ran == {*CHECKS, "refusal"}, ran
+        # W=2: 4 cases x 2 ranks, W=4: 3 cases x 4 ranks, for each check; the gate cases
+        assert len(result["checks"]) == len(CHECKS) * (4 * 2 + 3 * 4) + len(REFUSALS)
         assert bad == {}, (
             f"unplanted series fails: {[c for c in result['checks'] if not c['ok']][:3]}"
         )
