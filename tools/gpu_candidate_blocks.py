@@ -265,7 +265,10 @@ def run_case(ns, case: Case, rank: int, w: int, device: torch.device) -> dict[st
     # DCP1, the upstream functions on the full logits
     g1, ks1, ke1 = dev(d1["packed"]), dev(d1["ks"]), dev(d1["ke"])
     c1 = torch.full((rows, case.topk_blocks), 99, dtype=torch.int32, device=device)
-    ns["select_candidate_blocks"](g1.clone(), ks1, ke1, case.topk_blocks, case.bs, c1)
+    # vLLM's indexer logits are fp32; DCP1's block-max kernel does not compile for bf16
+    # (tt.reduce type mismatch, Triton 3.6), so its bf16 baseline runs on the exact upcast.
+    g1_select = g1.float()
+    ns["select_candidate_blocks"](g1_select.clone(), ks1, ke1, case.topk_blocks, case.bs, c1)
     if device.type == "cuda":
         m1 = g1.clone()
         ns["apply_candidate_mask"](m1, ks1, ke1, c1, case.bs)
@@ -312,7 +315,9 @@ def run_case(ns, case: Case, rank: int, w: int, device: torch.device) -> dict[st
         "mask_eq_dcp1": same_bits(mw.cpu(), want),
         "mask_baseline": mask_baseline,
         "ms_dcp1_select": median_ms(
-            lambda: ns["select_candidate_blocks"](g1, ks1, ke1, case.topk_blocks, case.bs, c1),
+            lambda: ns["select_candidate_blocks"](
+                g1_select, ks1, ke1, case.topk_blocks, case.bs, c1
+            ),
             device,
         ),
         "ms_dcp_select": median_ms(select, device),
