@@ -23,7 +23,7 @@ from _launch_support import (
     series_with_stage,
 )
 
-from bakery.launch import preflight
+from bakery.launch import checks, preflight
 from bakery.launch.cli import launch as launch_group
 from bakery.launch.cli import main
 from bakery.launch.gates import CANDIDATES, FEATURES, PCP, SPECULATIVE, load_gate_table
@@ -294,7 +294,7 @@ def test_ray_backend_with_ray_installed(capsys, env, monkeypatch):
 )
 def test_contradiction_hints_name_a_real_start_option(table, key, value):
     plan = plan_of(table, "cpu-tiny")
-    (problem,) = preflight._contradictions(plan, {key: value})
+    (problem,) = checks._contradictions(plan, {key: value})
     flag = problem.hint.split("set it with ")[1].split(",")[0]
     start = launch_group.commands["start"]
     assert flag in {o for p in start.params for o in getattr(p, "opts", [])}, problem.hint
