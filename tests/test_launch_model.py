@@ -249,6 +249,24 @@ def test_hub_cache_precedence_and_revision(tmp_path):
         assert find_config("org/m", tmp_path, env, revision).path == Path(oracle)
 
 
+@pytest.mark.parametrize("revision", ["../../etc", "/abs", "a b", "x" * 3000])
+def test_a_revision_the_cache_cannot_hold_is_not_read(tmp_path, revision):
+    hub_snapshot(tmp_path, "org/m", "1" * 40, "main")
+    found = find_config("org/m", tmp_path, {"HF_HUB_CACHE": str(tmp_path)}, revision)
+    assert found.config is None and not found.problems
+
+
+def test_an_oversized_config_is_one_problem(tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    with open(model / "config.json", "wb") as handle:
+        handle.truncate((16 << 20) + 1)  # sparse: no 16 MB written
+    found = find_config(str(model), tmp_path, {}, None)
+    assert [str(p) for p in found.problems] == [
+        f"model config unreadable (larger than 16777216 bytes): {model}/config.json"
+    ]
+
+
 def test_hub_id_not_cached_is_a_note(tmp_path):
     found = find_config("org/absent", tmp_path, {"HF_HUB_CACHE": str(tmp_path)}, None)
     assert found.config is None and not found.problems

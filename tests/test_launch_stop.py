@@ -212,8 +212,19 @@ def test_bad_flag_values_are_usage_errors(capsys, tmp_path, args, message):
         (b'base = "cpu"\nmodel = "m"\nstartup_timeout_s = 0\n', "must be at least 1: 0"),
         (b'base = "cpu"\nmodel = "m"\n[nodes]\nmaster_port = 70000\n', "master_port must be"),
         (b"base = [", "not valid TOML"),
+        (b'base = "cpu"\nmodel = "a\\u0000b"\n', "model holds a NUL character: 'a\\x00b'"),
+        (b'base = "cpu"\nmodel = "m"\n[vllm]\nargs = ["\\u0000"]\n', "vllm.args holds a NUL"),
     ],
-    ids=["not-utf8", "port-high", "port-negative", "timeout", "master-port", "not-toml"],
+    ids=[
+        "not-utf8",
+        "port-high",
+        "port-negative",
+        "timeout",
+        "master-port",
+        "not-toml",
+        "nul-model",
+        "nul-arg",
+    ],
 )
 def test_bad_profiles_are_one_error_line(capsys, tmp_path, content, message):
     bad = tmp_path / "bad.toml"

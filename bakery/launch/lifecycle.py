@@ -34,6 +34,7 @@ import httpx
 from bakery import __version__
 from bakery.launch import keeper as keeper_module
 from bakery.launch.errors import LaunchError, LaunchInterrupted
+from bakery.launch.model_config import candidate_blocks
 from bakery.launch.plan import Plan
 from bakery.launch.preflight import Facts
 from bakery.launch.processes import (
@@ -216,6 +217,9 @@ def environment(plan: Plan, facts: Facts, argv: list[str]) -> dict:
         "baked": _baked(plan, facts),
         "gpus": [g.__dict__ for g in facts.gpus] if facts.gpus is not None else None,
         "supported_heads": list(facts.heads) if facts.heads else None,
+        "candidate_source_layer_id": (
+            candidate_blocks(facts.model_config) if facts.model_config else None
+        ),
         "dsv41": {k: v for k, v in sorted(server_env.items()) if k.startswith("DSV41_")},
         "env_set": dict(plan.env),
         "inherited_env": inherited_env(),
