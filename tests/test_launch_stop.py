@@ -126,6 +126,17 @@ def test_a_corrupt_pid_file_does_not_keep_a_live_run_running(capsys, art):
     assert not live.pid_file.exists() and not corrupt.pid_file.exists()
 
 
+def test_a_run_whose_pid_file_is_gone_is_still_ended(capsys, art):
+    """A start that died between spawning and writing its pid file (or a hand delete)."""
+    record, _, run_id = run(art, "sleep 300 & wait")
+    assert wait_until(lambda: len(marked(run_id)) >= 3, 20)
+    record.pid_file.unlink()
+    code, out = stop(capsys, art)
+    assert code == 0
+    assert f"cpu-tiny: ended 3 process(es) of {record.run_dir} (no pid file)" in out
+    assert wait_until(lambda: not marked(run_id), 10), marked(run_id)
+
+
 def test_status_shows_a_corrupt_pid_file_as_a_row(capsys, art):
     record, _, run_id = run(art, "sleep 300 & wait")
     record.pid_file.write_text("[]")

@@ -43,6 +43,7 @@ from bakery.launch.processes import (
     end_processes,
     group_members,
     launched,
+    launched_runs,
     start_ticks,
 )
 from bakery.manifest import MANIFEST
@@ -442,8 +443,26 @@ def stop(artifacts: Path, profile: str | None, grace_s: float, say=print) -> int
         else:
             say(f"{run.profile}: not running (stale pid file {run.pid_file} removed)")
         stopped += bool(count)
+    stopped += _stop_unrecorded(artifacts, profile, grace_s, say)
     if not stopped:
         say("nothing running" + (f" for {profile}" if profile else ""))
+    return stopped
+
+
+def _stop_unrecorded(artifacts: Path, profile: str | None, grace_s: float, say) -> int:
+    """Runs under ``artifacts`` with live processes but no pid file (a start that died
+    between spawning and writing it, or a pid file deleted by hand): end them too."""
+    root = Path(artifacts).resolve()
+    stopped = 0
+    for run_dir in sorted(launched_runs()):
+        inside = run_dir.parent.parent == root and (profile in (None, run_dir.parent.name))
+        if not inside or (run_dir / PID_FILE).exists():
+            continue
+        count, survivors = end_processes(run_dir, None, grace_s)
+        if survivors:
+            raise LaunchError(f"processes of {run_dir} survived SIGKILL: {survivors!r}")
+        say(f"{run_dir.parent.name}: ended {count} process(es) of {run_dir} (no pid file)")
+        stopped += bool(count)
     return stopped
 
 

@@ -102,7 +102,7 @@ def _read(path: Path) -> ModelConfig:
 
 
 def _kind(path: Path) -> str | None:
-    """"dir", "other" or None (absent); a path the OS refuses outright is absent."""
+    """ "dir", "other" or None (absent); a path the OS refuses outright is absent."""
     try:
         return "dir" if path.is_dir() else "other" if path.exists() else None
     except (OSError, ValueError):  # a name too long, a NUL byte
