@@ -21,6 +21,7 @@ from _launch_support import (
     canned_probe,
     free_port,
     series_with_stage,
+    tiny_model_dir,
 )
 
 from bakery.launch import checks, preflight
@@ -156,14 +157,21 @@ def env(monkeypatch, tmp_path, cpu_bake):
     (bin_dir / "nvidia-smi").chmod(0o755)
     monkeypatch.setenv("PATH", str(bin_dir))
     series = series_with_stage(tmp_path / "dcp2", 4, "implemented")
-    return {"build": cpu_bake.tree.parent, "art": tmp_path / "art", "series": series}
+    return {
+        "model": tiny_model_dir(tmp_path / "tiny"),
+        "build": cpu_bake.tree.parent,
+        "art": tmp_path / "art",
+        "series": series,
+    }
 
 
 def launch(capsys, env, *args, profile="dsv41-sm120-tp2-dcp1"):
     code = main(
         ["start", "--profile", profile, "--dry-run", "--build", str(env["build"])]
         + ["--artifacts", str(env["art"]), "--series", str(env["series"]), "--python"]
-        + [str(PYTHON), "--port", str(free_port()), "--base", "default", *args]
+        + [str(PYTHON), "--port", str(free_port()), "--base", "default"]
+        + (["--model", str(env["model"])] if profile == "cpu-tiny" else [])
+        + list(args)
     )
     err = capsys.readouterr().err
     assert "Traceback" not in err

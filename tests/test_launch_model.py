@@ -23,6 +23,7 @@ from _launch_support import (
     free_port,
     run_sh,
     series_with_stage,
+    tiny_model_dir,
 )
 
 from bakery.launch import preflight
@@ -72,6 +73,7 @@ def env(monkeypatch, tmp_path, cpu_bake):
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", str(bin_dir))
     return {
+        "model": tiny_model_dir(tmp_path / "tiny"),
         "build": cpu_bake.tree.parent,
         "art": tmp_path / "art",
         "series": series_with_stage(tmp_path / "dcp2", 4, "implemented"),
@@ -91,7 +93,9 @@ def model_dir(tmp_path: Path, **text) -> Path:
 def launch(capsys, env, profile: str, *args: str) -> tuple[int, list[str], str]:
     argv = ["start", "--profile", profile, "--dry-run", "--build", str(env["build"])]
     argv += ["--artifacts", str(env["art"]), "--series", str(env["series"])]
-    argv += ["--python", str(PYTHON), "--port", str(free_port()), *args]
+    argv += ["--python", str(PYTHON), "--port", str(free_port())]
+    argv += ["--model", str(env["model"])] if profile == "cpu-tiny" else []
+    argv += args
     code = main(argv)
     err = capsys.readouterr().err
     assert "Traceback" not in err
