@@ -63,7 +63,7 @@ verify: $(VENV)/.tool
 # GPU numbers come from the device machine (see docs/gpu-dcp.md); CI has no GPU.
 # On a 2-GPU host (torch only, no vLLM); results and dates are in docs/gpu-dcp.md.
 bench-gpu:
-	python3 tools/gpu_dcp_bench.py --out $${OUT:-artifacts/gpu-dcp}
+	python3 tools/gpu_dcp_bench.py --baked build/baked-cpu --out $${OUT:-artifacts/gpu-dcp}
 	python3 tools/gpu_triton_kernels.py build/baked-cpu --out $${OUT:-artifacts/gpu-dcp}
 
 clean:

@@ -1,4 +1,5 @@
-"""tools/gpu_triton_kernels.py on CPU: the ast extraction, the namespace, the loud failures.
+"""bakery/baked_kernels.py and tools/gpu_triton_kernels.py on CPU: the ast extraction, the
+namespace, the loud failures.
 
 The kernels themselves run on the GPU (docs/gpu-dcp.md); here Triton only builds the
 JIT functions, and one slow test runs a few cases under Triton's CPU interpreter.
@@ -16,12 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from bakery import baked_kernels as bk
 from bakery import dcp_reference as ref
 
 REPO = Path(__file__).resolve().parents[1]
 TOOL = REPO / "tools" / "gpu_triton_kernels.py"
 
-pytest.importorskip("triton")
+pytestmark = pytest.mark.needs("triton")  # fails under CI=true when missing
 
 
 def _load_tool():
@@ -83,14 +85,14 @@ def synthetic(tmp_path) -> Path:
 
 
 def test_closure_picks_reached_definitions_in_file_order(synthetic):
-    ex = gtk.extract(synthetic, ["root"])
+    ex = bk.extract(synthetic, ["root"])
     assert ex.names() == ["SCALE", "_helper", "root"]
     assert set(ex.vllm_names) == {"init_logger", "tl", "triton", "cdiv"}
     assert ex.referenced_vllm() == set()
 
 
 def test_segment_is_the_exact_file_slice(synthetic):
-    ex = gtk.extract(synthetic, ["root", "add_kernel"])
+    ex = bk.extract(synthetic, ["root", "add_kernel"])
     text = synthetic.read_text()
     for node in ex.nodes:
         seg = ex.segment(node)
@@ -101,32 +103,32 @@ def test_segment_is_the_exact_file_slice(synthetic):
 
 
 def test_missing_name_raises_a_clear_error(synthetic):
-    with pytest.raises(gtk.ExtractError, match=r"mod\.py: no top-level definition of nope"):
-        gtk.extract(synthetic, ["root", "nope"])
+    with pytest.raises(bk.ExtractError, match=r"mod\.py: no top-level definition of nope"):
+        bk.extract(synthetic, ["root", "nope"])
 
 
 def test_namespace_runs_baked_code_and_unbound_vllm_names_fail_loudly(synthetic):
-    ex = gtk.extract(synthetic, ["root", "uses_cdiv", "add_kernel"])
-    ns = gtk.build_namespace(ex, gtk.standins())
+    ex = bk.extract(synthetic, ["root", "uses_cdiv", "add_kernel"])
+    ns = bk.build_namespace(ex, bk.standins())
     assert ns["root"](3) == 6
     assert ns["root"].__code__.co_filename == str(synthetic)
     with pytest.raises(RuntimeError, match="vllm.utils.math_utils.cdiv is not available"):
         ns["uses_cdiv"]()
-    assert gtk.verify_verbatim(ex, ns) == {"add_kernel": True}
+    assert bk.verify_verbatim(ex, ns) == {"add_kernel": True}
 
 
 def test_module_level_use_of_vllm_fails_at_build(synthetic):
-    ex = gtk.extract(synthetic, ["uses_logger"])
+    ex = bk.extract(synthetic, ["uses_logger"])
     assert ex.names() == ["logger", "uses_logger"]
     with pytest.raises(RuntimeError, match="vllm.logger.init_logger is not available"):
-        gtk.build_namespace(ex, gtk.standins())
+        bk.build_namespace(ex, bk.standins())
 
 
 def test_verbatim_check_catches_a_kernel_that_is_not_the_file(synthetic):
-    ex = gtk.extract(synthetic, ["add_kernel"])
-    ns = gtk.build_namespace(ex, gtk.standins())
+    ex = bk.extract(synthetic, ["add_kernel"])
+    ns = bk.build_namespace(ex, bk.standins())
     ex.text = ex.text.replace("+ 1)", "+ 2)")  # the file as the check reads it differs
-    assert gtk.verify_verbatim(ex, ns) == {"add_kernel": False}
+    assert bk.verify_verbatim(ex, ns) == {"add_kernel": False}
 
 
 def test_filter_comparison_flags_a_wrong_row():
