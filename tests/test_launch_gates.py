@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import tomllib
 
 import pytest
 from _launch_support import (
@@ -18,6 +20,7 @@ from _launch_support import (
     PROFILES,
     PYTHON,
     REPO,
+    SERIES,
     canned_probe,
     free_port,
     series_with_stage,
@@ -306,3 +309,24 @@ def test_contradiction_hints_name_a_real_start_option(table, key, value):
     flag = problem.hint.split("set it with ")[1].split(",")[0]
     start = launch_group.commands["start"]
     assert flag in {o for p in start.params for o in getattr(p, "opts", [])}, problem.hint
+
+
+# ---- the [env] table against what the patches read ------------------------------------------
+
+_READ = re.compile(r"""(?:environ\.get|getenv|environ\[)\(?\s*["'](DSV41_[A-Z0-9_]+)["']""")
+
+
+def test_env_table_lists_exactly_what_the_patches_read():
+    """Every DSV41_* variable an added line of a patch reads is in stages.toml [env] with that
+    patch in read_by, and every read_by is true (read with a regex over the diffs, not the
+    launcher's table code)."""
+    read = {}
+    for diff in sorted(SERIES.glob("*.diff")):
+        added = [ln[1:] for ln in diff.read_text().splitlines() if ln.startswith("+")]
+        for name in _READ.findall("\n".join(added)):
+            read.setdefault(name, set()).add(diff.name)
+    table = tomllib.loads((SERIES / "stages.toml").read_text())["env"]
+    assert "DSV41_PREFILL_TIMING_LOG_S" in read
+    assert set(read) == set(table), (sorted(read), sorted(table))
+    for name, patches in read.items():
+        assert set(table[name]["read_by"]) == patches, name

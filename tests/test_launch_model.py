@@ -19,6 +19,7 @@ from _launch_support import (
     DATA,
     PROFILES,
     PYTHON,
+    SERIES,
     canned_probe,
     free_port,
     run_sh,
@@ -121,6 +122,16 @@ def test_dcp_profile_with_the_real_config_is_refused_for_the_host_only(
         "candidate_topk_blocks=2048, candidate_block_size=8)"
     ) in err
     assert f"note: model config: {tmp_path}/DeepSeek-V4.1/config.json" in err
+
+
+@pytest.mark.parametrize("profile", ["dsv41-sm120-tp2-dcp2", "dsv41-sm120-tp4-dcp4"])
+def test_the_series_own_stage_table_serves_the_real_config(capsys, env, tmp_path, profile):
+    """The same, against patches/dcp2/stages.toml itself (stage 4 implemented there)."""
+    env["series"] = SERIES
+    _, problems, err = launch(
+        capsys, env, profile, "--base", "cpu", "--model", str(model_dir(tmp_path))
+    )
+    assert problems == [HOST_ONLY[1].format(python=PYTHON)], err
 
 
 def test_the_real_config_carries_the_released_text_config():
