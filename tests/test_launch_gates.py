@@ -9,6 +9,7 @@ implemented (``series_with_stage``), so the candidate-blocks gate has a minimum 
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -330,3 +331,65 @@ def test_env_table_lists_exactly_what_the_patches_read():
     assert set(read) == set(table), (sorted(read), sorted(table))
     for name, patches in read.items():
         assert set(table[name]["read_by"]) == patches, name
+
+
+# ---- every option a launcher hint names exists -----------------------------------------------
+
+_FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+
+
+def _strings(node, constants) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.JoinedStr):
+        return [v.value for v in node.values if isinstance(v, ast.Constant)]
+    if isinstance(node, ast.Name) and node.id in constants:
+        return [constants[node.id]]
+    if isinstance(node, ast.BinOp):
+        return _strings(node.left, constants) + _strings(node.right, constants)
+    return []
+
+
+def _hints(path) -> list[str]:
+    """The text of every hint in ``path``: Problem(what, why, value, hint), ``hint=``,
+    and the ``way_out`` given to a feature refusal (read with ast, not by running it)."""
+    tree = ast.parse(path.read_text())
+    constants = {
+        t.id: n.value.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+        for t in n.targets
+        if isinstance(t, ast.Name) and isinstance(n.value.value, str)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "id", getattr(node.func, "attr", ""))
+            if name in ("Problem", "refuse") and len(node.args) >= 4:
+                found += _strings(node.args[3], constants)
+            found += [
+                s for k in node.keywords if k.arg == "hint" for s in _strings(k.value, constants)
+            ]
+        if isinstance(node, ast.Assign) and any(
+            getattr(t, "id", "") in ("way_out", "hint") for t in node.targets
+        ):
+            found += _strings(node.value, constants)
+    return found
+
+
+def test_every_option_a_launcher_hint_names_exists(cpu_bake):
+    """A hint names a run.sh option (of any launch command) or a flag vLLM 0.32.0 defines."""
+    options = {"--help"} | {
+        opt for cmd in launch_group.commands.values() for p in cmd.params for opt in p.opts
+    }
+    vllm_source = "".join(
+        (cpu_bake.tree / "vllm" / rel).read_text()
+        for rel in ("engine/arg_utils.py", "entrypoints/launchers/cli_args.py")
+    )
+    named = set()
+    for module in ("checks", "preflight", "installed", "lifecycle", "processes", "cli"):
+        for hint in _hints(REPO / "bakery" / "launch" / f"{module}.py"):
+            named |= set(_FLAG.findall(hint))
+    assert {"--pp", "--stage", "--cp-kv-cache-interleave-size"} <= named, named
+    unknown = [f for f in named if f not in options and f'"{f}"' not in vllm_source]
+    assert not unknown, unknown

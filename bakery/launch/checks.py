@@ -170,7 +170,7 @@ def _node_problems(base: str, lay) -> list[Problem]:
             "fewer GPUs than TP x PP",
             "gpus_per_node x nnodes is the whole layout",
             f"{lay.gpus_per_node} x {lay.nnodes} < {lay.world}",
-            "add nodes, or lower --tp / pp",
+            "add nodes, or lower --tp / --pp",
         )
     return out
 
