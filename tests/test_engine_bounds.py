@@ -2,7 +2,6 @@
 
 import random
 import re
-import shutil
 
 import pytest
 
@@ -47,14 +46,14 @@ def far_case(rng: random.Random) -> tuple[bytes, bytes, int]:
     return b"\n".join(target) + b"\n", diff, rng.randint(0, 2)
 
 
-@pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch not installed")
+@pytest.mark.needs("patch")  # fails under CI=true when missing
 @pytest.mark.parametrize("seed", range(40))
 def test_far_offsets_place_like_gnu_patch(seed, tmp_path):
     target, diff, fuzz = far_case(random.Random(seed))
     assert ours(target, diff, fuzz) == gnu_patch(target, diff, tmp_path, fuzz)
 
 
-@pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch not installed")
+@pytest.mark.needs("patch")  # fails under CI=true when missing
 def test_equal_distance_prefers_below_as_gnu_patch_does(tmp_path):
     window = [b"ctx 1", b"ctx 2", b"old", b"ctx 3", b"ctx 4"]
     filler = [b"f %d" % i for i in range(1000)]
@@ -83,7 +82,8 @@ def test_a_failed_hunk_in_a_3_million_line_file_is_not_a_line_by_line_scan(monke
     )
     with pytest.raises(HunkFailed) as failed:
         apply_file_patch("p", parse_patch(diff, "p").files[0], data, 0)
-    assert calls < 2 * engine._WALK + 10, calls
+    # One bounded walk forward and, hunk 1 failing, one for GNU's reversed-patch try.
+    assert calls < 2 * (2 * engine._WALK + 10), calls
     assert "nearest near-match at line 2999991 (offset 1499991): 1 of 3 lines differ" in str(
         failed.value
     )

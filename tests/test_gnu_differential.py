@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bakery import engine
 from bakery.apply import ALREADY_APPLIED, plan
 from bakery.diff import parse_patch, render_file_diff, split_lines
 from tests.conftest import run_tool
@@ -137,6 +138,32 @@ def test_engine_matches_gnu_patch_byte_for_byte(example, data):
     assert our_places == gnu_places
 
 
+# The engine walks offsets one by one only this far, then searches by index: pad past it.
+FAR = engine._WALK + 1
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(case(), st.data())
+def test_far_offsets_match_gnu_patch(example, data):
+    """Hunks moved farther than the near walk, past filler made of the file's own lines."""
+    old, new, target, fuzz, _ = example
+    diff = render_file_diff("f", old, new)
+    lines = split_lines(target)
+    whole = [line for line in split_lines(old) if line.endswith(b"\n")]
+    if not diff or not whole or not lines[-1].endswith(b"\n"):
+        return
+    size = data.draw(st.integers(FAR, FAR + 80), label="filler lines")
+    filler = data.draw(st.lists(st.sampled_from(whole), min_size=size, max_size=size))
+    at = data.draw(st.one_of(st.just(0), st.integers(0, len(lines))), label="filler at")
+    target = b"".join(lines[:at] + filler + lines[at:])
+    if _crlf_file_lf_diff(target, diff):
+        return
+    expected = _gnu(target, diff, fuzz)
+    assert ours(target, diff, fuzz) == expected, (diff, at, size)
+
+
 def _gnu(target: bytes, diff: bytes, fuzz: int):
     with tempfile.TemporaryDirectory() as tmp:
         return gnu_patch(target, diff, Path(tmp), fuzz)
@@ -201,3 +228,23 @@ def test_apply_cli_skips_the_reversed_patch_instead_of_applying_it_twice(tmp_pat
     assert proc.returncode == 0, proc.stderr
     assert "already applied" in proc.stdout
     assert (tmp_path / "f").read_bytes() == REVERSED_TARGET  # before the fix: one "a" less
+
+
+@pytest.mark.parametrize("copies", ["both", "above", "below"])
+def test_copies_just_past_the_near_walk_match_gnu(copies):
+    """The hunk's context blanked, copies exactly one line past the near walk (above,
+    below at the very end of the file, or both at the same distance: +k wins)."""
+    old = [b"line %d\n" % i for i in range(600)]
+    new = old[:299] + [b"changed\n"] + old[300:]
+    diff = render_file_diff("f", b"".join(old), b"".join(new))
+    (hunk,) = parse_patch(diff, "p").files[0].hunks
+    start, size, far = hunk.first - 1, len(hunk.old_lines), FAR
+    pattern = old[start : start + size]
+    target = [b"filler %d\n" % i for i in range(start + far + size)]
+    if copies in ("both", "above"):
+        target[start - far : start - far + size] = pattern
+    if copies in ("both", "below"):
+        target[start + far : start + far + size] = pattern
+    expected = _gnu(b"".join(target), diff, 0)
+    assert expected[0] is not None
+    assert ours(b"".join(target), diff, 0) == expected
