@@ -110,3 +110,12 @@ def canned_probe(**parsed):
         }
 
     return probe
+
+
+def tiny_model_dir(dest: Path) -> Path:
+    """A model folder with a tiny Llama config.json: cpu-tiny's --model for in-process
+    preflights (the real tiny model, build/tiny-llama, is made only by the smoke tests)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    config = '{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}\n'
+    (dest / "config.json").write_text(config)
+    return dest

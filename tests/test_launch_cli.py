@@ -13,7 +13,15 @@ import shutil
 import subprocess
 
 import pytest
-from _launch_support import PROFILES, PYTHON, REPO, SERIES, canned_probe, free_port
+from _launch_support import (
+    PROFILES,
+    PYTHON,
+    REPO,
+    SERIES,
+    canned_probe,
+    free_port,
+    tiny_model_dir,
+)
 
 from bakery.cli import main as bakery_main
 from bakery.launch import doctor, lifecycle, preflight
@@ -29,7 +37,8 @@ from bakery.launch.profiles import load_profile, override
 def env(monkeypatch, tmp_path, cpu_bake):
     monkeypatch.setattr(preflight, "run_probe", canned_probe())
     monkeypatch.delenv("PYTHONPATH", raising=False)
-    return {"build": cpu_bake.tree.parent, "art": tmp_path / "art"}
+    model = tiny_model_dir(tmp_path / "tiny")
+    return {"build": cpu_bake.tree.parent, "art": tmp_path / "art", "model": model}
 
 
 @pytest.mark.parametrize(
@@ -45,6 +54,7 @@ def test_vllms_spellings_of_tp_and_dcp(capsys, env, spelling):
     code = main(
         ["start", "--profile", "cpu-tiny", "--dry-run", "--build", str(env["build"])]
         + ["--artifacts", str(env["art"]), "--port", str(free_port()), *spelling]
+        + ["--model", str(env["model"])]
     )
     err = capsys.readouterr().err
     assert code == 3
@@ -138,6 +148,7 @@ def start_installed(capsys, env, monkeypatch, site):
     code = main(
         ["start", "--profile", "cpu-tiny", "--dry-run", "--installed", "--build", "/nonexistent"]
         + ["--artifacts", str(env["art"]), "--port", str(free_port())]
+        + ["--model", str(env["model"])]
     )
     out = capsys.readouterr()
     assert "Traceback" not in out.err

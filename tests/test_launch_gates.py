@@ -9,8 +9,11 @@ implemented (``series_with_stage``), so the candidate-blocks gate has a minimum 
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
+import tomllib
 
 import pytest
 from _launch_support import (
@@ -18,12 +21,14 @@ from _launch_support import (
     PROFILES,
     PYTHON,
     REPO,
+    SERIES,
     canned_probe,
     free_port,
     series_with_stage,
+    tiny_model_dir,
 )
 
-from bakery.launch import preflight
+from bakery.launch import checks, preflight
 from bakery.launch.cli import launch as launch_group
 from bakery.launch.cli import main
 from bakery.launch.gates import CANDIDATES, FEATURES, PCP, SPECULATIVE, load_gate_table
@@ -156,14 +161,21 @@ def env(monkeypatch, tmp_path, cpu_bake):
     (bin_dir / "nvidia-smi").chmod(0o755)
     monkeypatch.setenv("PATH", str(bin_dir))
     series = series_with_stage(tmp_path / "dcp2", 4, "implemented")
-    return {"build": cpu_bake.tree.parent, "art": tmp_path / "art", "series": series}
+    return {
+        "model": tiny_model_dir(tmp_path / "tiny"),
+        "build": cpu_bake.tree.parent,
+        "art": tmp_path / "art",
+        "series": series,
+    }
 
 
 def launch(capsys, env, *args, profile="dsv41-sm120-tp2-dcp1"):
     code = main(
         ["start", "--profile", profile, "--dry-run", "--build", str(env["build"])]
         + ["--artifacts", str(env["art"]), "--series", str(env["series"]), "--python"]
-        + [str(PYTHON), "--port", str(free_port()), "--base", "default", *args]
+        + [str(PYTHON), "--port", str(free_port()), "--base", "default"]
+        + (["--model", str(env["model"])] if profile == "cpu-tiny" else [])
+        + list(args)
     )
     err = capsys.readouterr().err
     assert "Traceback" not in err
@@ -294,7 +306,90 @@ def test_ray_backend_with_ray_installed(capsys, env, monkeypatch):
 )
 def test_contradiction_hints_name_a_real_start_option(table, key, value):
     plan = plan_of(table, "cpu-tiny")
-    (problem,) = preflight._contradictions(plan, {key: value})
+    (problem,) = checks._contradictions(plan, {key: value})
     flag = problem.hint.split("set it with ")[1].split(",")[0]
     start = launch_group.commands["start"]
     assert flag in {o for p in start.params for o in getattr(p, "opts", [])}, problem.hint
+
+
+# ---- the [env] table against what the patches read ------------------------------------------
+
+_READ = re.compile(r"""(?:environ\.get|getenv|environ\[)\(?\s*["'](DSV41_[A-Z0-9_]+)["']""")
+
+
+def test_env_table_lists_exactly_what_the_patches_read():
+    """Every DSV41_* variable an added line of a patch reads is in stages.toml [env] with that
+    patch in read_by, and every read_by is true (read with a regex over the diffs, not the
+    launcher's table code)."""
+    read = {}
+    for diff in sorted(SERIES.glob("*.diff")):
+        added = [ln[1:] for ln in diff.read_text().splitlines() if ln.startswith("+")]
+        for name in _READ.findall("\n".join(added)):
+            read.setdefault(name, set()).add(diff.name)
+    table = tomllib.loads((SERIES / "stages.toml").read_text())["env"]
+    assert "DSV41_PREFILL_TIMING_LOG_S" in read
+    assert set(read) == set(table), (sorted(read), sorted(table))
+    for name, patches in read.items():
+        assert set(table[name]["read_by"]) == patches, name
+
+
+# ---- every option a launcher hint names exists -----------------------------------------------
+
+_FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+
+
+def _strings(node, constants) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.JoinedStr):
+        return [v.value for v in node.values if isinstance(v, ast.Constant)]
+    if isinstance(node, ast.Name) and node.id in constants:
+        return [constants[node.id]]
+    if isinstance(node, ast.BinOp):
+        return _strings(node.left, constants) + _strings(node.right, constants)
+    return []
+
+
+def _hints(path) -> list[str]:
+    """The text of every hint in ``path``: Problem(what, why, value, hint), ``hint=``,
+    and the ``way_out`` given to a feature refusal (read with ast, not by running it)."""
+    tree = ast.parse(path.read_text())
+    constants = {
+        t.id: n.value.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+        for t in n.targets
+        if isinstance(t, ast.Name) and isinstance(n.value.value, str)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "id", getattr(node.func, "attr", ""))
+            if name in ("Problem", "refuse") and len(node.args) >= 4:
+                found += _strings(node.args[3], constants)
+            found += [
+                s for k in node.keywords if k.arg == "hint" for s in _strings(k.value, constants)
+            ]
+        if isinstance(node, ast.Assign) and any(
+            getattr(t, "id", "") in ("way_out", "hint") for t in node.targets
+        ):
+            found += _strings(node.value, constants)
+    return found
+
+
+def test_every_option_a_launcher_hint_names_exists(cpu_bake):
+    """A hint names a run.sh option (of any launch command) or a flag vLLM 0.32.0 defines."""
+    options = {"--help"} | {
+        opt for cmd in launch_group.commands.values() for p in cmd.params for opt in p.opts
+    }
+    vllm_source = "".join(
+        (cpu_bake.tree / "vllm" / rel).read_text()
+        for rel in ("engine/arg_utils.py", "entrypoints/launchers/cli_args.py")
+    )
+    named = set()
+    for module in ("checks", "preflight", "installed", "lifecycle", "processes", "cli"):
+        for hint in _hints(REPO / "bakery" / "launch" / f"{module}.py"):
+            named |= set(_FLAG.findall(hint))
+    assert {"--pp", "--stage", "--cp-kv-cache-interleave-size"} <= named, named
+    unknown = [f for f in named if f not in options and f'"{f}"' not in vllm_source]
+    assert not unknown, unknown

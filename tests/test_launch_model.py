@@ -19,10 +19,12 @@ from _launch_support import (
     DATA,
     PROFILES,
     PYTHON,
+    SERIES,
     canned_probe,
     free_port,
     run_sh,
     series_with_stage,
+    tiny_model_dir,
 )
 
 from bakery.launch import preflight
@@ -72,6 +74,7 @@ def env(monkeypatch, tmp_path, cpu_bake):
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", str(bin_dir))
     return {
+        "model": tiny_model_dir(tmp_path / "tiny"),
         "build": cpu_bake.tree.parent,
         "art": tmp_path / "art",
         "series": series_with_stage(tmp_path / "dcp2", 4, "implemented"),
@@ -91,7 +94,9 @@ def model_dir(tmp_path: Path, **text) -> Path:
 def launch(capsys, env, profile: str, *args: str) -> tuple[int, list[str], str]:
     argv = ["start", "--profile", profile, "--dry-run", "--build", str(env["build"])]
     argv += ["--artifacts", str(env["art"]), "--series", str(env["series"])]
-    argv += ["--python", str(PYTHON), "--port", str(free_port()), *args]
+    argv += ["--python", str(PYTHON), "--port", str(free_port())]
+    argv += ["--model", str(env["model"])] if profile == "cpu-tiny" else []
+    argv += args
     code = main(argv)
     err = capsys.readouterr().err
     assert "Traceback" not in err
@@ -117,6 +122,16 @@ def test_dcp_profile_with_the_real_config_is_refused_for_the_host_only(
         "candidate_topk_blocks=2048, candidate_block_size=8)"
     ) in err
     assert f"note: model config: {tmp_path}/DeepSeek-V4.1/config.json" in err
+
+
+@pytest.mark.parametrize("profile", ["dsv41-sm120-tp2-dcp2", "dsv41-sm120-tp4-dcp4"])
+def test_the_series_own_stage_table_serves_the_real_config(capsys, env, tmp_path, profile):
+    """The same, against patches/dcp2/stages.toml itself (stage 4 implemented there)."""
+    env["series"] = SERIES
+    _, problems, err = launch(
+        capsys, env, profile, "--base", "cpu", "--model", str(model_dir(tmp_path))
+    )
+    assert problems == [HOST_ONLY[1].format(python=PYTHON)], err
 
 
 def test_the_real_config_carries_the_released_text_config():
@@ -247,6 +262,24 @@ def test_hub_cache_precedence_and_revision(tmp_path):
     for revision in (None, "2" * 40):
         oracle = try_to_load_from_cache("org/m", "config.json", cache_dir=cache, revision=revision)
         assert find_config("org/m", tmp_path, env, revision).path == Path(oracle)
+
+
+@pytest.mark.parametrize("revision", ["../../etc", "/abs", "a b", "x" * 3000])
+def test_a_revision_the_cache_cannot_hold_is_not_read(tmp_path, revision):
+    hub_snapshot(tmp_path, "org/m", "1" * 40, "main")
+    found = find_config("org/m", tmp_path, {"HF_HUB_CACHE": str(tmp_path)}, revision)
+    assert found.config is None and not found.problems
+
+
+def test_an_oversized_config_is_one_problem(tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    with open(model / "config.json", "wb") as handle:
+        handle.truncate((16 << 20) + 1)  # sparse: no 16 MB written
+    found = find_config(str(model), tmp_path, {}, None)
+    assert [str(p) for p in found.problems] == [
+        f"model config unreadable (larger than 16777216 bytes): {model}/config.json"
+    ]
 
 
 def test_hub_id_not_cached_is_a_note(tmp_path):

@@ -25,6 +25,7 @@ from _launch_support import (
     canned_probe,
     free_port,
     series_with_stage,
+    tiny_model_dir,
 )
 
 from bakery.launch import preflight
@@ -46,7 +47,9 @@ def env(monkeypatch, tmp_path, cpu_bake):
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", str(bin_dir))
     series = series_with_stage(tmp_path / "dcp2", 4, "implemented")
+    model = tiny_model_dir(tmp_path / "tiny")
     return {
+        "model": model,
         "build": cpu_bake.tree.parent,
         "art": tmp_path / "art",
         "bin": bin_dir,
@@ -75,6 +78,7 @@ def launch(capsys, env, *args: str, profile: str = "cpu-tiny", port: int | None 
         str(PYTHON),
         "--port",
         str(port or free_port()),
+        *(["--model", str(env["model"])] if profile == "cpu-tiny" else []),
         *args,
     ]
     code = main(argv)

@@ -126,6 +126,17 @@ def test_a_corrupt_pid_file_does_not_keep_a_live_run_running(capsys, art):
     assert not live.pid_file.exists() and not corrupt.pid_file.exists()
 
 
+def test_a_run_whose_pid_file_is_gone_is_still_ended(capsys, art):
+    """A start that died between spawning and writing its pid file (or a hand delete)."""
+    record, _, run_id = run(art, "sleep 300 & wait")
+    assert wait_until(lambda: len(marked(run_id)) >= 3, 20)
+    record.pid_file.unlink()
+    code, out = stop(capsys, art)
+    assert code == 0
+    assert f"cpu-tiny: ended 3 process(es) of {record.run_dir} (no pid file)" in out
+    assert wait_until(lambda: not marked(run_id), 10), marked(run_id)
+
+
 def test_status_shows_a_corrupt_pid_file_as_a_row(capsys, art):
     record, _, run_id = run(art, "sleep 300 & wait")
     record.pid_file.write_text("[]")
@@ -212,8 +223,19 @@ def test_bad_flag_values_are_usage_errors(capsys, tmp_path, args, message):
         (b'base = "cpu"\nmodel = "m"\nstartup_timeout_s = 0\n', "must be at least 1: 0"),
         (b'base = "cpu"\nmodel = "m"\n[nodes]\nmaster_port = 70000\n', "master_port must be"),
         (b"base = [", "not valid TOML"),
+        (b'base = "cpu"\nmodel = "a\\u0000b"\n', "model holds a NUL character: 'a\\x00b'"),
+        (b'base = "cpu"\nmodel = "m"\n[vllm]\nargs = ["\\u0000"]\n', "vllm.args holds a NUL"),
     ],
-    ids=["not-utf8", "port-high", "port-negative", "timeout", "master-port", "not-toml"],
+    ids=[
+        "not-utf8",
+        "port-high",
+        "port-negative",
+        "timeout",
+        "master-port",
+        "not-toml",
+        "nul-model",
+        "nul-arg",
+    ],
 )
 def test_bad_profiles_are_one_error_line(capsys, tmp_path, content, message):
     bad = tmp_path / "bad.toml"

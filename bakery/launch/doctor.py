@@ -17,9 +17,9 @@ from pathlib import Path
 
 from bakery.bake import staleness, tree_dir
 from bakery.errors import BakeryError
+from bakery.launch.host import gpu_inventory, probe_python
 from bakery.launch.installed import installed_problems
 from bakery.launch.plan import SERVER_MODULE
-from bakery.launch.preflight import gpu_inventory, probe_python
 from bakery.series import Series
 
 __all__ = ["Check", "diagnose"]

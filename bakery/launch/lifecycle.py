@@ -34,6 +34,7 @@ import httpx
 from bakery import __version__
 from bakery.launch import keeper as keeper_module
 from bakery.launch.errors import LaunchError, LaunchInterrupted
+from bakery.launch.model_config import candidate_blocks
 from bakery.launch.plan import Plan
 from bakery.launch.preflight import Facts
 from bakery.launch.processes import (
@@ -42,6 +43,7 @@ from bakery.launch.processes import (
     end_processes,
     group_members,
     launched,
+    launched_runs,
     start_ticks,
 )
 from bakery.manifest import MANIFEST
@@ -216,6 +218,9 @@ def environment(plan: Plan, facts: Facts, argv: list[str]) -> dict:
         "baked": _baked(plan, facts),
         "gpus": [g.__dict__ for g in facts.gpus] if facts.gpus is not None else None,
         "supported_heads": list(facts.heads) if facts.heads else None,
+        "candidate_source_layer_id": (
+            candidate_blocks(facts.model_config) if facts.model_config else None
+        ),
         "dsv41": {k: v for k, v in sorted(server_env.items()) if k.startswith("DSV41_")},
         "env_set": dict(plan.env),
         "inherited_env": inherited_env(),
@@ -438,8 +443,26 @@ def stop(artifacts: Path, profile: str | None, grace_s: float, say=print) -> int
         else:
             say(f"{run.profile}: not running (stale pid file {run.pid_file} removed)")
         stopped += bool(count)
+    stopped += _stop_unrecorded(artifacts, profile, grace_s, say)
     if not stopped:
         say("nothing running" + (f" for {profile}" if profile else ""))
+    return stopped
+
+
+def _stop_unrecorded(artifacts: Path, profile: str | None, grace_s: float, say) -> int:
+    """Runs under ``artifacts`` with live processes but no pid file (a start that died
+    between spawning and writing it, or a pid file deleted by hand): end them too."""
+    root = Path(artifacts).resolve()
+    stopped = 0
+    for run_dir in sorted(launched_runs()):
+        inside = run_dir.parent.parent == root and (profile in (None, run_dir.parent.name))
+        if not inside or (run_dir / PID_FILE).exists():
+            continue
+        count, survivors = end_processes(run_dir, None, grace_s)
+        if survivors:
+            raise LaunchError(f"processes of {run_dir} survived SIGKILL: {survivors!r}")
+        say(f"{run_dir.parent.name}: ended {count} process(es) of {run_dir} (no pid file)")
+        stopped += bool(count)
     return stopped
 
 

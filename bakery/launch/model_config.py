@@ -13,6 +13,7 @@ is not cached is a note, not a refusal.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from bakery.launch.errors import Problem
 __all__ = ["ModelConfig", "find_config", "hub_cache", "text_config", "candidate_blocks"]
 
 _REVISION_FILE = "refs/{revision}"
+MAX_CONFIG_BYTES = 16 << 20
+_SAFE_REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 @dataclass(frozen=True)
@@ -47,11 +50,21 @@ def _cached_config(repo_id: str, revision: str | None, env: dict[str, str]) -> P
     """``config.json`` of ``repo_id`` at ``revision`` in the local hub cache, if there."""
     folder = hub_cache(env) / ("models--" + repo_id.replace("/", "--"))
     revision = revision or "main"
+    if not _SAFE_REVISION.fullmatch(revision):
+        return None  # not a name the cache layout can hold; vLLM's own check speaks
     ref = folder / _REVISION_FILE.format(revision=revision)
-    if ref.is_file():
-        revision = ref.read_text().strip()
+    try:
+        if ref.is_file() and ref.stat().st_size < 1024:
+            revision = ref.read_bytes().decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not _SAFE_REVISION.fullmatch(revision):
+        return None
     path = folder / "snapshots" / revision / "config.json"
-    return path if path.is_file() else None
+    try:
+        return path if path.is_file() else None
+    except OSError:
+        return None
 
 
 def _looks_like_hub_id(model: str, cwd: Path) -> bool:
@@ -59,12 +72,16 @@ def _looks_like_hub_id(model: str, cwd: Path) -> bool:
     parts = model.split("/")
     if not 1 <= len(parts) <= 2 or not all(parts) or model.startswith((".", "~", "/")):
         return False
-    return len(parts) == 1 or not (cwd / parts[0]).is_dir()
+    return len(parts) == 1 or _kind(cwd / parts[0]) != "dir"
 
 
 def _read(path: Path) -> ModelConfig:
     try:
-        config = json.loads(path.read_bytes())
+        with open(path, "rb") as handle:  # bounded: a config.json is kilobytes
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ValueError(f"larger than {MAX_CONFIG_BYTES} bytes")
+        config = json.loads(raw)
     except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         problem = Problem(
             "model config unreadable",
@@ -84,12 +101,21 @@ def _read(path: Path) -> ModelConfig:
     return ModelConfig(config, path, notes=(f"model config: {path}",))
 
 
+def _kind(path: Path) -> str | None:
+    """ "dir", "other" or None (absent); a path the OS refuses outright is absent."""
+    try:
+        return "dir" if path.is_dir() else "other" if path.exists() else None
+    except (OSError, ValueError):  # a name too long, a NUL byte
+        return None
+
+
 def find_config(model: str, cwd: Path, env: dict[str, str], revision: str | None) -> ModelConfig:
     """Find and read the model's config.json (a folder, or a cached hub id)."""
     path = Path(model) if Path(model).is_absolute() else cwd / model
-    if path.is_dir():
+    kind = _kind(path)
+    if kind == "dir":
         return _read(path / "config.json")
-    if not path.exists() and _looks_like_hub_id(model, cwd):
+    if kind is None and _looks_like_hub_id(model, cwd):
         cached = _cached_config(model, revision, env)
         if cached is not None:
             return _read(cached)
@@ -101,7 +127,7 @@ def find_config(model: str, cwd: Path, env: dict[str, str], revision: str | None
         )
     problem = Problem(
         "model folder missing",
-        "the path does not exist" if not path.exists() else "not a folder",
+        "the path does not exist" if kind is None else "not a folder",
         model,
         "build or copy the model there, or pass --model",
     )

@@ -23,6 +23,7 @@ __all__ = [
     "group_members",
     "teardown_group",
     "launched",
+    "launched_runs",
     "end_processes",
 ]
 
@@ -103,6 +104,24 @@ def launched(run_dir: Path) -> list[int]:
         if fields and fields[0] != "Z" and _marked(pid, needle):
             found.append(pid)
     return found
+
+
+def launched_runs() -> set[Path]:
+    """The run folders of every live process the launcher started (one /proc scan)."""
+    prefix = f"{MARK}=".encode()
+    runs = set()
+    for pid in _pids():
+        fields = _stat(pid)
+        if not fields or fields[0] == "Z":
+            continue
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        for item in environ.split(b"\0"):
+            if item.startswith(prefix):
+                runs.add(Path(item[len(prefix) :].decode(errors="surrogateescape")))
+    return runs
 
 
 def _signal_marked(pid: int, needle: bytes, sig: int) -> None:

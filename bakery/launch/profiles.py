@@ -150,6 +150,8 @@ def _no_unknown(table: dict, allowed: set[str], where: str) -> None:
 def _typed(value, kind: type, name: str, where: str):
     if kind is int and isinstance(value, bool) or not isinstance(value, kind):
         raise ProfileError(f"{where}: {name} must be {kind.__name__}: {value!r}")
+    if kind is str and "\x00" in value:  # no path, host or argv can carry it
+        raise ProfileError(f"{where}: {name} holds a NUL character: {value!r}")
     return value
 
 
@@ -187,6 +189,8 @@ def _env(data: dict, where: str) -> tuple[tuple[str, str], ...]:
     env = data.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
         raise ProfileError(f"{where}: [env] must map names to strings: {env!r}")
+    for key, value in env.items():
+        _typed(key + value, str, f"env.{key}", where)
     return tuple(sorted(env.items()))
 
 
@@ -195,6 +199,8 @@ def _vllm_args(data: dict, where: str) -> tuple[str, ...]:
     args = table.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise ProfileError(f"{where}: vllm.args must be a list of strings: {args!r}")
+    for arg in args:
+        _typed(arg, str, "vllm.args", where)
     return tuple(args)
 
 
@@ -206,6 +212,7 @@ def load_profile(ref: str, directory: Path, table: GateTable) -> Profile:
     for key in ("base", "model"):
         if not isinstance(data.get(key), str) or not data[key]:
             raise ProfileError(f"{where}: {key} is required (a non-empty string)")
+        _typed(data[key], str, key, where)
     gpu = data.get("gpu", "any")
     if gpu not in _GPU_KINDS:
         raise ProfileError(f"{where}: gpu must be one of {_GPU_KINDS}: {gpu!r}")
