@@ -108,8 +108,9 @@ def test_every_env_gate_at_its_minimum_stage_and_one_below(table, monkeypatch):
 def test_dcp_at_its_minimum_stage_and_one_below(table):
     config = {**REAL_CONFIG, "text_config": {**REAL_CONFIG["text_config"]}}
     config["text_config"]["candidate_source_layer_id"] = -1  # only the DCP gate speaks
-    at_min = plan_of(table, stage=table.dcp_min_stage)
-    below = plan_of(table, stage=table.dcp_min_stage - 1)
+    default = table.env["DSV41_DCP_COMBINE"].default  # the profile's a2a has a gate of its own
+    at_min = plan_of(table, stage=table.dcp_min_stage, combine=default)
+    below = plan_of(table, stage=table.dcp_min_stage - 1, combine=default)
     assert problems(table, at_min, config) == []
     assert problems(table, below, config) == [
         f"DCP > 1 cannot serve at this stage (stages below {table.dcp_min_stage} stop after the "

@@ -25,12 +25,12 @@ CASES = [
     ("dsv41-sm120-tp2-dcp1", "dsv41-sm120-tp2-dcp1", {}),
     ("dsv41-sm120-tp2-dcp2", "dsv41-sm120-tp2-dcp2", {}),
     ("dsv41-sm120-tp4-dcp4", "dsv41-sm120-tp4-dcp4", {}),
-    ("dsv41-sm120-tp2-dcp2-a2a", "dsv41-sm120-tp2-dcp2-a2a", {}),
+    ("dsv41-sm120-tp2-dcp2-agrs", "dsv41-sm120-tp2-dcp2-agrs", {}),
     ("dsv41-sm120-tp2-dcp2-s9gather", "dsv41-sm120-tp2-dcp2-s9gather", {}),
     (
-        "flags-tp2-dcp2-s9-gather-timing-a2a",
+        "flags-tp2-dcp2-s9-gather-timing-agrs",
         "dsv41-sm120-tp2-dcp2",
-        {"stage": 9, "prefill_gather": True, "timing": True, "combine": "a2a", "port": 8100},
+        {"stage": 9, "prefill_gather": True, "timing": True, "combine": "ag_rs", "port": 8100},
     ),
     ("2node-tp4-dcp4-node0", "dsv41-sm120-2node-tp4-dcp4", {}),
     (
