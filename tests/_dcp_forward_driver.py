@@ -42,6 +42,8 @@ from types import SimpleNamespace
 
 import torch
 
+from bakery import dcp_reference as ref
+
 REPO = Path(__file__).resolve().parents[1]
 MODULE = "vllm.models.deepseek_v41.nvidia.flashinfer_sparse"
 MARK = "RESULT "
@@ -231,8 +233,6 @@ class Step:
 
 def build_step(case: Case, kind: str) -> Step:
     """Deterministic inputs of one step (the same in every process)."""
-    from bakery import dcp_reference as ref
-
     gen = torch.Generator().manual_seed(case.seed * 10 + (kind == "mixed"))
     nd = case.num_decodes
     reqs = list(range(nd)) if kind == "decode" else list(range(len(case.n_states)))
@@ -253,10 +253,9 @@ def build_step(case: Case, kind: str) -> Step:
             for r in token_to_req
         ]
     )
-    topk[0] = edge_ids(case, 2, case.n_states[token_to_req[0]], None)
-    topk[1] = edge_ids(case, 4, case.n_states[token_to_req[1]], None)
-    if t > 2:
-        topk[2] = edge_ids(case, 2, case.n_states[token_to_req[2]], 1)  # all on rank 1 of 2
+    # edge ids for W=2 and W=4, then every id rank 1 of 2 owns
+    for row, (w, rank) in enumerate(((2, None), (4, None), (2, 1))[:t]):
+        topk[row] = edge_ids(case, w, case.n_states[token_to_req[row]], rank)
     if kind == "mixed" and t > 3:
         topk[-1] = -1  # a prefill row with no compressed candidate
     swa_slots = 4 * SWA_WIDTH
@@ -286,8 +285,6 @@ def build_step(case: Case, kind: str) -> Step:
 
 def caches(case: Case, step: Step, w: int):
     """The compressed caches of ``w`` ranks (vLLM placement, NaN where unwritten)."""
-    from bakery import dcp_reference as ref
-
     layout = ref.Layout(w, case.k if w > 1 else 1, case.bs)
     return ref.build_caches(step.states, layout, torch.Generator().manual_seed(case.seed + w))
 
@@ -322,22 +319,11 @@ def load_patched(tree: Path):
     return mod, found[0], report
 
 
-class GlooGroup:
-    """vLLM ``GroupCoordinator`` surface over the default gloo group."""
+class GlooGroup(ref.TorchGroup):
+    """``TorchGroup`` over the default gloo group, plus the ``device_group`` that
+    ``dcp_a2a_lse_reduce`` hands to ``all_to_all_single`` (None: the default group)."""
 
-    def __init__(self) -> None:
-        from bakery import dcp_reference as ref
-
-        self._group = ref.TorchGroup()
-        self.world_size = self._group.world_size
-        self.rank_in_group = self._group.rank_in_group
-        self.device_group = None  # dist.* on the default (gloo) group
-
-    def all_gather(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
-        return self._group.all_gather(x, dim)
-
-    def reduce_scatter(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
-        return self._group.reduce_scatter(x, dim)
+    device_group = None
 
 
 def make_layer(mod, cls, case: Case, step: Step, group, combine: str):
@@ -495,8 +481,6 @@ def compare(got: torch.Tensor, want: torch.Tensor, rows: tuple[str, ...]) -> dic
 
 def reference_dcp1(case: Case, step: Step, cache) -> torch.Tensor:
     """``bakery.dcp_reference.dcp1_attention`` on the same step (padding rows: sink only)."""
-    from bakery import dcp_reference as ref
-
     ref_step = ref.Step(
         q=step.q,
         states=step.states,
