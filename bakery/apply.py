@@ -2,21 +2,27 @@
 
 ``plan`` reads each touched file once, runs every hunk of every patch against
 an in-memory overlay and raises on the first hunk that cannot be placed, so a
-failing series writes nothing. ``write`` then commits the overlay file by file
-(each file atomically). A patch whose reverse applies cleanly is reported as
-already applied instead of as a conflict.
+failing series writes nothing. ``write`` then stages every new file beside its
+target, swaps them in, and on any fault puts every file back: all or nothing.
+A patch whose reverse applies cleanly is reported as already applied instead
+of as a conflict.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import stat
+import tempfile
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .diff import Patch
 from .engine import FileResult, apply_file_patch
-from .errors import HunkFailed
-from .tree import inside, read_file, write_atomic
+from .errors import HunkFailed, UnreadableInput, UnsafePathError, WriteFailed
+from .tree import inside
 
 __all__ = ["PatchOutcome", "Plan", "plan", "write", "APPLIED", "ALREADY_APPLIED"]
 
@@ -42,6 +48,28 @@ class Plan:
     @property
     def changed(self) -> list[str]:
         return sorted(p for p in self.after if self.after[p] != self.before[p])
+
+
+def read_target(tree: Path, path: str) -> bytes | None:
+    """A file a patch names: None when absent; a symlink or a non-regular file
+    (FIFO, device) is refused as GNU patch refuses it, never followed or replaced."""
+    target = inside(tree, path)
+    try:
+        info = os.lstat(target)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UnreadableInput(f"cannot read target ({exc.strerror}): {path!r}") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise UnsafePathError(f"target is a symlink; refusing to patch it: {path!r}")
+    if stat.S_ISDIR(info.st_mode):
+        raise UnsafePathError(f"path is a directory, not a file: {path!r}")
+    if not stat.S_ISREG(info.st_mode):
+        raise UnsafePathError(f"target is not a regular file; refusing to patch it: {path!r}")
+    try:
+        return target.read_bytes()
+    except OSError as exc:
+        raise UnreadableInput(f"cannot read target ({exc.strerror}): {path!r}") from None
 
 
 def _run(patch: Patch, overlay: dict[str, bytes | None], read, max_fuzz: int):
@@ -75,7 +103,7 @@ def plan(
             inside(tree, path)  # refuse unsafe targets before reading anything
 
     def read(path: str) -> bytes | None:
-        return files.get(path) if files is not None else read_file(tree, path)
+        return files.get(path) if files is not None else read_target(tree, path)
 
     ordered = [p.reversed() for p in reversed(patches)] if reverse else list(patches)
     overlay: dict[str, bytes | None] = {}
@@ -100,14 +128,90 @@ def plan(
     return Plan(tree, tuple(outcomes), before, dict(overlay), modes)
 
 
+def _stage(target: Path, data: bytes, mode: int | None) -> Path:
+    """The new content in a temp file beside ``target``, ready to be renamed over it."""
+    if mode is None:
+        try:
+            mode = target.stat().st_mode & 0o777
+        except FileNotFoundError:
+            mode = 0o644
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".new", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, mode)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return Path(tmp)
+
+
+def _keep_aside(target: Path) -> Path:
+    """A second name for the old file (same inode), so a rename restores it exactly."""
+    kept = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.old")
+    try:
+        os.link(target, kept)
+    except OSError:  # a filesystem without hard links
+        shutil.copy2(target, kept)
+    return kept
+
+
+def _make_parents(folder: Path, root: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; returns those created, outermost first."""
+    missing = []
+    while not folder.exists() and folder != root:
+        missing.append(folder)
+        folder = folder.parent
+    for made in reversed(missing):
+        made.mkdir()
+    return missing[::-1]
+
+
 def write(result: Plan) -> list[str]:
-    """Commit a plan to its tree; returns the paths that changed."""
+    """Commit a plan to its tree, all or nothing; returns the paths that changed.
+
+    Every new file is staged beside its target and every old one kept under a
+    second name before the first rename, so a fault at any step (a read-only
+    folder, a full disk, an interrupt) renames each file back as it was."""
     changed = result.changed
-    for path in changed:
-        target = inside(result.tree, path)
-        content = result.after[path]
-        if content is None:
-            target.unlink()
-        else:
-            write_atomic(target, content, result.modes.get(path))
+    targets = {path: inside(result.tree, path) for path in changed}
+    staged: dict[str, Path] = {}
+    kept: dict[str, Path] = {}
+    made: list[Path] = []
+    swapped: list[str] = []
+    try:
+        for path, target in targets.items():
+            if result.before[path] is not None:
+                kept[path] = _keep_aside(target)
+            content = result.after[path]
+            if content is not None:
+                made += _make_parents(target.parent, Path(result.tree))
+                staged[path] = _stage(target, content, result.modes.get(path))
+        for path, target in targets.items():
+            if path in staged:
+                os.replace(staged[path], target)
+                del staged[path]
+            else:
+                os.unlink(target)
+            swapped.append(path)
+    except BaseException as exc:
+        for path in reversed(swapped):
+            if path in kept:
+                os.replace(kept[path], targets[path])
+                del kept[path]
+            else:
+                os.unlink(targets[path])
+        for leftover in [*staged.values(), *kept.values()]:
+            leftover.unlink(missing_ok=True)
+        for folder in reversed(made):
+            folder.rmdir()
+        if isinstance(exc, OSError):
+            raise WriteFailed(
+                f"cannot write the patched tree ({exc.strerror or exc}); "
+                f"every file was put back: {str(exc.filename or result.tree)!r}",
+                hint="fix the permissions or free disk space, then run it again",
+            ) from None
+        raise
+    for old in kept.values():
+        old.unlink()
     return changed

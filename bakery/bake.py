@@ -8,20 +8,31 @@ at any moment leaves the previous tree intact.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
-import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.version import Version
 
 from . import apply, manifest
-from .errors import PreimageMismatch
+from .errors import BakeryError, PreimageMismatch
 from .fetch import cache_dir, fetch
 from .progress import interactive, step, warn
 from .series import Pin, Series
-from .tree import clone_tree, empty_trash, remove_tree, stamp, swap_into_place, write_atomic
+from .tree import (
+    clone_tree,
+    empty_trash,
+    inside,
+    remove_tree,
+    stamp,
+    swap_into_place,
+    sweep_dead,
+    write_atomic,
+)
 from .wheel import (
     WheelInfo,
     extract,
@@ -39,6 +50,7 @@ __all__ = [
     "unpacked",
     "patched_version",
     "staleness",
+    "pristine_edits",
 ]
 
 
@@ -87,6 +99,18 @@ def pristine(wheel: WheelInfo, sha256: str, cache: Path) -> Path:
     return root
 
 
+def pristine_edits(sha256: str, cache: Path | None = None) -> list[str]:
+    """Files of the cached pristine tree whose size or mtime moved since extraction:
+    an append (``>>``) to an untouched file of a baked tree lands here, through the
+    hard link, and changes every tree linked to it ([] if none, or nothing cached)."""
+    root = (cache or cache_dir()) / "pristine" / sha256
+    stamp_path = root.with_name(f"{sha256}.stamp.json")
+    if not (root.is_dir() and stamp_path.is_file()):
+        return []
+    then, now = json.loads(stamp_path.read_text()), stamp(root)
+    return sorted(rel for rel in set(then) | set(now) if then.get(rel) != now.get(rel))
+
+
 def unpacked(pin: Pin, cache: Path | None = None, wheel: Path | None = None) -> Path:
     """Fetch (hash-pinned) and extract a pinned wheel; the read-only pristine root."""
     cache = cache or cache_dir()
@@ -101,7 +125,7 @@ def _check_preimage(root: Path, wheel: WheelInfo, series: Series) -> None:
     for path in series.touched:
         member = f"{series.package}/{path}"
         expected = wheel.record.get(member)
-        target = root / member
+        target = inside(root, member)
         if expected is None:
             if target.exists():
                 bad.append(f"{member} (not in RECORD)")
@@ -168,6 +192,27 @@ def _write_wheel(
     return out
 
 
+@contextlib.contextmanager
+def _build_lock(build: Path) -> Iterator[None]:
+    """One bake at a time per build folder: they share dist/, .trash and the staging
+    names, so a second bake would sweep the first one's staging from under it."""
+    build.mkdir(parents=True, exist_ok=True)
+    with open(build / ".bake.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise BakeryError(
+                f"another bake is running in this build folder (pid {holder}): {str(build)!r}",
+                hint="wait for it to finish, or bake elsewhere (`bakery bake --build DIR`)",
+            ) from None
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield  # the lock goes with the file's close, also when the process is killed
+
+
 def bake(
     series: Series,
     base_key: str = "default",
@@ -184,31 +229,33 @@ def bake(
     root = pristine(base, pin.sha256, cache)
     _check_preimage(root, base, series)
     with step(f"applying {len(series.entries)} patch(es) of {series.name}"):
-        plan = apply.plan(root / series.package, series.patches, max_fuzz=series.max_fuzz)
+        plan = apply.plan(inside(root, series.package), series.patches, max_fuzz=series.max_fuzz)
     version = patched_version(series, pin.version)
     wheel_name = patched_wheel_name(base, version)
     data = manifest.build(series, pin, plan, wheel_name)
 
     tree = tree_dir(build, base_key)
-    build.mkdir(parents=True, exist_ok=True)
-    trash = build / ".trash"
-    for stale in build.glob(f".{tree.name}.new-*"):  # left by a killed bake
-        trash.mkdir(exist_ok=True)
-        os.rename(stale, trash / f"{stale.name}-{uuid.uuid4().hex[:12]}")
-    staging = build / f".{tree.name}.new-{os.getpid()}"
     changed = {f"{series.package}/{p}": plan.after[p] for p in plan.changed}
     modes = {f"{series.package}/{p}": mode for p, mode in plan.modes.items()}
-    try:
-        with step(f"writing {tree}"):
-            clone_tree(root, staging, skip=frozenset(changed))
-            for member, content in changed.items():
-                if content is not None:
-                    write_atomic(staging / member, content, modes.get(member))
-            manifest.write(staging / manifest.MANIFEST, data)
-        out = _write_wheel(base, build / "dist", wheel_name, version, changed, data, trash)
-        swap_into_place(staging, tree, trash)
-    except BaseException:
-        remove_tree(staging)
-        raise
-    empty_trash(trash)
+    with _build_lock(build):
+        # Partial trees and wheels of killed bakes (only those whose process is gone);
+        # the cache may sit on another filesystem than the trash.
+        trash = build / ".trash"
+        for folder in (build, build / "dist"):
+            sweep_dead(folder, trash)
+        sweep_dead(cache / "pristine")
+        staging = build / f".{tree.name}.new-{os.getpid()}"
+        try:
+            with step(f"writing {tree}"):
+                clone_tree(root, staging, skip=frozenset(changed))
+                for member, content in changed.items():
+                    if content is not None:
+                        write_atomic(inside(staging, member), content, modes.get(member))
+                manifest.write(staging / manifest.MANIFEST, data)
+            out = _write_wheel(base, build / "dist", wheel_name, version, changed, data, trash)
+            swap_into_place(staging, tree, trash)
+        except BaseException:
+            remove_tree(staging)
+            raise
+        empty_trash(trash)
     return BakeResult(tree, tree / manifest.MANIFEST, out, plan)

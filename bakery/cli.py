@@ -8,6 +8,7 @@ work failed, 2: bad usage or unreadable input). Tests call ``main([...])``.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from collections import Counter
@@ -18,36 +19,60 @@ import click
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from . import __version__, manifest, refresh
+from . import __version__, manifest, rebase_loop, refresh
 from . import apply as apply_mod
 from . import rebase as rebase_mod
+from . import status as status_mod
 from .bake import bake as run_bake
-from .bake import staleness, tree_dir, unpacked
-from .diff import parse_patch, parse_renames
-from .errors import BakeryError, PatchParseError, UsageError
+from .bake import pristine_edits, staleness, tree_dir, unpacked
+from .diff import parse_patch, parse_renames, read_patch, render_file_diff
+from .errors import BakeryError, UsageError
+from .fetch import cache_dir
 from .importcheck import import_check, touched_modules
+from .launch.cli import doctor_cmd
 from .launch.cli import launch as launch_group
 from .linkcheck import format_finding, run_linkcheck
+from .rebase_loop import refuse_during_rebase
 from .series import DEFAULT_SERIES, load_series
 from .tree import read_file, write_atomic
 from .verify.commands import verify
 
 __all__ = ["main", "cli", "run_command"]
 
+
+def repo_root(start: Path | None = None) -> Path:
+    """The nearest folder at or above ``start`` that holds the default series, found the
+    way git finds ``.git`` (relative to the current folder; "." when it is the root)."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / DEFAULT_SERIES / "series.toml").is_file():
+            return Path(os.path.relpath(folder))
+    return Path(".")
+
+
+def _under_root(default: Path):
+    """A click callback: an option left out means ``default`` under the repo root."""
+
+    def resolve(ctx, param, value):
+        return value if value is not None else repo_root() / default
+
+    return resolve
+
+
 _series_option = click.option(
     "--series",
     "series_dir",
     type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_SERIES,
-    show_default=True,
+    callback=_under_root(DEFAULT_SERIES),
+    show_default=f"{DEFAULT_SERIES} in the repo root",
     help="Series folder (holds series.toml).",
 )
 _build_option = click.option(
     "--build",
     "build_dir",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path("build"),
-    show_default=True,
+    callback=_under_root(Path("build")),
+    show_default="build in the repo root",
     help="Build folder (baked trees under it, wheels in dist/).",
 )
 _base_option = click.option(
@@ -59,8 +84,31 @@ _base_option = click.option(
 )
 
 
+def _print_version(ctx, param, value) -> None:
+    """--version: the tool, and the series of this checkout with its pins."""
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo(f"bakery {__version__}")
+    try:
+        series = load_series(repo_root() / DEFAULT_SERIES)
+    except BakeryError as exc:
+        click.echo(f"series: none ({exc})")
+        ctx.exit(0)
+    click.echo(f"series {series.name} sha256 {series.sha256}")
+    for pin in [*series.bases.values(), *series.dependencies.values()]:
+        click.echo(f"  {pin.key}: {pin.requirement} sha256 {pin.sha256}")
+    ctx.exit(0)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="bakery")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the tool version, the series sha256 and the pins, and exit.",
+)
 def cli() -> None:
     """Bake a patch series onto a pinned vLLM wheel."""
 
@@ -97,14 +145,14 @@ def _plan_json(plan: apply_mod.Plan, dry_run: bool) -> dict:
     }
 
 
-def _print_plan(plan: apply_mod.Plan) -> None:
+def _print_plan(plan: apply_mod.Plan, dry_run: bool) -> None:
     for outcome in plan.outcomes:
         if outcome.status == apply_mod.ALREADY_APPLIED:
             click.echo(
                 f"{outcome.patch.name}: already applied (it reverse-applies cleanly), skipped"
             )
             continue
-        click.echo(f"{outcome.patch.name}: applied")
+        click.echo(f"{outcome.patch.name}: {'would apply' if dry_run else 'applied'}")
         for result in outcome.files:
             hunks = ", ".join(_placement_text(p) for p in result.placements)
             click.echo(f"  {result.path}: {hunks}")
@@ -145,18 +193,14 @@ def apply_cmd(fuzz, renames, strip, dry_run, reverse, as_json, tree, patches) ->
     rename_pairs = parse_renames(renames)
     parsed = []
     for path in patches:
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise PatchParseError(f"cannot read patch ({exc.strerror}): {str(path)!r}") from None
-        parsed.append(parse_patch(data, path.name, renames=rename_pairs, strip=strip))
+        parsed.append(parse_patch(read_patch(path), path.name, renames=rename_pairs, strip=strip))
     plan = apply_mod.plan(tree, parsed, max_fuzz=fuzz, reverse=reverse)
     if not dry_run:
         apply_mod.write(plan)
     if as_json:
         click.echo(json.dumps(_plan_json(plan, dry_run), indent=2))
         return
-    _print_plan(plan)
+    _print_plan(plan, dry_run)
     if dry_run:
         click.echo("dry run: nothing written")
 
@@ -181,12 +225,14 @@ def bake_cmd(series_dir, base_key, wheel, build_dir, check_only) -> None:
     series = load_series(series_dir)
     if check_only:
         problems = staleness(series, base_key, build_dir)
+        problems += _linked_edits(series.base(base_key).sha256)
         for problem in problems:
             click.echo(problem)
         if problems:
             raise BakeryError(f"{tree_dir(build_dir, base_key)} is stale", hint="run `make bake`")
         click.echo(f"ok: {tree_dir(build_dir, base_key)} is series {series.sha256[:8]}")
         return
+    refuse_during_rebase(build_dir)
     result = run_bake(series, base_key, build=build_dir, wheel=wheel)
     for outcome in result.plan.outcomes:
         if outcome.status == apply_mod.ALREADY_APPLIED:
@@ -196,6 +242,15 @@ def bake_cmd(series_dir, base_key, wheel, build_dir, check_only) -> None:
         f"{len(result.plan.changed)} file(s) patched)"
     )
     click.echo(f"wheel {result.wheel}")
+
+
+def _linked_edits(base_sha256: str) -> list[str]:
+    """A baked tree shares its untouched files with the pristine cache (hard links):
+    an edit of one is an edit of the other, invisible to per-file hashes of the tree."""
+    return [
+        f"modified through a hard link into the pristine cache: {rel}"
+        for rel in pristine_edits(base_sha256)
+    ]
 
 
 @cli.command("check")
@@ -212,10 +267,13 @@ def check_cmd(directory: Path) -> None:
     ):
         for rel in paths:
             click.echo(f"{label}: {rel}")
-    if not drift.clean:
-        count = len(drift.modified) + len(drift.missing) + len(drift.extra)
+    linked = _linked_edits(data["base"]["sha256"]) if path.parent == directory else []
+    for line in linked:
+        click.echo(line)
+    if not drift.clean or linked:
+        count = len(drift.modified) + len(drift.missing) + len(drift.extra) + len(linked)
         raise BakeryError(
-            f"{count} touched file(s) drifted from {path}",
+            f"{count} file(s) drifted from {path}",
             hint="re-run `make bake` (or reinstall the patched wheel)",
         )
     click.echo(f"ok: {len(data['files'])} touched file(s) match {path}")
@@ -227,12 +285,20 @@ def check_cmd(directory: Path) -> None:
 @click.option(
     "--tree",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Baked tree to import from (default: build/baked-<base>).",
+    help="Baked tree to import from [default: build/baked for --base default, "
+    "build/baked-cpu for --base cpu, in the repo root].",
 )
 def importcheck_cmd(series_dir, base_key, tree) -> None:
     """Import every touched module from the baked tree in a fresh interpreter."""
     series = load_series(series_dir)
-    tree = tree or tree_dir(Path("build"), base_key)
+    series.base(base_key)  # an unknown base is refused before anything else
+    tree = tree or tree_dir(repo_root() / "build", base_key)
+    if not (tree / manifest.MANIFEST).is_file():
+        raise BakeryError(
+            f"no baked tree to import from: {str(tree)!r}",
+            hint=f"run `bakery bake --base {base_key}` first, or pass "
+            "`bakery importcheck --tree DIR`",
+        )
     results = import_check(tree, touched_modules(series))
     for result in results:
         click.echo(f"{'ok' if result.ok else 'FAIL'}: {result.module}: {result.detail}")
@@ -286,18 +352,26 @@ def linkcheck_cmd(series_dir, base_key, only) -> None:
 @click.option(
     "--stage",
     type=click.IntRange(1, 9),
-    default=1,
-    show_default=True,
-    help="DCP stage recorded for new patches.",
+    help="DCP stage recorded for new patches [default: the one last committed for the "
+    "same patch file, else 1].",
 )
-@click.option("--summary", default="", help="One-line summary recorded for new patches.")
+@click.option(
+    "--summary",
+    help="One-line summary recorded for new patches [default: the one last committed for "
+    "the same patch file].",
+)
 @click.option("--yes", is_flag=True, help="Remove patches of files that no longer differ.")
 @click.option("--no-bake", is_flag=True, help="Do not re-bake after writing the patches.")
-def refresh_cmd(series_dir, base_key, build_dir, check_only, at, stage, summary, yes, no_bake):
+@click.option(
+    "--dry-run", is_flag=True, help="Show what refresh would write (a diff per patch file)."
+)
+def refresh_cmd(
+    series_dir, base_key, build_dir, check_only, at, stage, summary, yes, no_bake, dry_run
+):
     """Turn edits in the baked tree into the series' per-file patches."""
     series = load_series(series_dir)
-    pristine_pkg = unpacked(series.base(base_key)) / series.package
     if check_only:
+        pristine_pkg = unpacked(series.base(base_key)) / series.package
         problems = refresh.check(series, pristine_pkg)
         for problem in problems:
             click.echo(problem)
@@ -308,20 +382,37 @@ def refresh_cmd(series_dir, base_key, build_dir, check_only, at, stage, summary,
             )
         click.echo(f"ok: {len(series.entries)} patch(es) are clean and up to date")
         return
+    refuse_during_rebase(build_dir)
     tree = tree_dir(build_dir, base_key)
     if not (tree / manifest.MANIFEST).is_file():
-        raise BakeryError(f"no baked tree to refresh from: {str(tree)!r}", hint="run `make bake`")
-    edited = refresh.differing_files(pristine_pkg, tree / series.package)
+        raise BakeryError(
+            f"no baked tree to refresh from: {str(tree)!r}",
+            hint=f"run `bakery bake --base {base_key}`",
+        )
+    _refuse_if_series_moved(series, base_key, tree)
+    pristine_pkg = unpacked(series.base(base_key)) / series.package
+    strays: list[str] = []
+    edited = refresh.differing_files(pristine_pkg, tree / series.package, strays)
+    for rel in strays:
+        click.echo(f"ignored (stray file): {series.package}/{rel}")
     changes = refresh.plan_refresh(series, edited, at)
     if not changes:
         click.echo(f"nothing to refresh: every patch matches {tree}")
+        return
+    if dry_run:
+        for change in changes:
+            click.echo(f"would {change.action}: {change.file}")
+            old = (series.root / change.file).read_bytes() if change.action != "add" else None
+            diff = render_file_diff(change.file, old, change.data)
+            click.echo(diff.decode("utf-8", "replace"), nl=False)
+        click.echo("dry run: nothing written")
         return
     removed = [c.file for c in changes if c.action == "remove"]
     if removed and not yes:
         if not sys.stdin.isatty():
             raise UsageError(f"would remove {len(removed)} patch(es) (pass --yes): {removed!r}")
         click.confirm(f"remove {', '.join(removed)}?", abort=True)
-    refresh.write_refresh(series, changes, stage, summary)
+    refresh.write_refresh(series, changes, stage, summary, refresh.remembered_entries(series))
     for change in changes:
         click.echo(f"{change.action}: {change.file}")
     if no_bake:
@@ -335,13 +426,31 @@ def refresh_cmd(series_dir, base_key, build_dir, check_only, at, stage, summary,
     click.echo(f"re-baked {result.tree}: the series reproduces every edit")
 
 
+def _refuse_if_series_moved(series, base_key: str, tree: Path) -> None:
+    """Refresh rewrites patches from the tree: if the series changed after the bake,
+    that would silently undo the change (a hand edit of a patch), so refuse."""
+    baked = manifest.load(tree / manifest.MANIFEST)
+    moved = refresh.series_changes_since_bake(series, baked)
+    if baked["base"]["sha256"] != series.base(base_key).sha256:
+        moved.append(f"the {base_key} pin: baked from {baked['base']['requirement']}")
+    if moved:
+        for line in moved:
+            click.echo(line, err=True)
+        raise BakeryError(
+            f"the series changed after {tree} was baked: refresh would undo that change",
+            hint=f"to keep the series as it is, re-bake (`bakery bake --base {base_key}`, "
+            f"which replaces edits in {tree}); to keep the tree's edits, restore the "
+            "series (e.g. `git checkout -- patches/`) and refresh again",
+        )
+
+
 @cli.command("rebase")
 @_series_option
 @_base_option
+@_build_option
 @click.option(
     "--to",
     "target",
-    required=True,
     metavar="NAME==X.Y.Z",
     help="The release to try, e.g. vllm==0.33.0.",
 )
@@ -356,11 +465,59 @@ def refresh_cmd(series_dir, base_key, build_dir, check_only, at, stage, summary,
     is_flag=True,
     help="Also replace the current series with the refreshed one (only if all apply).",
 )
-def rebase_cmd(series_dir, base_key, target, out, fuzz, in_place) -> None:
-    """Try the series on another release: per-hunk report, refreshed series, linkcheck."""
+@click.option(
+    "--checkout",
+    is_flag=True,
+    help="Write the series onto the release into the baked tree, with 3-way conflict "
+    "markers where it does not place; then fix them and --continue.",
+)
+@click.option(
+    "--continue",
+    "resume",
+    is_flag=True,
+    help="After --checkout: refresh the series from the fixed tree, move the pins, "
+    "re-bake, linkcheck.",
+)
+@click.option(
+    "--abort",
+    is_flag=True,
+    help="After --checkout: restore the series and the baked tree as they were.",
+)
+def rebase_cmd(
+    series_dir, base_key, build_dir, target, out, fuzz, in_place, checkout, resume, abort
+) -> None:
+    """Try the series on another release: per-hunk report, refreshed series, linkcheck.
+
+    With --checkout, --continue and --abort it is the conflict loop of `git rebase`."""
+    modes = [
+        name
+        for name, on in (
+            ("--checkout", checkout),
+            ("--continue", resume),
+            ("--abort", abort),
+            ("--in-place", in_place),
+        )
+        if on
+    ]
+    if len(modes) > 1:
+        raise UsageError(f"choose one of {', '.join(modes)}")
+    if (resume or abort) and (target or out):
+        raise UsageError(f"{modes[0]} takes no --to or --out: the rebase in progress has them")
+    if checkout and out:
+        raise UsageError("--checkout writes into the baked tree and takes no --out")
+    if not (resume or abort) and not target:
+        raise UsageError("missing --to NAME==X.Y.Z", hint="e.g. `bakery rebase --to vllm==0.33.0`")
+    if resume:
+        return _rebase_continue(build_dir)
+    if abort:
+        state = rebase_loop.abort(build_dir)
+        click.echo(f"aborted the rebase onto {state['release']}: series and tree restored")
+        return None
     series = load_series(series_dir)
     version = _release_version(target, series.base(base_key).name)
-    out = out or Path("build") / "rebase" / f"{series.base(base_key).name}-{version}"
+    if checkout:
+        return _rebase_checkout(series, version, build_dir, base_key, fuzz)
+    out = out or build_dir / "rebase" / f"{series.base(base_key).name}-{version}"
     report = rebase_mod.rebase(series, version, out, base_key=base_key, max_fuzz=fuzz)
     counts = Counter(h["status"] for h in report["hunks"])
     click.echo(
@@ -371,13 +528,16 @@ def rebase_cmd(series_dir, base_key, target, out, fuzz, in_place) -> None:
         click.echo(f"  {patch}: {status}")
     for finding in report["linkcheck"]:
         click.echo(f"linkcheck: {finding}")
+    for note in report["kept_bases"]:
+        click.echo(f"warning: {note}", err=True)
     click.echo(f"refreshed series and report: {out}")
     problems = counts["failed"] + len(report["linkcheck"])
     if problems:
         raise BakeryError(
             f"{counts['failed']} hunk(s) failed and {len(report['linkcheck'])} "
             f"linkcheck finding(s) on {report['release']}",
-            hint=f"see {out / 'rebase.md'}",
+            hint=f"see {out / 'rebase.md'}; `bakery rebase --checkout` writes the conflicts "
+            "into the baked tree to fix them",
         )
     if in_place:
         for old in series.root.glob("*.diff"):
@@ -385,6 +545,44 @@ def rebase_cmd(series_dir, base_key, target, out, fuzz, in_place) -> None:
         for new in sorted(out.glob("*.diff")) + [out / "series.toml"]:
             shutil.copyfile(new, series.root / new.name)
         click.echo(f"replaced {series.root} with the refreshed series")
+    return None
+
+
+def _rebase_checkout(series, version: str, build_dir: Path, base_key: str, fuzz: int) -> int:
+    state = rebase_loop.checkout(
+        series, version, build_dir, base_key=base_key, max_fuzz=fuzz, cache=cache_dir()
+    )
+    tree = tree_dir(build_dir, base_key) / series.package
+    for path, info in state["files"].items():
+        click.echo(f"{info['status']}: {tree / path} ({info['patch']})")
+    for note in state["notes"]:
+        click.echo(f"warning: {note}", err=True)
+    left = [p for p, info in state["files"].items() if info["status"] == "conflict"]
+    if left:
+        click.echo(f"{len(left)} file(s) with conflicts left; {rebase_loop.NEXT_STEP}")
+        return 1
+    click.echo("no conflicts: review the tree, then `bakery rebase --continue`")
+    return 0
+
+
+def _rebase_continue(build_dir: Path) -> None:
+    report = rebase_loop.resume(build_dir, cache_dir())
+    for action, file in report["changes"]:
+        click.echo(f"{action}: {file}")
+    for rel in report["strays"]:
+        click.echo(f"ignored (stray file): {rel}")
+    for note in report["notes"]:
+        click.echo(f"warning: {note}", err=True)
+    click.echo(f"re-baked {report['tree']} on {report['release']}")
+    for finding in report["linkcheck"]:
+        click.echo(f"linkcheck: {finding}")
+    if report["linkcheck"]:
+        raise BakeryError(
+            f"rebased onto {report['release']}, but linkcheck has "
+            f"{len(report['linkcheck'])} finding(s)",
+            hint="fix them in the baked tree, then `bakery refresh`",
+        )
+    click.echo(f"rebased onto {report['release']}; linkcheck: 0 findings")
 
 
 def _release_version(target: str, project: str) -> str:
@@ -407,13 +605,20 @@ def _release_version(target: str, project: str) -> str:
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path("build") / "matrix",
-    show_default=True,
+    callback=_under_root(Path("build") / "matrix"),
+    show_default="build/matrix in the repo root",
 )
 @click.option("--fuzz", type=click.IntRange(0, 3), default=3, show_default=True)
 @click.option("--no-linkcheck", is_flag=True, help="Skip linkcheck (text status only).")
-def matrix_cmd(series_dir, base_key, releases, out, fuzz, no_linkcheck) -> None:
-    """Patch x release table of apply status and linkcheck findings (Markdown + JSON)."""
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Exit 1 if any release is missing, any patch fails or linkcheck finds anything.",
+)
+def matrix_cmd(series_dir, base_key, releases, out, fuzz, no_linkcheck, strict) -> None:
+    """Patch x release table of apply status and linkcheck findings (Markdown + JSON).
+
+    A release that cannot be fetched is a row of "missing", not an abort."""
     series = load_series(series_dir)
     project = series.base(base_key).name
     versions = [_release_version(f"{project}=={v.strip()}", project) for v in releases.split(",")]
@@ -426,10 +631,41 @@ def matrix_cmd(series_dir, base_key, releases, out, fuzz, no_linkcheck) -> None:
     write_atomic(out / "matrix.md", markdown.encode())
     click.echo(markdown, nl=False)
     click.echo(f"written: {out / 'matrix.md'}, {out / 'matrix.json'}")
+    for version, row in table["releases"].items():
+        if row.get("error"):
+            click.echo(f"warning: {version}: {row['error']}", err=True)
+    failures = rebase_mod.matrix_failures(table)
+    if strict and failures:
+        raise BakeryError(
+            f"{len(failures)} failure(s) in the matrix (--strict): " + "; ".join(failures),
+            hint=f"see {out / 'matrix.md'}",
+        )
+
+
+@cli.command("status")
+@_series_option
+@_build_option
+@click.option(
+    "--artifacts",
+    type=click.Path(file_okay=False, path_type=Path),
+    callback=_under_root(Path("artifacts") / "dcp2"),
+    show_default="artifacts/dcp2 in the repo root",
+    help="Where the launcher records its runs.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON on stdout.")
+def status_cmd(series_dir, build_dir, artifacts, as_json) -> None:
+    """What is baked (series, pins), whether it is stale, pending edits, rebase, servers."""
+    report = status_mod.collect(load_series(series_dir), build_dir, artifacts)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    for line in status_mod.lines(report):
+        click.echo(line)
 
 
 cli.add_command(verify)
 cli.add_command(launch_group)
+cli.add_command(doctor_cmd)  # `bakery doctor`: the launcher's host checks, no profile
 
 
 def run_command(command: click.Command, argv: list[str] | None, prog_name: str) -> int:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import difflib
 import hashlib
 import posixpath
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
@@ -27,6 +29,7 @@ __all__ = [
     "Patch",
     "parse_patch",
     "parse_renames",
+    "read_patch",
     "render_file_diff",
     "split_lines",
     "split_eol",
@@ -42,6 +45,14 @@ NEW_PREFIX = "baked/"
 CONTEXT_LINES = 3
 # Lossless bytes <-> str for unidiff, which only parses text.
 _CODEC = ("utf-8", "surrogateescape")
+# A bound on what is read as a diff (``/dev/zero`` never ends); the largest
+# file vLLM ships is well under 1 MiB, so a real series never comes near it.
+MAX_PATCH_BYTES = 64 << 20
+# GNU patch refuses line numbers that do not fit its LINENUM ("is too large").
+MAX_LINE_NUMBER = 2**63 - 1
+# GNU patch strips every line's trailing CR once a file's ``---``/``+++``
+# header lines both end in CRLF ("Stripping trailing CRs from patch").
+_HEADERS = re.compile(rb"^--- [^\n]*\n\+\+\+ [^\n]*\n", re.MULTILINE)
 
 
 def split_eol(raw: bytes) -> tuple[bytes, bytes]:
@@ -182,11 +193,29 @@ def parse_renames(specs: Iterable[str]) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def read_patch(path: Path) -> bytes:
+    """A diff file's bytes, read up to ``MAX_PATCH_BYTES`` (a device or pipe may never end)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_PATCH_BYTES + 1)
+    except OSError as exc:
+        raise PatchParseError(f"cannot read patch ({exc.strerror}): {str(path)!r}") from None
+    if len(data) > MAX_PATCH_BYTES:
+        raise PatchParseError(
+            f"patch is larger than {MAX_PATCH_BYTES >> 20} MiB (refused): {str(path)!r}",
+            hint="is it a diff? split a series into one diff per file",
+        )
+    return data
+
+
 def _tree_path(raw: str, strip: int, renames: Sequence[tuple[str, str]], patch: str) -> str | None:
     """Header path -> safe tree-relative path (None for /dev/null)."""
+    raw = raw.removesuffix("\r")  # GNU ends a name at whitespace; a CRLF header leaves a CR
     if raw == DEV_NULL:
         return None
     name = raw[1:-1] if len(raw) > 1 and raw.startswith('"') and raw.endswith('"') else raw
+    if "\0" in name:
+        raise PatchParseError(f"{patch}: NUL byte in diff header path (refused): {name!r}")
     if name.startswith("/"):
         raise UnsafePathError(f"{patch}: absolute path in diff header (refused): {name!r}")
     parts = [p for p in name.split("/") if p not in ("", ".")]
@@ -206,6 +235,9 @@ def _tree_path(raw: str, strip: int, renames: Sequence[tuple[str, str]], patch: 
 
 
 def _convert_hunk(number: int, hunk, patch: str) -> Hunk:
+    for value in (hunk.source_start, hunk.source_length, hunk.target_start, hunk.target_length):
+        if value > MAX_LINE_NUMBER:
+            raise PatchParseError(f"{patch}: hunk #{number}: line number is too large: {value}")
     lines: list[HunkLine] = []
     for line in hunk:
         kind = line.line_type
@@ -242,7 +274,11 @@ def parse_patch(
     missing_newline = bool(data) and not data.endswith(b"\n")
     # A diff whose own final newline was lost (the seed) means the same diff
     # with it restored; GNU patch only accepts it that way.
-    text = (data + b"\n" if missing_newline else data).decode(*_CODEC)
+    body = data + b"\n" if missing_newline else data
+    headers = _HEADERS.search(body)
+    if headers and headers[0].count(b"\r\n") == 2:
+        body = body.replace(b"\r\n", b"\n")
+    text = body.decode(*_CODEC)
     try:
         patch_set = PatchSet.from_string(text)
     except UnidiffParseError as exc:

@@ -4,15 +4,20 @@ Placement follows GNU patch 2.7 (``locate_hunk``/``apply_hunk``): exact line
 first, then the nearest offset searching outward (+k before -k), then fuzz,
 which drops up to N context lines from the hunk ends (the longer end first).
 Offsets carry over to the next hunk, and a hunk may not move above the last
-line the previous hunk changed. Context lines come from the file, so the
+line the previous hunk changed. As in GNU, when the first hunk fails at fuzz
+N but its reverse places at fuzz N, the patch is refused as reversed (or
+already applied) rather than forced in at fuzz N+1. A line that lost its
+newline gets one before anything follows it. Context lines come from the file, so the
 result matches GNU patch byte for byte. Beyond GNU: a CRLF file matches an LF
 diff, and added lines take the file's CRLF endings.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress, count
 
 from .diff import FilePatch, Hunk, HunkLine, split_lines
 from .errors import HunkFailed
@@ -22,6 +27,10 @@ __all__ = ["Placement", "FileResult", "apply_file_patch", "survey_file_patch"]
 # A line's identity for matching: the line with any CRLF ending read as LF
 # ("\ No newline at end of file" matters; LF versus CRLF does not).
 _Key = bytes
+# Offsets tried one by one before the far search by index (most hunks sit within a few lines).
+_WALK = 256
+# How often one line repeated in a hunk votes for near-match windows.
+_MAX_VOTES = 4
 
 
 @dataclass(frozen=True)
@@ -107,7 +116,17 @@ class _Matcher:
             if offset <= max_neg and self.matches(first_guess - offset, pattern, prefix_fuzz, 0):
                 return first_guess - offset
             return 0
-        for offset in range(max_offset + 1):
+        # Only offsets at which one side lies inside the file can match: an absurd
+        # start line must not cost one step per line of distance.
+        lowest = 1 - prefix_fuzz
+        first = max(0, lowest - first_guess, first_guess - max_where)
+        last = min(max_offset, max(max_where - first_guess, first_guess - lowest))
+        # Near the guess, walk GNU's order (+k before -k) one offset at a time;
+        # farther out, visit only the lines equal to the first compared line,
+        # found at C speed and sorted into the same order (a failed hunk would
+        # otherwise scan the whole file in Python).
+        near = min(last, first + _WALK)
+        for offset in range(first, near + 1):
             if offset <= max_pos and self.matches(
                 first_guess + offset, pattern, prefix_fuzz, suffix_fuzz
             ):
@@ -116,18 +135,42 @@ class _Matcher:
                 first_guess - offset, pattern, prefix_fuzz, suffix_fuzz
             ):
                 return first_guess - offset
+        if near == last or prefix_fuzz >= pat_lines - suffix_fuzz:
+            return 0
+        anchor = pattern[prefix_fuzz]
+        far = []
+        # keys[i] is the pattern's first compared line when the hunk starts at i + 1 - prefix_fuzz
+        for where in compress(count(1 - prefix_fuzz), map(anchor.__eq__, self.keys)):
+            offset = where - first_guess
+            if near < offset <= min(max_pos, last):
+                far.append((offset, 0, where))
+            elif near < -offset <= min(max_neg, last):
+                far.append((-offset, 1, where))
+        for _, _, where in sorted(far):
+            if self.matches(where, pattern, prefix_fuzz, suffix_fuzz):
+                return where
         return 0
 
     def nearest(self, pattern: Sequence[_Key], guess: int) -> tuple[int, int]:
-        """(line, matching lines) of the best near-match, ties nearest ``guess``."""
-        best = (0, 1, -1)  # (matching, -distance, line)
-        for where in range(1, max(len(self.keys) - len(pattern) + 1, 0) + 1):
-            window = self.keys[where - 1 : where - 1 + len(pattern)]
-            score = sum(a == b for a, b in zip(window, pattern, strict=False))
-            cand = (score, -abs(where - guess), where)
-            if cand > best:
-                best = cand
-        return best[2], best[0]
+        """(line, votes) of the window sharing the most lines with ``pattern``, ties
+        nearest ``guess``; (0, 0) when no window does. One pass over the file: each
+        file line equal to a pattern line votes for the window that would align them."""
+        wanted: dict[_Key, list[int]] = {}
+        for index, key in enumerate(pattern):
+            wanted.setdefault(key, []).append(index)
+        last = len(self.keys) - len(pattern) + 1  # the last window that fits
+        votes: Counter[int] = Counter()
+        hits = compress(count(1), map(wanted.__contains__, self.keys))  # at C speed
+        for line in hits:
+            # A line repeated in the pattern (blank lines) votes a bounded number
+            # of times, so the work stays linear in the file.
+            for index in wanted[self.keys[line - 1]][:_MAX_VOTES]:
+                if 1 <= line - index <= last:
+                    votes[line - index] += 1
+        if not votes:
+            return 0, 0
+        where = max(votes, key=lambda w: (votes[w], -abs(w - guess), w))
+        return where, votes[where]
 
 
 def _is_crlf(data: bytes) -> bool:
@@ -144,26 +187,50 @@ def _added(line: HunkLine, crlf: bool) -> bytes:
 
 def _failure(patch_name: str, path: str, hunk: Hunk, matcher: _Matcher, guess: int) -> HunkFailed:
     pattern = [_line_key(line) for line in hunk.old_lines]
-    where, good = matcher.nearest(pattern, guess)
+    where, _ = matcher.nearest(pattern, guess)
     head = (
         f"{patch_name}: hunk #{hunk.number} does not apply to {path!r} (expected near line {guess})"
     )
+    hint = (
+        "refresh the patch against this base (`bakery rebase --checkout` writes the "
+        "conflicts to fix), or allow fuzz (`bakery apply --fuzz N`)"
+    )
+    if len(matcher.keys) < len(pattern):
+        return HunkFailed(
+            f"{head}: the file has {len(matcher.keys)} lines, fewer than the hunk's "
+            f"{len(pattern)} lines of old side",
+            hint=hint,
+        )
     if where <= 0:
-        return HunkFailed(f"{head}: the file has fewer lines than the hunk's context")
+        return HunkFailed(f"{head}: no line of the hunk's old side is in the file", hint=hint)
     diffs = []
     for i, line in enumerate(hunk.old_lines):
-        found = matcher.keys[where - 1 + i] if where - 1 + i < len(matcher.keys) else None
+        found = matcher.keys[where - 1 + i]
         if found != _line_key(line):
-            shown = found.rstrip(b"\n").decode("utf-8", "replace") if found else "<end of file>"
+            shown = found.rstrip(b"\n").decode("utf-8", "replace")
             diffs.append(
                 f"  line {where + i}: hunk wants {line.text.decode('utf-8', 'replace')!r}\n"
                 f"  {' ' * len(str(where + i))}       file has  {shown!r}"
             )
     return HunkFailed(
         f"{head}\n nearest near-match at line {where} (offset {where - hunk.first}): "
-        f"{len(pattern) - good} of {len(pattern)} lines differ:\n" + "\n".join(diffs[:8]),
-        hint="refresh the patch against this base, or allow fuzz with --fuzz N",
+        f"{len(diffs)} of {len(pattern)} lines differ:\n" + "\n".join(diffs[:8]),
+        hint=hint,
     )
+
+
+def _refuse_if_reversed(
+    patch_name: str, path: str, hunk: Hunk, matcher: _Matcher, fuzz: int
+) -> None:
+    """GNU's precedence: when the first hunk fails at fuzz N, its reverse is tried at fuzz N
+    before fuzz N+1, so a change already in the file is not applied again with more fuzz."""
+    back = hunk.reversed()
+    if matcher.locate(back, [_line_key(line) for line in back.old_lines], fuzz, 0, 0):
+        raise HunkFailed(
+            f"{patch_name}: hunk #{hunk.number} does not apply to {path!r} at fuzz {fuzz}, "
+            "but its reverse does: reversed (or previously applied)",
+            hint="the base may already carry this change; check it, or refresh the patch",
+        )
 
 
 def _apply_hunks(
@@ -176,10 +243,17 @@ def _apply_hunks(
     out: list[bytes] = []
     frozen = 0  # input lines already copied or consumed (GNU last_frozen_line)
 
+    def emit(chunk: list[bytes]) -> None:
+        # GNU's after_newline: a line that lost its newline (fuzz dropped the
+        # "\ No newline" context, or drift) gets one before anything follows it.
+        if chunk and out and not out[-1].endswith(b"\n"):
+            out.append(b"\n")
+        out.extend(chunk)
+
     def copy_till(n: int) -> None:
         nonlocal frozen
         if n > frozen:
-            out.extend(lines[frozen:n])
+            emit(lines[frozen:n])
             frozen = n
 
     placements: list[Placement] = []
@@ -194,6 +268,8 @@ def _apply_hunks(
             where = matcher.locate(hunk, pattern, fuzz, in_offset, frozen)
             if where:
                 break
+            if hunk is file_patch.hunks[0] and not keep_going:
+                _refuse_if_reversed(patch_name, file_patch.path, hunk, matcher, fuzz)
         if not where:
             failures.append(
                 _failure(patch_name, file_patch.path, hunk, matcher, hunk.first + in_offset)
@@ -211,7 +287,7 @@ def _apply_hunks(
                 old_index += 1
             elif line.kind == "+":
                 copy_till(where + old_index - 1)
-                out.append(_added(line, crlf))
+                emit([_added(line, crlf)])
             else:
                 old_index += 1
     copy_till(len(lines))

@@ -11,12 +11,15 @@ __all__ = [
     "UsageError",
     "PatchParseError",
     "UnsafePathError",
+    "UnreadableInput",
     "HunkFailed",
+    "WriteFailed",
     "SeriesError",
     "HashMismatch",
     "FetchError",
     "PreimageMismatch",
     "WheelError",
+    "ManifestError",
 ]
 
 
@@ -48,6 +51,12 @@ class UnsafePathError(BakeryError):
     exit_code = 2
 
 
+class UnreadableInput(BakeryError):
+    """An input that exists but cannot be read (permissions, I/O errors)."""
+
+    exit_code = 2
+
+
 class SeriesError(BakeryError):
     """series.toml and the patch directory disagree or are malformed."""
 
@@ -56,6 +65,10 @@ class SeriesError(BakeryError):
 
 class HunkFailed(BakeryError):
     """A hunk could not be placed; the message carries the nearest near-match."""
+
+
+class WriteFailed(BakeryError):
+    """Everything placed, but the tree could not be written; every file was put back."""
 
 
 class HashMismatch(BakeryError):
@@ -72,3 +85,9 @@ class PreimageMismatch(BakeryError):
 
 class WheelError(BakeryError):
     """A wheel that cannot be read or rewritten safely."""
+
+
+class ManifestError(BakeryError):
+    """A BAKED.json that is unreadable, of the wrong shape, or names paths outside its tree."""
+
+    exit_code = 2

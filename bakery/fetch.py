@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,7 +20,7 @@ from packaging.utils import parse_wheel_filename
 
 from .errors import FetchError, HashMismatch
 from .series import Pin
-from .tree import write_atomic
+from .tree import sweep_dead, write_atomic
 
 __all__ = ["cache_dir", "sha256_file", "fetch", "fetch_release", "wheel_platform"]
 
@@ -36,7 +37,18 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _pip_download(args: list[str], dest: Path, platform: str, verbose: bool) -> list[Path]:
+# pip's failure, for a release fetched by version: once downloaded, it is read from the cache.
+_RELEASE_HINT = "check the network (a release is downloaded once, then read from the cache)"
+# For a pinned wheel: `bake --wheel` puts a local copy in the cache for every later command.
+_PIN_HINT = (
+    "check the network, or put a local copy of the pinned wheel in the cache once with "
+    "`bakery bake --wheel PATH`"
+)
+
+
+def _pip_download(
+    args: list[str], dest: Path, platform: str, verbose: bool, hint: str = _RELEASE_HINT
+) -> list[Path]:
     """``pip download --no-deps`` of binary wheels into ``dest``; the wheels it wrote."""
     cmd = [
         sys.executable,
@@ -62,7 +74,7 @@ def _pip_download(args: list[str], dest: Path, platform: str, verbose: bool) -> 
         tail = " | ".join((proc.stdout or "").strip().splitlines()[-3:]) or "no output"
         raise FetchError(
             f"pip could not download ({tail}): {' '.join(args)!r}",
-            hint="check the network, or pass --wheel PATH to use a local copy",
+            hint=hint,
         )
     return wheels
 
@@ -81,6 +93,23 @@ def _check(path: Path, pin: Pin) -> None:
         )
 
 
+def _keep(wheel: Path, cached: Path) -> None:
+    """A wheel given by path (already verified) joins the cache under its sha256, so every
+    later command that needs this pin (refresh --check, linkcheck, rebase) works offline."""
+    if cached.is_file():
+        return
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_name(f".{cached.name}.tmp-{os.getpid()}")
+    try:
+        try:
+            os.link(wheel, tmp)
+        except OSError:  # another filesystem
+            shutil.copyfile(wheel, tmp)
+        os.replace(tmp, cached)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def fetch(
     pin: Pin, *, wheel: Path | None = None, cache: Path | None = None, verbose: bool = False
 ) -> Path:
@@ -89,8 +118,10 @@ def fetch(
         if not Path(wheel).is_file():
             raise FetchError(f"no such wheel file: {str(wheel)!r}")
         _check(Path(wheel), pin)
+        _keep(Path(wheel), (cache or cache_dir()) / "wheels" / pin.sha256 / pin.wheel)
         return Path(wheel)
     folder = (cache or cache_dir()) / "wheels" / pin.sha256
+    sweep_dead(folder)  # downloads of killed fetches (named for their pid, as below)
     cached = folder / pin.wheel
     if cached.exists():
         try:
@@ -99,11 +130,13 @@ def fetch(
         except HashMismatch:
             cached.unlink()  # corrupt or tampered cache entry: fetch it again
     folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
+    with tempfile.TemporaryDirectory(
+        dir=folder, prefix=".download-", suffix=f".tmp-{os.getpid()}"
+    ) as tmp:
         requirements = Path(tmp) / "requirements.txt"
         requirements.write_text(f"{pin.requirement} --hash=sha256:{pin.sha256}\n")
         args = ["--require-hashes", "-r", str(requirements)]
-        _pip_download(args, Path(tmp), wheel_platform(pin.wheel), verbose)
+        _pip_download(args, Path(tmp), wheel_platform(pin.wheel), verbose, _PIN_HINT)
         downloaded = Path(tmp) / pin.wheel
         if not downloaded.is_file():
             raise FetchError(f"pip fetched another file than the pinned wheel: {pin.wheel!r}")
@@ -112,19 +145,47 @@ def fetch(
     return cached
 
 
+def _release_index(path: Path) -> dict[str, dict[str, str]]:
+    """The cache's record of first-seen release hashes: "<req> <platform>" -> wheel, sha256."""
+    if not path.is_file():
+        return {}
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        index = None
+    pin_keys = {"wheel", "sha256"}
+    if not (
+        isinstance(index, dict)
+        and all(
+            isinstance(v, dict)
+            and set(v) == pin_keys
+            and all(isinstance(x, str) for x in v.values())
+            for v in index.values()
+        )
+    ):
+        raise FetchError(
+            f"release index is not an object of {{wheel, sha256}} entries: {str(path)!r}",
+            hint="delete it; the next fetch pins each release by the sha256 it sees again",
+        )
+    return index
+
+
 def fetch_release(requirement: str, platform: str, cache: Path | None = None) -> Pin:
     """Fetch an unpinned release and pin it by the sha256 seen (recorded in the cache's
     index, so later runs verify against the first download instead of trusting again)."""
     cache = cache or cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     index_path = cache / "index.json"
-    index = json.loads(index_path.read_text()) if index_path.is_file() else {}
+    index = _release_index(index_path)
     key = f"{requirement} {platform}"
     if key in index:
         pin = Pin.parse(key, {"requirement": requirement, **index[key]}, str(index_path))
         fetch(pin, cache=cache)  # verifies against the hash seen first, refetches if needed
         return pin
-    with tempfile.TemporaryDirectory(dir=cache, prefix=".release-") as tmp:
+    sweep_dead(cache)
+    with tempfile.TemporaryDirectory(
+        dir=cache, prefix=".release-", suffix=f".tmp-{os.getpid()}"
+    ) as tmp:
         wheels = _pip_download([requirement], Path(tmp), platform, verbose=False)
         pin = Pin.parse(
             key,

@@ -11,18 +11,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import __version__
 from .apply import Plan
-from .errors import BakeryError
+from .errors import ManifestError, UnsafePathError
 from .series import Pin, Series
+from .tree import inside, relative
 
 __all__ = ["MANIFEST", "build", "dumps", "write", "load", "find", "Drift", "check"]
 
 MANIFEST = "BAKED.json"
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _sha(data: bytes | None) -> str | None:
@@ -89,18 +92,64 @@ def find(root: Path) -> Path:
     if len(found) == 1:
         return found[0]
     what = "several patched installs" if found else f"no {MANIFEST}"
-    raise BakeryError(
+    raise ManifestError(
         f"not a baked tree or patched site-packages ({what}): {str(root)!r}",
         hint="run `make bake`, or point at the folder holding BAKED.json",
     )
 
 
+def _is_sha(value) -> bool:
+    return isinstance(value, str) and bool(_SHA256.match(value))
+
+
+def _shape_problems(data) -> list[str]:
+    """What ``check`` and ``staleness`` rely on: the two sha256s, and ``files`` mapping
+    tree-relative paths to their ``pre``/``post`` sha256 (null where absent)."""
+    if not isinstance(data, dict):
+        return [f"the top level must be an object, not {type(data).__name__}"]
+    problems = [
+        f"{key}.sha256 must be 64 hex digits"
+        for key in ("series", "base")
+        if not (isinstance(data.get(key), dict) and _is_sha(data[key].get("sha256")))
+    ]
+    files = data.get("files")
+    if not isinstance(files, dict):
+        return problems + [
+            f"files must be an object (path -> pre/post), not {type(files).__name__}"
+        ]
+    for rel, hashes in files.items():
+        try:
+            relative(rel)
+        except UnsafePathError:
+            problems.append(f"files: path leaves the tree (refused): {rel!r}")
+            continue
+        if not (
+            isinstance(hashes, dict)
+            and set(hashes) == {"pre", "post"}
+            and all(h is None or _is_sha(h) for h in hashes.values())
+        ):
+            problems.append(f"files[{rel!r}] must be {{pre, post}} sha256 or null, not {hashes!r}")
+    return problems
+
+
 def load(path: Path) -> dict:
+    """BAKED.json, refused whole (exit 2) unless every path and hash ``check`` uses is sound."""
     try:
-        data = json.loads(path.read_text())
-        data["files"], data["series"]["sha256"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise BakeryError(f"unreadable manifest ({exc}): {str(path)!r}") from None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ManifestError(
+            f"unreadable manifest ({exc}): {str(path)!r}",
+            hint="re-run `make bake` (or reinstall the patched wheel) to write a sound BAKED.json",
+        ) from None
+    problems = _shape_problems(data)
+    if problems:
+        shown = "; ".join(problems[:5]) + (
+            f"; ... {len(problems) - 5} more" if len(problems) > 5 else ""
+        )
+        raise ManifestError(
+            f"{path}: not a bakery manifest ({len(problems)} problem(s)): {shown}",
+            hint="re-run `make bake` (or reinstall the patched wheel) to write a sound BAKED.json",
+        )
     return data
 
 
@@ -118,7 +167,7 @@ class Drift:
 def check(root: Path, manifest: dict) -> Drift:
     modified, missing, extra = [], [], []
     for rel, hashes in sorted(manifest["files"].items()):
-        path = root / rel
+        path = inside(root, rel)  # load() refused '..'; this also refuses symlink escapes
         actual = _sha(path.read_bytes()) if path.is_file() else None
         if hashes["post"] is None:
             if actual is not None:

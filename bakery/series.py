@@ -21,13 +21,147 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import Version
 
 from .diff import Patch, parse_patch
-from .errors import SeriesError
+from .errors import SeriesError, UnsafePathError
+from .tree import relative
 
-__all__ = ["Pin", "PatchEntry", "Series", "load_series", "DEFAULT_SERIES"]
+__all__ = ["Pin", "PatchEntry", "Series", "load_series", "validate", "DEFAULT_SERIES"]
 
 DEFAULT_SERIES = Path("patches/dcp2")
-_PATCH_NAME = re.compile(r"^(?P<number>\d{2,})-(?P<slug>[^/]+)\.diff$")
+_PATCH_NAME = re.compile(r"^(?P<number>\d{2,})-(?P<slug>[^/\\\0]+)\.diff$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# The package is a folder of the wheel (import names joined by '/'); the series
+# name becomes part of a PEP 440 local version (+<name>.<sha>).
+_PACKAGE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*$")
+_NAME = re.compile(r"^[A-Za-z0-9]+([._-][A-Za-z0-9]+)*$")
+MAX_FUZZ = 3  # as `bakery apply --fuzz`: beyond 3 a hunk keeps almost no context
+MAX_STRIP = 16
+STAGES = range(1, 10)  # as `bakery refresh --stage`
+
+
+# series.toml's schema, the one place that knows its shape: a _Table has exactly
+# these fields, a _Map any names (each to the same kind), a list an array of tables.
+@dataclass(frozen=True)
+class _Table:
+    fields: dict
+    required: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Map:
+    value: object
+    required: tuple[str, ...] = ()
+
+
+_PIN_TABLE = _Table(
+    {"requirement": str, "wheel": str, "sha256": str}, ("requirement", "wheel", "sha256")
+)
+_SCHEMA = _Table(
+    {
+        "name": str,
+        "package": str,
+        "policy": _Table({"strip": int, "max_fuzz": int}),
+        "renames": _Map(str),
+        "bases": _Map(_PIN_TABLE, ("default",)),
+        "dependencies": _Map(_PIN_TABLE),
+        "patches": [
+            _Table({"file": str, "stage": int, "summary": str}, ("file", "stage", "summary"))
+        ],
+        "linkcheck": _Table({"allow": _Map(str)}),
+    },
+    ("bases",),
+)
+_TYPE_NAMES = {str: "a string", int: "an integer"}
+
+
+def _schema_problems(value, spec, at: str) -> list[str]:
+    """Every place ``value`` departs from ``spec``: unknown keys, wrong types, missing keys."""
+    if isinstance(spec, type):
+        # bool is an int in Python; `max_fuzz = true` is not a number of lines.
+        if isinstance(value, spec) and not isinstance(value, bool):
+            return []
+        return [f"{at} must be {_TYPE_NAMES[spec]}, not {type(value).__name__} {value!r}"]
+    if isinstance(spec, list):
+        if not isinstance(value, list):
+            return [f"{at} must be an array of tables ([[{at}]]), not {type(value).__name__}"]
+        return [p for i, v in enumerate(value) for p in _schema_problems(v, spec[0], f"{at}[{i}]")]
+    if not isinstance(value, dict):
+        return [f"{at} must be a table, not {type(value).__name__} {value!r}"]
+    prefix = f"{at}." if at else ""
+    problems = [f"{prefix}{key} is missing" for key in spec.required if key not in value]
+    if isinstance(spec, _Map):
+        items = [(key, spec.value) for key in value]
+    else:
+        known = ", ".join(spec.fields)
+        problems += [
+            f"unknown field {prefix}{key} (known: {known})"
+            for key in value
+            if key not in spec.fields
+        ]
+        items = [(key, sub) for key, sub in spec.fields.items() if key in value]
+    for key, sub in items:
+        problems += _schema_problems(value[key], sub, f"{prefix}{key}")
+    return problems
+
+
+def _typed(value, kind) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def _tables(value) -> list[tuple[str, dict]]:
+    """The (name, table) pairs of a table of tables, skipping what the schema refuses."""
+    return [(k, v) for k, v in value.items() if isinstance(v, dict)] if _typed(value, dict) else []
+
+
+def _range_problems(data: dict) -> list[str]:
+    """Values whose type is right but which are still unusable: out of range, or paths
+    that could leave their folder. Wrong types are the schema's to report."""
+    problems = []
+    policy = data.get("policy") if _typed(data.get("policy"), dict) else {}
+    for key, high in (("max_fuzz", MAX_FUZZ), ("strip", MAX_STRIP)):
+        value = policy.get(key)
+        if _typed(value, int) and not 0 <= value <= high:
+            problems.append(f"policy.{key} must be 0..{high}, not {value!r}")
+    package = data.get("package")
+    if _typed(package, str) and not _PACKAGE.match(package):
+        problems.append(
+            f"package must be a folder of the wheel such as 'vllm' (names joined by '/'), "
+            f"not {package!r}"
+        )
+    if _typed(data["name"], str) and not _NAME.match(data["name"]):
+        problems.append(f"name must be letters and digits (joined by . _ -), not {data['name']!r}")
+    renames = data.get("renames") if _typed(data.get("renames"), dict) else {}
+    for old, new in renames.items():
+        for side in (old, new) if _typed(new, str) else (old,):
+            try:
+                relative(side)
+            except UnsafePathError:
+                problems.append(f"renames: {old!r} = {new!r} leaves the tree (refused): {side!r}")
+    for kind in ("bases", "dependencies"):
+        for key, pin in _tables(data.get(kind)):
+            wheel = pin.get("wheel")
+            if _typed(wheel, str) and any(c in wheel for c in "/\\\0"):
+                problems.append(f"{kind}.{key}.wheel must be a file name, not {wheel!r}")
+    patches = data.get("patches") if _typed(data.get("patches"), list) else []
+    for i, table in enumerate(patches):
+        table = table if _typed(table, dict) else {}
+        file, stage, summary = table.get("file"), table.get("stage"), table.get("summary")
+        if _typed(file, str) and not _PATCH_NAME.match(file):
+            problems.append(f"patches[{i}].file is not NN-<path>.diff: {file!r}")
+        if _typed(stage, int) and stage not in STAGES:
+            problems.append(f"patches[{i}].stage must be {STAGES[0]}..{STAGES[-1]}, not {stage!r}")
+        if _typed(summary, str) and not summary.strip():
+            problems.append(f"patches[{i}].summary is empty")
+    return problems
+
+
+def validate(data: dict, where: str) -> None:
+    """Refuse a series.toml that is not exactly the schema, naming every problem at once."""
+    problems = _schema_problems(data, _SCHEMA, "") + _range_problems(data)
+    if problems:
+        raise SeriesError(
+            f"{where}: {len(problems)} problem(s): " + "; ".join(problems),
+            hint="see patches/dcp2/series.toml for the expected fields and types",
+        )
 
 
 @dataclass(frozen=True)
@@ -100,7 +234,14 @@ class Series:
             raise SeriesError(f"unknown base (known: {known}): {key!r}") from None
 
     def patch_bytes(self, entry: PatchEntry) -> bytes:
-        return (self.root / entry.file).read_bytes()
+        path = self.root / entry.file
+        # A regular file only: a patch linked to /dev/zero or a FIFO would never end.
+        if not path.is_file():
+            raise SeriesError(f"patch is not a regular file: {str(path)!r}")
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise SeriesError(f"cannot read patch ({exc.strerror}): {str(path)!r}") from None
 
     @cached_property
     def patches(self) -> tuple[Patch, ...]:
@@ -138,14 +279,9 @@ class Series:
 
 def _entries(root: Path, tables: list[dict], where: str) -> tuple[PatchEntry, ...]:
     entries = []
-    for table in tables:
-        file = table.get("file", "")
-        match = _PATCH_NAME.match(file)
-        if not match:
-            raise SeriesError(f"{where}: patch file name is not NN-<path>.diff: {file!r}")
-        if not isinstance(table.get("stage"), int) or not table.get("summary"):
-            raise SeriesError(f"{where}: patch {file!r} needs an integer stage and a summary")
-        entries.append(PatchEntry(int(match["number"]), file, table["summary"], table["stage"]))
+    for table in tables:  # validated: file matches _PATCH_NAME, stage and summary are set
+        number = int(_PATCH_NAME.match(table["file"])["number"])
+        entries.append(PatchEntry(number, table["file"], table["summary"], table["stage"]))
     numbers = [e.number for e in entries]
     if len(set(numbers)) != len(numbers):
         raise SeriesError(f"{where}: two patches share a number: {sorted(numbers)!r}")
@@ -162,25 +298,27 @@ def load_series(root: Path = DEFAULT_SERIES) -> Series:
     root = Path(root)
     where = str(root / "series.toml")
     try:
-        data = tomllib.loads((root / "series.toml").read_text())
+        data = tomllib.loads((root / "series.toml").read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SeriesError(f"no series here (missing file): {where!r}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SeriesError(f"cannot read series.toml ({exc}): {where!r}") from None
     except tomllib.TOMLDecodeError as exc:
         raise SeriesError(f"{where}: not valid TOML ({exc})") from None
+    data.setdefault("name", root.name)  # validated like a written name: it goes into versions
+    validate(data, where)
     bases = {k: Pin.parse(k, v, where) for k, v in data.get("bases", {}).items()}
-    if "default" not in bases:
-        raise SeriesError(f"{where}: no [bases.default] pin")
     deps = {k: Pin.parse(k, v, where) for k, v in data.get("dependencies", {}).items()}
     policy = data.get("policy", {})
     return Series(
         root=root,
-        name=data.get("name", root.name),
+        name=data["name"],
         package=data.get("package", "vllm"),
         bases=bases,
         dependencies=deps,
         renames=tuple(data.get("renames", {}).items()),
-        max_fuzz=int(policy.get("max_fuzz", 0)),
-        strip=int(policy.get("strip", 1)),
+        max_fuzz=policy.get("max_fuzz", 0),
+        strip=policy.get("strip", 1),
         entries=_entries(root, data.get("patches", []), where),
         allow_names={k: v for k, v in data.get("linkcheck", {}).get("allow", {}).items()},
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 from .errors import UnsafePathError
 
 __all__ = [
+    "relative",
     "inside",
     "read_file",
     "write_atomic",
@@ -27,14 +29,21 @@ __all__ = [
     "swap_into_place",
     "empty_trash",
     "remove_tree",
+    "sweep_dead",
     "stamp",
 ]
 
 
+def relative(rel: str) -> str:
+    """``rel`` itself, if it is a relative path that cannot leave whatever root it joins."""
+    if not rel or os.path.isabs(rel) or ".." in Path(rel).parts or "\0" in rel:
+        raise UnsafePathError(f"path leaves the tree (refused): {rel!r}")
+    return rel
+
+
 def inside(root: Path, rel: str) -> Path:
     """``root/rel``, refusing anything whose real path leaves ``root``."""
-    if os.path.isabs(rel) or ".." in Path(rel).parts:
-        raise UnsafePathError(f"path leaves the tree (refused): {rel!r}")
+    relative(rel)
     real_root = os.path.realpath(root)
     target = os.path.realpath(os.path.join(real_root, rel))
     if os.path.commonpath([real_root, target]) != real_root:
@@ -152,8 +161,12 @@ def swap_into_place(new: Path, final: Path, trash: Path) -> None:
 
 def empty_trash(trash: Path) -> None:
     """Delete ``trash`` in a detached child: the old tree is garbage once swapped
-    out, and unlinking thousands of entries would double a rebake's time."""
+    out, and unlinking thousands of entries would double a rebake's time. It is
+    renamed first, so the next bake never shares a folder with that child."""
     if trash.is_dir() and any(trash.iterdir()):
+        doomed = trash.with_name(f"{trash.name}-{uuid.uuid4().hex[:12]}.tmp-{os.getpid()}")
+        os.rename(trash, doomed)
+        trash = doomed
         subprocess.Popen(
             [
                 sys.executable,
@@ -171,3 +184,39 @@ def empty_trash(trash: Path) -> None:
 def remove_tree(path: Path) -> None:
     if path.exists():
         shutil.rmtree(path)
+
+
+# What a process writes before its rename: ".<name>.tmp-<pid>" or ".<name>.new-<pid>".
+_PARTIAL = re.compile(r"^\..+\.(?:tmp|new)-(?P<pid>\d+)$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # gone, or never a pid at all
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def sweep_dead(folder: Path, trash: Path | None = None) -> list[Path]:
+    """Clear the partial files and trees in ``folder`` left by killed processes: moved
+    into ``trash`` when given (for ``empty_trash``), else removed here.
+
+    Only entries whose writer's pid is dead go: a live writer (another bake, another
+    checkout sharing the cache) keeps its work in progress."""
+    swept = []
+    for entry in sorted(folder.glob(".*")) if folder.is_dir() else []:
+        match = _PARTIAL.match(entry.name)
+        if not match or int(match["pid"]) == os.getpid() or _alive(int(match["pid"])):
+            continue
+        if trash is not None:
+            trash.mkdir(parents=True, exist_ok=True)
+            os.rename(entry, trash / f"{entry.name}-{uuid.uuid4().hex[:12]}")
+        elif entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        swept.append(entry)
+    return swept

@@ -10,13 +10,15 @@ last, so two bakes of the same inputs give byte-identical wheels.
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
+import io
 import os
 import stat
 import struct
 import zipfile
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -28,6 +30,8 @@ from .errors import UnsafePathError, WheelError
 
 __all__ = [
     "record_hash",
+    "parse_record",
+    "record_bytes",
     "WheelInfo",
     "read_wheel",
     "extract",
@@ -47,6 +51,39 @@ _CHUNK = 1 << 20
 def record_hash(data: bytes) -> str:
     digest = hashlib.sha256(data).digest()
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+# RECORD is CSV (PEP 376): about 600 vLLM members have commas in their names
+# (fused_moe/configs/E=1,N=14336,...), so their rows must be quoted. The dialect
+# is pypa/installer's (records.py), which is what pip and installer read.
+_RECORD_DIALECT = {"delimiter": ",", "quotechar": '"', "lineterminator": "\n"}
+
+
+def parse_record(text: str, where: str) -> dict[str, str]:
+    """RECORD -> member -> "sha256=..." (rows without a hash, such as RECORD's own, are
+    left out); every row that is not ``path,hash,size`` is reported at once."""
+    record, bad = {}, []
+    reader = csv.reader(io.StringIO(text, newline=""), **_RECORD_DIALECT)
+    try:
+        for row in reader:
+            if len(row) != 3:
+                bad.append(f"row {reader.line_num}: {row!r}")
+            elif row[1]:
+                record[row[0]] = row[1]
+    except csv.Error as exc:
+        bad.append(f"row {reader.line_num}: {exc}")
+    if bad:
+        raise WheelError(
+            f"{where}: RECORD rows are not path,hash,size ({len(bad)}): " + "; ".join(bad[:5])
+        )
+    return record
+
+
+def record_bytes(rows: Iterable[tuple[str, str, str | int]]) -> bytes:
+    """RECORD's bytes for ``(path, hash, size)`` rows, quoted where a field needs it."""
+    out = io.StringIO(newline="")
+    csv.writer(out, **_RECORD_DIALECT).writerows(rows)
+    return out.getvalue().encode()
 
 
 @dataclass(frozen=True)
@@ -94,11 +131,7 @@ def read_wheel(path: Path) -> WheelInfo:
             record_text = zf.read(f"{dist_info}/RECORD").decode()
     except (zipfile.BadZipFile, KeyError, OSError, ValueError) as exc:
         raise WheelError(f"not a readable wheel ({exc}): {str(path)!r}") from None
-    record = {}
-    for row in record_text.splitlines():
-        member, digest, _size = row.rsplit(",", 2) if row.count(",") >= 2 else (row, "", "")
-        if digest:
-            record[member] = digest
+    record = parse_record(record_text, f"{path.name}/{dist_info}")
     return WheelInfo(
         path, str(canonicalize_name(name)).replace("-", "_"), version, dist_info, record
     )
@@ -299,6 +332,8 @@ def write_patched_wheel(
 ) -> None:
     """Write ``out``: ``base`` with ``replaced`` members (None deletes) under ``version``."""
     new_dist_info = f"{base.name}-{version}.dist-info"
+    for name in [*replaced, *extra_dist_info]:  # no member may leave the install root
+        _safe_member(name, out)
 
     def renamed(name: str) -> str:
         if name.startswith(base.dist_info + "/"):
@@ -324,15 +359,15 @@ def write_patched_wheel(
             if name in contents:
                 data = contents[name]
                 writer.add_bytes(name, data, attr)
-                rows.append(f"{name},{record_hash(data)},{len(data)}")
+                rows.append((name, record_hash(data), len(data)))
             else:
                 writer.add_raw(name, raw, info)
                 digest = base.record.get(info.filename)
                 if digest is None:  # RECORD lacked it: hash the real bytes
                     digest = record_hash(zf.read(info))
-                rows.append(f"{name},{digest},{info.file_size}")
+                rows.append((name, digest, info.file_size))
             if progress:
                 progress(1)
-        rows.append(f"{record_name},,")
-        writer.add_bytes(record_name, ("\n".join(rows) + "\n").encode(), 0o100644 << 16)
+        rows.append((record_name, "", ""))
+        writer.add_bytes(record_name, record_bytes(rows), 0o100644 << 16)
         writer.finish()

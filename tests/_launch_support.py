@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
+
+import tomlkit
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_SH = REPO / "launcher" / "dcp2" / "run.sh"
@@ -63,3 +66,47 @@ def wait_until(predicate, timeout: float, step: float = 0.5) -> bool:
             return True
         time.sleep(step)
     return bool(predicate())
+
+
+def series_with_stage(dest: Path, number: int, status: str, *more: tuple[int, str]) -> Path:
+    """A copy of the dcp2 series whose stage ``number`` (and each of ``more``) has ``status``.
+
+    Stage 4 (candidate blocks) is implemented by another change of this round; the
+    launcher's tests pin the status they need instead of depending on the merge order.
+    An implemented stage must name a patch: it gets stage 3's when it has none.
+    """
+    shutil.copytree(SERIES, dest)
+    data = tomlkit.parse((dest / "stages.toml").read_text())
+    stages = {s["number"]: s for s in data["stages"]}
+    for n, st in ((number, status), *more):
+        stages[n]["status"] = st
+        if st == "implemented" and not stages[n]["patches"]:
+            stages[n]["patches"] = list(stages[3]["patches"])
+    (dest / "stages.toml").write_text(tomlkit.dumps(data))
+    return dest
+
+
+def canned_probe(**parsed):
+    """A probe answer with vLLM's parse of the plan's own layout (``parsed`` overrides)."""
+
+    def probe(plan) -> dict:
+        lay, args = plan.profile.layout, plan.profile.vllm_args
+        flag = "--cp-kv-cache-interleave-size"
+        interleave = int(args[args.index(flag) + 1]) if flag in args else None
+        values = {
+            "tensor_parallel_size": lay.tp,
+            "pipeline_parallel_size": lay.pp,
+            "decode_context_parallel_size": lay.dcp,
+            "cp_kv_cache_interleave_size": interleave,
+            "dcp_kv_cache_interleave_size": 1,
+            **parsed,
+        }
+        return {
+            "vllm_file": str(plan.tree / "vllm" / "__init__.py"),
+            "vllm_version": "0.32.0",
+            "torch_version": "2.13.0+cpu",
+            "ray": False,
+            "args": {"ok": True, "parsed": values},
+        }
+
+    return probe

@@ -1,7 +1,7 @@
 """Shared helpers for the tests/test_verify_*.py files (not a test module).
 
-The oracle fixtures are read in place from ``../shared/fixtures/oracle`` beside the
-repository (CI lays ``shared/`` out the same way). Copies made for perturbation
+The oracle fixtures are vendored byte for byte in ``tests/data/oracle`` with their MIT
+notice and README, so a plain clone runs every test. Copies made for perturbation
 tests carry the MIT notice along, as the fixtures' README asks.
 """
 
@@ -19,7 +19,7 @@ import pytest
 
 from bakery.cli import main
 
-ORACLE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "oracle"
+ORACLE = Path(__file__).resolve().parent / "data" / "oracle"
 NOMTP = ORACLE / "b200_tp2_nomtp"
 MTP = ORACLE / "b200_tp2_mtp"
 LICENSE = "LICENSE.jasl-vllm-ds4-sm120-harness"
@@ -27,7 +27,7 @@ LICENSE = "LICENSE.jasl-vllm-ds4-sm120-harness"
 
 def require_fixtures() -> None:
     if not NOMTP.is_dir() or not MTP.is_dir():
-        pytest.fail(f"oracle fixtures missing: expected {ORACLE} beside the repository")
+        pytest.fail(f"oracle fixtures missing: expected {ORACLE}")
 
 
 def copy_bundle(source: Path, dest: Path) -> Path:

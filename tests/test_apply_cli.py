@@ -2,12 +2,17 @@
 
 import json
 import os
+import resource
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from bakery.cli import main
 from bakery.diff import render_file_diff
-from tests.conftest import run_tool
+from tests.conftest import REPO, run_tool
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -140,3 +145,190 @@ def test_git_diff_creates_with_mode_and_deletes_files(tree, tmp_path):
     # And back: the reverse recreates the deleted file and removes the created one.
     assert run_tool("apply.py", "--reverse", str(tree), str(diff)).returncode == 0
     assert (tree / "pkg" / "b.py").read_bytes() == b"one\ntwo\nthree\n" and not created.exists()
+
+
+# --- hostile input: one clear error, the documented exit code, no hang -------------------------
+
+
+def run_apply(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    """tools/apply.py with a time limit: a hang fails the test instead of the suite."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "tools" / "apply.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kwargs,
+    )
+
+
+def gnu_patch(tree: Path, diff: Path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["patch", "-s", "--no-backup-if-mismatch", "-p1", "-d", str(tree), "-i", str(diff), *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def clean_error(proc, code: int) -> None:
+    assert proc.returncode == code, proc.stderr
+    assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 2
+
+
+@pytest.mark.parametrize(
+    "data, says",
+    [
+        (b"--- a/pkg/b\x00.py\n+++ b/pkg/b\x00.py\n@@ -1 +1 @@\n-one\n+1\n", "NUL byte"),
+        (b"--- a/pkg/b.py\n+++ b/pkg/b.py\n@@ -1" + b"9" * 30 + b",1 +1 @@\n-one\n+1\n", "large"),
+    ],
+    ids=["nul-in-path", "line-number-too-large"],
+)
+def test_malformed_headers_are_refused(data, says, tree, tmp_path):
+    diff = tmp_path / "x.diff"
+    diff.write_bytes(data)
+    before = snapshot(tree)
+    proc = run_apply(str(tree), str(diff))
+    clean_error(proc, 2)
+    assert says in proc.stderr and snapshot(tree) == before
+
+
+def test_dev_zero_as_the_patch_is_refused_after_a_bounded_read(tree):
+    proc = run_apply(str(tree), "/dev/zero", timeout=60)
+    clean_error(proc, 2)
+    assert "larger than" in proc.stderr
+
+
+@pytest.mark.needs("patch")  # fails under CI=true when missing
+def test_absurd_start_line_places_like_gnu_patch_without_walking_to_it(tree, tmp_path):
+    """An offset of -10**15 lines: the search is bounded by the file, not the distance."""
+    diff = tmp_path / "far.diff"
+    diff.write_bytes(
+        b"--- a/pkg/b.py\n+++ b/pkg/b.py\n@@ -1000000000000000,3 +1000000000000000,3 @@\n"
+        b" one\n-two\n+2\n three\n"
+    )
+    gnu = tmp_path / "gnu"
+    shutil.copytree(tree, gnu)
+    assert gnu_patch(gnu, diff).returncode == 0
+    proc = run_apply("--json", str(tree), str(diff), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    (hunk,) = json.loads(proc.stdout)["patches"][0]["files"][0]["hunks"]
+    assert hunk["line"] == 1 and hunk["offset"] == 1 - 10**15
+    assert snapshot(tree) == snapshot(gnu)
+
+
+def test_unreadable_target_is_bad_input(tree, tmp_path, monkeypatch, capsys):
+    """README: an unreadable input exits 2 (root reads any file, so the read is made to fail)."""
+    old, new = edit_a(tree)
+    diff = write_diff(tmp_path, "01-a.diff", "pkg/a.py", old, new)
+    real_read = Path.read_bytes
+
+    def refuse(self):
+        if self.name == "a.py":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_read(self)
+
+    monkeypatch.setattr(Path, "read_bytes", refuse)
+    assert main(["apply", str(tree), str(diff)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot read target (Permission denied): 'pkg/a.py'")
+
+
+def test_fifo_target_is_refused_not_read(tree, tmp_path):
+    """Reading a FIFO blocks forever; GNU patch refuses a target that is not a regular file."""
+    os.mkfifo(tree / "pkg" / "fifo.py")
+    diff = write_diff(tmp_path, "01-f.diff", "pkg/fifo.py", b"a\n", b"b\n")
+    proc = run_apply(str(tree), str(diff), timeout=60)
+    clean_error(proc, 2)
+    assert "not a regular file" in proc.stderr
+
+
+@pytest.mark.needs("patch")  # fails under CI=true when missing
+def test_symlink_target_inside_the_tree_is_refused_as_gnu_patch_does(tree, tmp_path):
+    """A link to a file inside the tree: not replaced by a regular file, not written through."""
+    os.symlink("b.py", tree / "pkg" / "link.py")
+    diff = write_diff(
+        tmp_path, "01-l.diff", "pkg/link.py", b"one\ntwo\nthree\n", b"one\n2\nthree\n"
+    )
+    before = snapshot(tree)
+    proc = run_apply(str(tree), str(diff))
+    clean_error(proc, 2)
+    assert "symlink" in proc.stderr
+    assert os.readlink(tree / "pkg" / "link.py") == "b.py" and snapshot(tree) == before
+    assert gnu_patch(tree, diff, "--dry-run").returncode != 0  # GNU refuses it too
+
+
+@pytest.mark.needs("patch")  # fails under CI=true when missing
+def test_crlf_diff_applies_as_gnu_patch_applies_it(tree, tmp_path):
+    old, new = edit_a(tree)
+    lf = render_file_diff("pkg/a.py", old, new) + render_file_diff("pkg/n.py", None, b"x\ny\n")
+    diff = tmp_path / "crlf.diff"
+    diff.write_bytes(lf.replace(b"\n", b"\r\n"))
+    gnu = tmp_path / "gnu"
+    shutil.copytree(tree, gnu)
+    assert gnu_patch(gnu, diff).returncode == 0
+    proc = run_apply(str(tree), str(diff))
+    assert proc.returncode == 0, proc.stderr
+    assert snapshot(tree) == snapshot(gnu)
+    assert (tree / "pkg" / "n.py").read_bytes() == b"x\ny\n"
+
+
+# --- all or nothing at write time ---------------------------------------------------------------
+
+
+def two_file_series(tree: Path, tmp_path: Path) -> tuple[list[str], dict[str, bytes]]:
+    """01 edits pkg/a.py (small); 02 edits pkg/big.py (400 KB): (patch args, expected files)."""
+    big = b"".join(b"row %d\n" % i for i in range(40_000))
+    (tree / "pkg" / "big.py").write_bytes(big)
+    old, new = edit_a(tree)
+    first = write_diff(tmp_path, "01-a.diff", "pkg/a.py", old, new)
+    big_new = big.replace(b"row 5\n", b"row five\n")
+    second = write_diff(tmp_path, "02-big.diff", "pkg/big.py", big, big_new)
+    return [str(first), str(second)], {"pkg/a.py": new, "pkg/big.py": big_new}
+
+
+def test_full_disk_on_the_second_file_changes_nothing_and_a_rerun_recovers(tree, tmp_path):
+    """A real write fault, even as root: RLIMIT_FSIZE makes writing the 400 KB file fail
+    (EFBIG, as ENOSPC would) after the small first file was staged."""
+    patches, expected = two_file_series(tree, tmp_path)
+    before = snapshot(tree)
+
+    def small_files_only():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+
+    proc = run_apply(str(tree), *patches, preexec_fn=small_files_only)
+    clean_error(proc, 1)
+    assert "every file was put back" in proc.stderr
+    assert snapshot(tree) == before  # no file changed, no temp file left (rglob sees dot files)
+    rerun = run_apply(str(tree), *patches)
+    assert rerun.returncode == 0, rerun.stderr
+    assert {p: snapshot(tree)[p] for p in expected} == expected
+
+
+def test_a_failed_rename_puts_back_every_file_already_swapped(tree, tmp_path, monkeypatch):
+    """The last of three renames fails: the edited file gets its own inode back, the deleted
+    one returns, the created file and its new folders go."""
+    old, new = edit_a(tree)
+    diff = tmp_path / "01-three.diff"
+    diff.write_bytes(
+        render_file_diff("pkg/a.py", old, new)
+        + render_file_diff("pkg/b.py", b"one\ntwo\nthree\n", None)
+        + render_file_diff("pkg/new/deep/c.py", None, b"c\n")
+    )
+    before = snapshot(tree)
+    inode = (tree / "pkg" / "a.py").stat().st_ino
+    real_replace = os.replace
+
+    def full_disk(src, dst):
+        if str(dst).endswith("c.py"):
+            raise OSError(28, "No space left on device", str(dst))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    assert main(["apply", str(tree), str(diff)]) == 1
+    assert snapshot(tree) == before and not (tree / "pkg" / "new").exists()
+    assert (tree / "pkg" / "a.py").stat().st_ino == inode
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert main(["apply", str(tree), str(diff)]) == 0
+    assert (tree / "pkg" / "a.py").read_bytes() == new and not (tree / "pkg" / "b.py").exists()
+    assert (tree / "pkg" / "new" / "deep" / "c.py").read_bytes() == b"c\n"

@@ -1,6 +1,9 @@
 """The bake against the real pinned wheels: outputs, refusals, drift and atomicity."""
 
+import csv
+import fcntl
 import hashlib
+import io
 import json
 import os
 import random
@@ -47,9 +50,14 @@ def test_cpu_bake_outputs(cpu_bake, series, pristine_cpu):
     assert run_cli("check", str(tree)).returncode == 0
 
 
-def test_default_bake_of_the_real_pin(tmp_path, series, cache):
-    result = bake(series, "default", build=tmp_path, cache=cache)
-    assert result.tree == tmp_path / "baked"
+@pytest.fixture(scope="module")
+def default_bake(tmp_path_factory, series, cache):
+    return bake(series, "default", build=tmp_path_factory.mktemp("build-default"), cache=cache)
+
+
+def test_default_bake_of_the_real_pin(default_bake, series):
+    result = default_bake
+    assert result.tree.name == "baked"
     assert result.wheel.name.startswith(f"vllm-0.32.0+dcp2.{series.sha256[:8]}-cp38-abi3-")
     assert run_cli("check", str(result.tree)).returncode == 0
     assert all(p.fuzz == 0 for o in result.plan.outcomes for f in o.files for p in f.placements)
@@ -61,19 +69,25 @@ def test_two_bakes_give_identical_wheels(cpu_bake, tmp_path, series, cache):
     assert (again.tree / MANIFEST).read_bytes() == (cpu_bake.tree / MANIFEST).read_bytes()
 
 
-def test_wheel_record_matches_every_member_and_pip_installs_it(cpu_bake, tmp_path):
+def _record_rows(wheel: Path) -> list[list[str]]:
+    """RECORD as the csv module reads it (the reader pip and installer use), not ours."""
+    with zipfile.ZipFile(wheel) as zf:
+        record = next(n for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
+        return list(csv.reader(io.StringIO(zf.read(record).decode(), newline="")))
+
+
+def test_wheel_record_is_csv_matching_every_member_and_pip_installs_it(cpu_bake, tmp_path):
+    rows = _record_rows(cpu_bake.wheel)
+    assert all(len(row) == 3 for row in rows), [r for r in rows if len(r) != 3][:3]
     with zipfile.ZipFile(cpu_bake.wheel) as zf:
         names = zf.namelist()
-        record = next(n for n in names if n.endswith(".dist-info/RECORD"))
-        assert names[-1] == record
+        assert names[-1] == rows[-1][0] and rows[-1][1:] == ["", ""]  # RECORD is last
         assert {i.date_time for i in zf.infolist()} == {(1980, 1, 1, 0, 0, 0)}
-        rows = [r.rsplit(",", 2) for r in zf.read(record).decode().splitlines()]
-        for member, digest, size in rows:
-            if member == record:
-                continue
+        for member, digest, size in rows[:-1]:
             data = zf.read(member)
             assert (record_hash(data), len(data)) == (digest, int(size)), member
-        assert {r[0] for r in rows} == set(names)
+    assert [r[0] for r in rows] == names
+    assert sum("," in r[0] for r in rows) > 500  # the fused_moe configs: quoted, not split
     target = tmp_path / "site"
     proc = subprocess.run(
         [
@@ -83,6 +97,7 @@ def test_wheel_record_matches_every_member_and_pip_installs_it(cpu_bake, tmp_pat
             "install",
             "--quiet",
             "--no-deps",
+            "--no-compile",  # byte-compiling ~2k modules is most of the time, and not the point
             "--target",
             str(target),
             str(cpu_bake.wheel),
@@ -92,6 +107,36 @@ def test_wheel_record_matches_every_member_and_pip_installs_it(cpu_bake, tmp_pat
     assert proc.returncode == 0, proc.stderr
     assert sha(target / PATCHED) == sha(cpu_bake.tree / PATCHED)
     assert run_cli("check", str(target)).returncode == 0
+
+
+def _files_under(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def test_pip_installs_and_uninstalls_the_default_wheel_without_a_warning_or_a_leftover(
+    default_bake, tmp_path
+):
+    venv = tmp_path / "venv"  # throwaway: pip --python installs into it from outside
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    before = _files_under(venv)
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]
+    quiet = ["--disable-pip-version-check", "--no-input"]
+    install = subprocess.run(
+        [*pip, "install", *quiet, "--no-deps", "--no-compile", str(default_bake.wheel)],
+        capture_output=True,
+        text=True,
+    )
+    assert install.returncode == 0, install.stderr[-2000:]
+    assert "WARNING" not in install.stdout + install.stderr, install.stderr[:2000]
+    site = next(venv.glob("lib/python*/site-packages"))
+    assert sha(site / PATCHED) == sha(default_bake.tree / PATCHED)
+    assert run_cli("check", str(site)).returncode == 0
+    uninstall = subprocess.run(
+        [*pip, "uninstall", *quiet, "-y", "vllm"], capture_output=True, text=True
+    )
+    assert uninstall.returncode == 0, uninstall.stderr[-2000:]
+    assert "WARNING" not in uninstall.stdout + uninstall.stderr, uninstall.stderr[:2000]
+    assert sorted(_files_under(venv) - before) == []  # nothing left behind
 
 
 def test_check_reports_hand_edits_and_missing_files(tmp_path, series, cache):
@@ -128,12 +173,17 @@ def test_corrupt_cached_wheel_is_discarded_and_fetched_again(tmp_path, series, c
     assert sha(fetch(pin, cache=fake_cache)) == pin.sha256
 
 
-def _fake_cache(tmp_path, pin, cache) -> Path:
-    """A cache holding the real wheel and a hard-linked copy of the real pristine tree."""
+def _wheel_only_cache(tmp_path, pin, cache) -> Path:
+    """A cache holding only (a link to) the real wheel: a bake there extracts it."""
     real = fetch(pin, cache=cache)
     fake = tmp_path / "cache"
     (fake / "wheels" / pin.sha256).mkdir(parents=True)
     os.symlink(real, fake / "wheels" / pin.sha256 / pin.wheel)
+    return fake
+
+
+def _add_pristine(fake, pin, cache) -> None:
+    """A hard-linked copy of the real pristine tree (the file the series patches copied)."""
     clone_tree(
         cache / "pristine" / pin.sha256, fake / "pristine" / pin.sha256, skip=frozenset({PATCHED})
     )
@@ -142,6 +192,12 @@ def _fake_cache(tmp_path, pin, cache) -> Path:
     )
     stamp = f"{pin.sha256}.stamp.json"
     shutil.copyfile(cache / "pristine" / stamp, fake / "pristine" / stamp)
+
+
+def _fake_cache(tmp_path, pin, cache) -> Path:
+    """A cache holding the real wheel and a hard-linked copy of the real pristine tree."""
+    fake = _wheel_only_cache(tmp_path, pin, cache)
+    _add_pristine(fake, pin, cache)
     return fake
 
 
@@ -234,3 +290,98 @@ def test_bake_is_quiet_off_a_terminal(tmp_path, cpu_bake):
     assert proc.stderr == ""  # no spinner, no progress bar, no ANSI codes in a pipe
     lines = proc.stdout.splitlines()
     assert len(lines) == 2 and lines[0].startswith("baked ") and lines[1].startswith("wheel ")
+
+
+def _start_bake(build: Path, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bakery", "bake", "--base", "cpu", "--build", str(build)],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _kill_once_it_writes(proc: subprocess.Popen, folder: Path, pattern: str) -> list[Path]:
+    """SIGKILL the bake's whole group as soon as ``folder`` holds a ``pattern`` partial."""
+    deadline = time.monotonic() + 300
+    while not (partial := sorted(folder.glob(pattern))):
+        assert proc.poll() is None, f"bake ended before writing {pattern}: {proc.stderr.read()}"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return partial
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_second_bake_in_the_same_build_folder_is_refused_clearly(tmp_path, cpu_bake):
+    build = tmp_path / "build"
+    build.mkdir()
+    with open(build / ".bake.lock", "w") as held:  # as a running bake holds it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("4242\n")
+        held.flush()
+        proc = run_cli("bake", "--base", "cpu", "--build", str(build))
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"error: another bake is running in this build folder (pid 4242): {str(build)!r}",
+        "hint: wait for it to finish, or bake elsewhere (`bakery bake --build DIR`)",
+    ]
+    assert sorted(p.name for p in build.iterdir()) == [".bake.lock"]  # nothing else written
+
+
+def test_two_bakes_at_once_in_one_checkout(tmp_path, cpu_bake):
+    build = tmp_path / "build"
+    procs = [_start_bake(build) for _ in range(2)]
+    results = [(p.wait(), p.stderr.read()) for p in procs]
+    assert 0 in [code for code, _ in results], results
+    for code, err in results:
+        assert code == 0 or (code == 1 and "another bake is running" in err), err
+        assert "Traceback" not in err and "No such file" not in err
+    assert run_cli("check", str(build / "baked-cpu")).returncode == 0
+    assert not list(build.glob(".baked-cpu.new-*"))
+
+
+def test_partial_wheel_of_a_killed_bake_is_swept_by_the_next(tmp_path, cpu_bake):
+    build = tmp_path / "build"
+    dist = build / "dist"
+    partial = _kill_once_it_writes(_start_bake(build), dist, ".*.tmp-*")
+    assert all(p.exists() for p in partial)
+    live = dist / f".other.whl.tmp-{os.getpid()}"  # a live writer's file stays
+    live.write_bytes(b"in progress")
+    proc = run_cli("bake", "--base", "cpu", "--build", str(build))
+    assert proc.returncode == 0, proc.stderr
+    assert not any(p.exists() for p in partial)
+    assert sorted(dist.glob(".*")) == [live]
+    assert not list(build.glob(".baked-cpu.new-*"))
+
+
+def test_partial_extraction_of_a_killed_bake_is_swept_by_the_next(tmp_path, series, cache):
+    pin = series.base("cpu")
+    fake = _wheel_only_cache(tmp_path, pin, cache)
+    env = {"BAKERY_CACHE": str(fake)}
+    build = tmp_path / "build"
+    partial = _kill_once_it_writes(_start_bake(build, env), fake / "pristine", ".*.tmp-*")
+    assert all(p.exists() for p in partial)
+    dead = fake / "pristine" / f".{'0' * 16}.tmp-{_dead_pid()}"  # another killed extraction
+    (dead / "vllm").mkdir(parents=True)
+    sleeper = subprocess.Popen(["sleep", "600"])
+    try:
+        live = fake / "pristine" / f".{'1' * 16}.tmp-{sleeper.pid}"  # still extracting
+        live.mkdir()
+        _add_pristine(fake, pin, cache)  # spare this test a second full extraction
+        proc = run_cli("bake", "--base", "cpu", "--build", str(build), env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert not any(p.exists() for p in partial) and not dead.exists()
+        assert sorted((fake / "pristine").glob(".*")) == [live]
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -1,8 +1,10 @@
 """The diff border: unidiff in, frozen types out, canonical diffs back."""
 
+from pathlib import Path
+
 import pytest
 
-from bakery.diff import parse_patch, render_file_diff, split_lines
+from bakery.diff import parse_patch, read_patch, render_file_diff, split_lines
 from bakery.errors import PatchParseError, UnsafePathError
 from tests.conftest import SEED
 
@@ -99,3 +101,42 @@ def test_render_roundtrip_keeps_crlf_and_missing_newline():
 
 def test_render_is_empty_without_change():
     assert render_file_diff("f", b"a\n", b"a\n") == b""
+
+
+def test_nul_byte_in_a_header_path_is_refused():
+    diff = b"--- a/pkg/b\x00.py\n+++ b/pkg/b\x00.py\n@@ -1 +1 @@\n-a\n+b\n"
+    with pytest.raises(PatchParseError, match="NUL byte"):
+        parse_patch(diff, "p")
+
+
+def test_line_numbers_gnu_patch_calls_too_large_are_refused():
+    huge = b"99999999999999999999999999999"
+    diff = b"--- a/f\n+++ b/f\n@@ -" + huge + b",1 +" + huge + b",1 @@\n-a\n+b\n"
+    with pytest.raises(PatchParseError, match="too large"):
+        parse_patch(diff, "p")
+
+
+def test_crlf_diff_is_read_as_gnu_patch_reads_it():
+    """Both header lines end in CRLF: GNU strips every line's trailing CR."""
+    lf = b"--- /dev/null\n+++ b/n.py\n@@ -0,0 +1,2 @@\n+a\n+b\n--- a/o.py\n+++ b/o.py\n"
+    lf += b"@@ -1,2 +1,2 @@\n x\n-y\n+z\n"
+    crlf = parse_patch(lf.replace(b"\n", b"\r\n"), "p")
+    assert crlf.paths == ("n.py", "o.py") and crlf.files[0].creates
+    assert crlf.files == parse_patch(lf, "p").files
+
+
+def test_crlf_body_under_lf_headers_keeps_its_crlf():
+    """A git diff of a CRLF file: the CRs are content, as GNU patch keeps them."""
+    diff = b"--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n x\r\n-y\r\n+z\r\n"
+    hunk = parse_patch(diff, "p").files[0].hunks[0]
+    assert {line.eol for line in hunk.lines} == {b"\r\n"}
+
+
+def test_patch_read_is_bounded(tmp_path):
+    with pytest.raises(PatchParseError, match="larger than"):
+        read_patch(Path("/dev/zero"))
+    small = tmp_path / "x.diff"
+    small.write_bytes(b"x" * 10)
+    assert read_patch(small) == b"x" * 10
+    with pytest.raises(PatchParseError, match="cannot read patch"):
+        read_patch(tmp_path / "missing.diff")

@@ -2,7 +2,6 @@
 
 import random
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from bakery.engine import apply_file_patch
 from bakery.errors import HunkFailed
 from tests.conftest import SEED
 
-pytestmark = pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch not installed")
+pytestmark = pytest.mark.needs("patch")  # fails under CI=true when missing
 _HUNK = re.compile(
     r"Hunk #(\d+) succeeded at \d+(?: with fuzz (\d+))?(?: \(offset (-?\d+) lines?\))?"
 )

@@ -16,7 +16,7 @@ import pytest
 from _launch_support import wait_until
 
 from bakery.launch import keeper
-from bakery.launch.lifecycle import group_members, teardown_group
+from bakery.launch.processes import group_members, teardown_group
 
 SERVE = ["/bin/sh", "-c", "sleep 300 & sleep 300; wait"]
 

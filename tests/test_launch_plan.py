@@ -2,14 +2,15 @@
 
 The plans are rendered by the function ``run.sh start --dry-run`` prints with,
 so the goldens are what a user sees; one test runs the real run.sh once and
-compares its stdout. Regenerate after an intended change with
-``BAKERY_UPDATE_GOLDEN=1 pytest tests/test_launch_plan.py`` and review the diff.
+compares its stdout. The goldens are edited by hand, never written by the code
+they check; ``test_goldens_follow_the_profile_files`` reads each golden against
+its profile file with tomllib alone, so a golden cannot drift from the profile.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import tomllib
 
 import pytest
 from _launch_support import DATA, PROFILES, PYTHON, REPO, SERIES, run_sh
@@ -17,8 +18,6 @@ from _launch_support import DATA, PROFILES, PYTHON, REPO, SERIES, run_sh
 from bakery.launch.gates import load_gate_table
 from bakery.launch.plan import make_plan, render_plan
 from bakery.launch.profiles import load_profile, override
-
-UPDATE = os.environ.get("BAKERY_UPDATE_GOLDEN") == "1"
 
 # (golden name, profile, flag overrides): every shipped SM120 profile plus the
 # flag paths a user takes (stage 9 gather by flags, the two nodes of a 2-node run).
@@ -66,8 +65,6 @@ def _no_inherited_pythonpath(monkeypatch):
 def test_dry_run_plan_matches_golden(golden, profile, flags):
     rendered = render_plan(plan_for(profile, flags))
     path = DATA / f"{golden}.json"
-    if UPDATE:
-        path.write_text(json.dumps(rendered, indent=2) + "\n")
     assert rendered == json.loads(path.read_text()), f"plan changed: {path}"
 
 
@@ -85,6 +82,35 @@ def test_goldens_have_command_env_and_gates():
             "DSV41_DCP_TIMING",
         }
         assert data["env"]["PYTHONPATH"].startswith("build/baked")
+
+
+def _flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+@pytest.mark.parametrize(("golden", "profile", "flags"), CASES, ids=[c[0] for c in CASES])
+def test_goldens_follow_the_profile_files(golden, profile, flags):
+    """Each golden against its profile TOML (tomllib, not the launcher) plus the case's flags."""
+    data = tomllib.loads((PROFILES / f"{profile}.toml").read_text())
+    shown = json.loads((DATA / f"{golden}.json").read_text())
+    command, gates = shown["command"], shown["gates"]
+    par, nodes, g = data["parallel"], data.get("nodes", {}), data.get("gates", {})
+    assert _flag(command, "--tensor-parallel-size") == str(flags.get("tp", par["tp"]))
+    assert _flag(command, "--pipeline-parallel-size") == str(par["pp"])
+    assert _flag(command, "--decode-context-parallel-size") == str(flags.get("dcp", par["dcp"]))
+    if not flags.get("headless"):
+        assert _flag(command, "--port") == str(flags.get("port", data["port"]))
+        assert _flag(command, "--model") == data["model"]
+    assert command[-len(data["vllm"]["args"]) :] == data["vllm"]["args"]
+    assert gates["DSV41_DCP_STAGE"] == str(flags.get("stage", g.get("stage", 3)))
+    assert gates["DSV41_DCP_COMBINE"] == flags.get("combine", g.get("combine", "ag_rs"))
+    gather = flags.get("prefill_gather", g.get("prefill_gather", False))
+    assert gates["DSV41_DCP_PREFILL_GATHER"] == ("1" if gather else "0")
+    for key, value in data.get("env", {}).items():
+        assert shown["env"][key] == value
+    if nodes.get("nnodes", 1) > 1 and flags.get("backend") != "ray":
+        assert _flag(command, "--nnodes") == str(nodes["nnodes"])
+        assert _flag(command, "--node-rank") == str(flags.get("node_rank", nodes["node_rank"]))
 
 
 def test_sm120_profiles_use_the_sm120_backend_and_kv_dtype():

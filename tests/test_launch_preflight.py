@@ -17,39 +17,22 @@ import socket
 from pathlib import Path
 
 import pytest
-from _launch_support import DATA, PYTHON, REPO, SERIES, free_port
+from _launch_support import (
+    DATA,
+    PYTHON,
+    REPO,
+    SERIES,
+    canned_probe,
+    free_port,
+    series_with_stage,
+)
 
 from bakery.launch import preflight
 from bakery.launch.cli import main
 from bakery.launch.gates import load_gate_table
-from bakery.launch.plan import Plan
 
 H100 = "0, NVIDIA H100 80GB HBM3, 81559, 9.0, 580.82\n1, NVIDIA H100 80GB HBM3, 81559, 9.0, 580.82"
 SM120 = "{i}, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 12.0, 580.82"
-
-
-def canned_probe(**parsed):
-    def probe(plan: Plan) -> dict:
-        lay, args = plan.profile.layout, plan.profile.vllm_args
-        flag = "--cp-kv-cache-interleave-size"
-        interleave = int(args[args.index(flag) + 1]) if flag in args else None
-        values = {
-            "tensor_parallel_size": lay.tp,
-            "pipeline_parallel_size": lay.pp,
-            "decode_context_parallel_size": lay.dcp,
-            "cp_kv_cache_interleave_size": interleave,
-            "dcp_kv_cache_interleave_size": 1,
-            **parsed,
-        }
-        return {
-            "vllm_file": str(plan.tree / "vllm" / "__init__.py"),
-            "vllm_version": "0.32.0",
-            "torch_version": "2.13.0+cpu",
-            "ray": False,
-            "args": {"ok": True, "parsed": values},
-        }
-
-    return probe
 
 
 @pytest.fixture
@@ -62,7 +45,13 @@ def env(monkeypatch, tmp_path, cpu_bake):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", str(bin_dir))
-    return {"build": cpu_bake.tree.parent, "art": tmp_path / "art", "bin": bin_dir}
+    series = series_with_stage(tmp_path / "dcp2", 4, "implemented")
+    return {
+        "build": cpu_bake.tree.parent,
+        "art": tmp_path / "art",
+        "bin": bin_dir,
+        "series": series,
+    }
 
 
 def gpus(env, text: str) -> None:
@@ -80,6 +69,8 @@ def launch(capsys, env, *args: str, profile: str = "cpu-tiny", port: int | None 
         str(env["build"]),
         "--artifacts",
         str(env["art"]),
+        "--series",
+        str(env["series"]),
         "--python",
         str(PYTHON),
         "--port",
@@ -146,7 +137,7 @@ def test_unknown_dsv41_variable_in_the_callers_env(capsys, env, monkeypatch):
 def test_planned_stage_is_accepted_with_a_note(capsys, env):
     code, err = launch(capsys, env, "--stage", "5", "--dry-run")
     assert code == 0, err
-    assert "note: stage 5 is planned (no code): it behaves exactly as stage 3" in err
+    assert "note: stage 5 is planned (no code): it behaves exactly as stage 4" in err
 
 
 def test_the_table_is_read_not_copied(tmp_path):

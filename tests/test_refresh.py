@@ -1,10 +1,12 @@
 """Refresh round trips and the "patches are up to date" lint, on the real cpu base."""
 
 import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
 import pytest
+import tomlkit
 
 from bakery.diff import render_file_diff
 from tests.conftest import REPO, SEED, run_cli
@@ -141,3 +143,106 @@ def test_check_fails_on_a_patch_out_of_order(tmp_path, pristine_cpu):
     proc = run_check(series)
     assert proc.returncode == 1
     assert proc.stdout.strip() == "01-late.diff: out of order: it applies only after a later patch"
+
+
+# --- data-loss guards (issue 11) --------------------------------------------------------------
+FIVE = "05-v1_attention_backends_mla_sparse_swa.py.diff"
+
+
+def edit(path: Path, data: bytes) -> None:
+    """Replace a baked file as an editor that saves via rename does: a new inode, so the
+    shared pristine cache the baked tree is hard-linked to stays untouched."""
+    path.unlink()
+    path.write_bytes(data)
+
+
+def test_refresh_refuses_a_patch_edited_after_the_bake(workspace):
+    series, build, _ = workspace
+    patch = series / FIVE
+    edited = patch.read_bytes().replace(b"# rank 0 attends it once", b"# rank 0 attends it ONCE")
+    assert edited != patch.read_bytes()
+    patch.write_bytes(edited)
+    proc = refresh(series, build, "--no-bake")
+    assert proc.returncode == 1, proc.stdout
+    assert f"changed: {FIVE}" in proc.stderr
+    assert "refresh would undo that change" in proc.stderr
+    assert "hint: to keep the series as it is, re-bake (`bakery bake --base cpu`" in proc.stderr
+    assert patch.read_bytes() == edited  # the hand edit survives
+    assert "update:" not in proc.stdout
+
+
+def test_refresh_ignores_stray_files(workspace):
+    series, build, package = workspace
+    folder = package / PATCHED.rsplit("/", 1)[0]
+    strays = [
+        "flashinfer_sparse.py.orig",
+        "flashinfer_sparse.py.rej",
+        ".flashinfer_sparse.py.swp",
+        "flashinfer_sparse.py~",
+        "#flashinfer_sparse.py#",
+        "flashinfer_sparse.py.bak",
+    ]
+    for name in strays:
+        (folder / name).write_bytes(b"leftover\n")
+    edit(package / PATCHED, (package / PATCHED).read_bytes() + b"# kept edit\n")
+    before = sorted(p.name for p in series.iterdir())
+    proc = refresh(series, build, "--no-bake")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("ignored (stray file): ") == len(strays)
+    assert [line for line in proc.stdout.splitlines() if not line.startswith("ignored")] == [
+        "update: 09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff"
+    ]
+    assert sorted(p.name for p in series.iterdir()) == before
+    assert b"leftover" not in b"".join(p.read_bytes() for p in series.iterdir())
+
+
+def test_refresh_dry_run_shows_the_patch_diff_and_writes_nothing(workspace):
+    series, build, package = workspace
+    edit(package / PATCHED, (package / PATCHED).read_bytes() + b"# dry edit\n")
+    before = {p.name: p.read_bytes() for p in series.iterdir()}
+    proc = refresh(series, build, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    nine = "09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff"
+    assert f"would update: {nine}" in proc.stdout
+    assert f"/{nine}\n+++ " in proc.stdout and "\n++# dry edit\n" in proc.stdout
+    assert proc.stdout.rstrip().endswith("dry run: nothing written")
+    assert {p.name: p.read_bytes() for p in series.iterdir()} == before
+    assert (package / PATCHED).read_bytes().endswith(b"# dry edit\n")  # no re-bake either
+
+
+def git(folder: Path, *args: str) -> None:
+    ident = [
+        "-c",
+        "user.name=t",
+        "-c",
+        "user.email=t@example.invalid",
+        "-c",
+        "commit.gpgsign=false",
+    ]
+    subprocess.run(["git", *ident, "-C", str(folder), *args], check=True, capture_output=True)
+
+
+def test_reusing_a_patch_number_keeps_its_stage_and_summary(workspace):
+    series, build, package = workspace
+    git(series, "init", "-q")
+    git(series, "add", "-A")
+    git(series, "commit", "-qm", "series")
+    old = entries(series)[FIVE]
+    patched = (package / SWA).read_bytes()
+    # The maintainer drops 05 (say it failed on a rebase), re-bakes, redoes the edit by hand.
+    (series / FIVE).unlink()
+    doc = tomlkit.parse((series / "series.toml").read_text())
+    patches = doc["patches"]
+    del patches[next(i for i, t in enumerate(patches) if t["file"] == FIVE)]
+    (series / "series.toml").write_text(tomlkit.dumps(doc))
+    assert (
+        run_cli("bake", "--base", "cpu", "--series", str(series), "--build", str(build)).returncode
+        == 0
+    )
+    edit(package / SWA, patched)
+    proc = refresh(series, build, "--at", "5")
+    assert proc.returncode == 0, proc.stderr
+    assert f"add: {FIVE}" in proc.stdout
+    new = entries(series)[FIVE]
+    assert (new["stage"], new["summary"]) == (old["stage"], old["summary"])
+    assert run_check(series).returncode == 0

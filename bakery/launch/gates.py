@@ -9,6 +9,7 @@ lowest stage, and where the supported head set lives in the baked source.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,18 @@ from pathlib import Path
 from bakery.errors import SeriesError
 from bakery.stages import Stage, load_stages
 
-__all__ = ["EnvGate", "GateTable", "load_gate_table", "STAGE", "COMBINE", "GATHER", "TIMING"]
+__all__ = [
+    "EnvGate",
+    "GateTable",
+    "load_gate_table",
+    "STAGE",
+    "COMBINE",
+    "GATHER",
+    "TIMING",
+    "CANDIDATES",
+    "SPECULATIVE",
+    "PCP",
+]
 
 # The four gates the launcher sets from its own flags (names fixed by the interface).
 STAGE = "DSV41_DCP_STAGE"
@@ -24,13 +36,35 @@ COMBINE = "DSV41_DCP_COMBINE"
 GATHER = "DSV41_DCP_PREFILL_GATHER"
 TIMING = "DSV41_DCP_TIMING"
 
+# What a checkpoint or a vLLM flag can ask for under DCP > 1, by the stage name
+# that serves it in stages.toml (a renamed stage fails loudly at load).
+CANDIDATES = "candidate-blocks"  # text_config.candidate_source_layer_id >= 0
+SPECULATIVE = "speculative-decode"  # MTP / DSpark: --speculative-config, --spec-*
+PCP = "pcp-dcp"  # --prefill-context-parallel-size > 1
+FEATURES = (CANDIDATES, SPECULATIVE, PCP)
+_NUMBER_KINDS = ("positive",)
+
 
 @dataclass(frozen=True)
 class EnvGate:
     name: str
-    values: tuple[str, ...]
+    values: tuple[str, ...]  # empty for a number
     default: str
     min_stage: int
+    number: str | None = None  # "positive": a finite number > 0 (float() reads it)
+
+    def accepts(self, value: str) -> bool:
+        if self.number is None:
+            return value in self.values
+        try:
+            number = float(value)
+        except ValueError:
+            return False
+        return math.isfinite(number) and number > 0
+
+    @property
+    def expected(self) -> str:
+        return "a finite number > 0" if self.number else "one of " + ", ".join(self.values)
 
 
 @dataclass(frozen=True)
@@ -54,15 +88,29 @@ class GateTable:
     def status(self, stage: int) -> str:
         return next((s.status for s in self.stages if s.number == stage), "unknown")
 
+    def feature(self, name: str) -> Stage:
+        """The stage that serves feature ``name`` (one of ``FEATURES``)."""
+        return next(s for s in self.stages if s.name == name)
+
+    def serves(self, name: str, stage: int) -> bool:
+        """Does DSV41_DCP_STAGE=``stage`` serve feature ``name`` under DCP > 1?"""
+        needed = self.feature(name)
+        return needed.status == "implemented" and stage >= needed.number
+
 
 def _env_gates(data: dict, where: str) -> dict[str, EnvGate]:
     gates = {}
     for name, table in data.get("env", {}).items():
         try:
-            gates[name] = EnvGate(
-                name, tuple(table["values"]), str(table["default"]), int(table["min_stage"])
-            )
-        except (KeyError, TypeError, ValueError) as exc:
+            number = table.get("number")
+            if number is not None and number not in _NUMBER_KINDS:
+                raise ValueError(f"number must be one of {_NUMBER_KINDS}: {number!r}")
+            values = () if number else tuple(str(v) for v in table["values"])
+            gate = EnvGate(name, values, str(table["default"]), int(table["min_stage"]), number)
+            if not gate.accepts(gate.default):
+                raise ValueError(f"the default is not {gate.expected}: {gate.default!r}")
+            gates[name] = gate
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SeriesError(f"{where}: [env.{name}] is malformed ({exc!r})") from None
     return gates
 
@@ -93,4 +141,7 @@ def load_gate_table(series_root: Path) -> GateTable:
         raise SeriesError(
             f"{where}: the launcher's gates are not in the table: {missing or [STAGE]!r}"
         )
+    unnamed = [f for f in FEATURES if f not in {s.name for s in stages}]
+    if unnamed:
+        raise SeriesError(f"{where}: no stage serves the launcher's feature(s): {unnamed!r}")
     return table

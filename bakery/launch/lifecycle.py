@@ -7,8 +7,11 @@ as a new session leader with vLLM under it, waits for ``/health`` and a 1-token
 ``/v1/completions``, then tells the keeper to detach and returns. SIGINT or
 SIGTERM during the wait tears the whole group down; SIGKILL of the launcher
 closes the keeper's pipe and the keeper tears it down. ``stop`` and ``status``
-work from the pid files; a pid file names the process group and the leader's
-start time, so a recycled pid is never signalled.
+work from the run folders: a pid file names the process group, the leader's
+start time and its whole command line, and every process of a run carries the
+run folder in its environment (``processes.MARK``), so ``stop`` ends all of
+them (a dead leader's members and a corrupt pid file's run included) and
+nothing else (see ``processes``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,14 @@ from bakery.launch import keeper as keeper_module
 from bakery.launch.errors import LaunchError, LaunchInterrupted
 from bakery.launch.plan import Plan
 from bakery.launch.preflight import Facts
+from bakery.launch.processes import (
+    MARK,
+    cmdline,
+    end_processes,
+    group_members,
+    launched,
+    start_ticks,
+)
 from bakery.manifest import MANIFEST
 
 __all__ = [
@@ -45,12 +56,16 @@ __all__ = [
     "group_members",
     "tail",
     "wait_ready",
+    "latest_log",
+    "follow",
 ]
 
 PID_FILE = "server.pid"
 LOG_FILE = "serve.log"
 TAIL_LINES = 40
 HEADLESS_SETTLE_S = 10.0
+PROGRESS_S = 15.0  # seconds between two "waiting" lines during start
+PROGRESS_WIDTH = 160
 _INHERITED = ("CUDA_", "NCCL_", "VLLM_", "HF_", "TORCH_", "OMP_", "GLOO_", "DSV41_", "RAY_")
 _SECRET = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
 
@@ -70,64 +85,37 @@ class Record:
 
 @dataclass(frozen=True)
 class Running:
-    """One pid file, read back: the group, the leader's identity, where it serves."""
+    """One pid file, read back: the group, the leader's identity, where it serves.
+
+    ``error``: why the pid file could not be read (the run's processes are still
+    found by their marker); the other fields are then placeholders.
+    """
 
     pid_file: Path
     pgid: int
     start_ticks: int
     url: str | None
     profile: str
+    cmdline: tuple[str, ...] = ()
+    error: str | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        return self.pid_file.parent
+
+    @property
+    def leader_verified(self) -> bool:
+        """The recorded leader is alive and is the process the launcher started."""
+        if self.error or self.pgid <= 0 or start_ticks(self.pgid) != self.start_ticks:
+            return False
+        return tuple(cmdline(self.pgid) or ()) == self.cmdline
 
     @property
     def alive(self) -> bool:
-        return _start_ticks(self.pgid) == self.start_ticks
+        return self.leader_verified or bool(launched(self.run_dir))
 
 
-# ---- processes --------------------------------------------------------------------------
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def _start_ticks(pid: int) -> int | None:
-    fields = _stat(pid)
-    return None if fields is None or fields[0] == "Z" else int(fields[19])
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is ``pgid``."""
-    members = []
-    for name in os.listdir("/proc"):
-        fields = _stat(int(name)) if name.isdigit() else None
-        if fields and fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(name))
-    return members
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass  # the group is already gone: nothing left to signal
-
-
-def teardown_group(pgid: int, grace_s: float) -> bool:
-    """SIGTERM the group, then SIGKILL after ``grace_s``; True once no member is left."""
-    _signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while group_members(pgid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if group_members(pgid):
-        _signal_group(pgid, signal.SIGKILL)
-        deadline = time.monotonic() + 10.0
-        while group_members(pgid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    return not group_members(pgid)
+# ---- processes ----------------------------------------------------------------------
 
 
 def tail(path: Path, lines: int = TAIL_LINES) -> str:
@@ -166,8 +154,11 @@ def inherited_env() -> dict[str, str]:
     }
 
 
-def serve_env(plan: Plan, run_id: str) -> dict[str, str]:
-    return {**os.environ, **dict(plan.env), "BAKERY_LAUNCH_RUN": run_id}
+def serve_env(plan: Plan, record: Record) -> dict[str, str]:
+    run_id = f"{plan.profile.name}/{record.run_dir.name}"
+    # MARK is how stop finds every process of this run; it is left out of
+    # serve_command.sh, so a hand re-run is not this run's.
+    return {**os.environ, **dict(plan.env), "BAKERY_LAUNCH_RUN": run_id, MARK: str(record.run_dir)}
 
 
 def command_script(plan: Plan, run_id: str) -> str:
@@ -186,8 +177,10 @@ def command_script(plan: Plan, run_id: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _baked(plan: Plan) -> dict:
-    path = plan.tree / MANIFEST
+def _baked(plan: Plan, facts: Facts) -> dict:
+    path = facts.manifest or (plan.tree / MANIFEST if plan.tree else None)
+    if path is None:
+        return {"path": None, "error": "no BAKED.json found"}
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -220,7 +213,7 @@ def environment(plan: Plan, facts: Facts, argv: list[str]) -> dict:
         },
         "python": str(plan.python),
         "vllm_file": probe.get("vllm_file"),
-        "baked": _baked(plan),
+        "baked": _baked(plan, facts),
         "gpus": [g.__dict__ for g in facts.gpus] if facts.gpus is not None else None,
         "supported_heads": list(facts.heads) if facts.heads else None,
         "dsv41": {k: v for k, v in sorted(server_env.items()) if k.startswith("DSV41_")},
@@ -264,12 +257,26 @@ def _ready_once(client: httpx.Client, plan: Plan) -> bool:
     return True
 
 
-def wait_ready(plan: Plan, proc: subprocess.Popen, log: Path, timeout_s: float) -> float:
-    """Seconds until /health and a 1-token completion answer; raises LaunchError."""
+def last_line(path: Path) -> str:
+    """The log's last non-empty line (vLLM's progress), shortened for one terminal row."""
+    line = next((ln for ln in reversed(tail(path, 5).splitlines()) if ln.strip()), "")
+    return line.strip()[:PROGRESS_WIDTH]
+
+
+def wait_ready(plan: Plan, proc: subprocess.Popen, log: Path, timeout_s: float, say=None) -> float:
+    """Seconds until /health and a 1-token completion answer; raises LaunchError.
+
+    Every ``PROGRESS_S`` seconds ``say`` gets the elapsed time and the log's last
+    line: a boot can take up to 30 minutes, and silence looks like a hang.
+    """
     started = time.monotonic()
     deadline = started + timeout_s
+    shown = started
     with httpx.Client(trust_env=False) as client:
         while time.monotonic() < deadline:
+            if say is not None and time.monotonic() - shown >= PROGRESS_S:
+                shown = time.monotonic()
+                say(f"waiting {shown - started:.0f} s / {timeout_s:g} s: {last_line(log)}")
             if proc.poll() is not None:
                 raise LaunchError(
                     f"the server exited with status {proc.returncode} before it was ready; "
@@ -304,14 +311,13 @@ def _raise_interrupted(signum, _frame):
 
 def _spawn(plan: Plan, record: Record, grace_s: float) -> tuple[subprocess.Popen, int]:
     read_fd, write_fd = os.pipe()
-    run_id = f"{plan.profile.name}/{record.run_dir.name}"
     keeper = [str(plan.python), "-I", keeper_module.__file__, str(grace_s), str(read_fd), "--"]
     with open(record.log, "ab") as log:
         try:
             proc = subprocess.Popen(
                 [*keeper, *plan.command],
                 cwd=plan.cwd,
-                env=serve_env(plan, run_id),
+                env=serve_env(plan, record),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -326,7 +332,8 @@ def _spawn(plan: Plan, record: Record, grace_s: float) -> tuple[subprocess.Popen
 def _write_pid(record: Record, plan: Plan, proc: subprocess.Popen) -> None:
     data = {
         "pgid": proc.pid,
-        "start_ticks": _start_ticks(proc.pid),
+        "start_ticks": start_ticks(proc.pid),
+        "cmdline": list(proc.args),
         "url": None if plan.headless else plan.url,
         "profile": plan.profile.name,
         "run_dir": str(record.run_dir),
@@ -340,7 +347,7 @@ def _write_pid(record: Record, plan: Plan, proc: subprocess.Popen) -> None:
 def _abort(proc: subprocess.Popen, record: Record, grace_s: float) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the teardown short
-    teardown_group(proc.pid, grace_s)
+    end_processes(record.run_dir, proc.pid, grace_s)  # the group and any that left it
     proc.wait(timeout=30)
     record.pid_file.unlink(missing_ok=True)
 
@@ -357,7 +364,7 @@ def start(
         proc, write_fd = _spawn(plan, record, grace_s)
         _write_pid(record, plan, proc)
         say(f"started {plan.profile.name} (process group {proc.pid}); log: {record.log}")
-        elapsed = wait_ready(plan, proc, record.log, plan.profile.startup_timeout_s)
+        elapsed = wait_ready(plan, proc, record.log, plan.profile.startup_timeout_s, say)
         os.write(write_fd, b"detach\n")
     except BaseException as exc:
         if proc is not None:
@@ -382,52 +389,89 @@ def recorded(artifacts: Path, profile: str | None) -> list[Running]:
 
 def _read_pid(path: Path) -> Running:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes())
         return Running(
             path,
             int(data["pgid"]),
             int(data["start_ticks"] or -1),
             data.get("url"),
-            data.get("profile", "?"),
+            str(data.get("profile", "?")),
+            tuple(str(a) for a in data["cmdline"]),
         )
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise LaunchError(
-            f"unreadable pid file ({exc}): {str(path)!r}",
-            hint="remove it if no server of that run is alive",
-        ) from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        why = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
+        return Running(path, -1, -1, None, path.parent.parent.name, error=why[:200])
 
 
-def _stop_one(run: Running, grace_s: float) -> bool:
-    """Tear down one recorded group; False if it was not running (stale pid file)."""
-    alive = run.alive
-    if alive and not teardown_group(run.pgid, grace_s):
+def _stop_one(run: Running, grace_s: float) -> int:
+    """End every process of one recorded run; how many there were (0: a stale record)."""
+    leader = run.pgid if run.leader_verified else None
+    count, survivors = end_processes(run.run_dir, leader, grace_s)
+    if survivors:
         raise LaunchError(
-            f"process group {run.pgid} survived SIGKILL: {group_members(run.pgid)!r}",
+            f"processes of {run.run_dir} survived SIGKILL: {survivors!r}",
             hint="check for D-state processes",
         )
     run.pid_file.unlink(missing_ok=True)
-    return alive
+    return count
 
 
 def stop_record(record: Record, grace_s: float) -> bool:
     """Stop the server of one run (the matrix's way); False if it was not running."""
     if not record.pid_file.exists():
         return False
-    return _stop_one(_read_pid(record.pid_file), grace_s)
+    return _stop_one(_read_pid(record.pid_file), grace_s) > 0
 
 
 def stop(artifacts: Path, profile: str | None, grace_s: float, say=print) -> int:
     """Stop every recorded server (of ``profile``); returns how many were running."""
     stopped = 0
     for run in recorded(artifacts, profile):
-        if _stop_one(run, grace_s):
-            say(f"{run.profile}: stopped process group {run.pgid}")
-            stopped += 1
+        count = _stop_one(run, grace_s)
+        if run.error:
+            say(
+                f"{run.profile}: unreadable pid file {run.pid_file} ({run.error}) removed; "
+                f"{count} process(es) of that run ended"
+            )
+        elif count:
+            say(f"{run.profile}: stopped process group {run.pgid} ({count} process(es))")
         else:
             say(f"{run.profile}: not running (stale pid file {run.pid_file} removed)")
+        stopped += bool(count)
     if not stopped:
         say("nothing running" + (f" for {profile}" if profile else ""))
     return stopped
+
+
+def latest_log(artifacts: Path, profile: str | None) -> Path:
+    """The serve.log of the newest recorded run (of ``profile``); raises LaunchError."""
+    runs = sorted(Path(artifacts).glob(f"{profile or '*'}/*/{LOG_FILE}"), key=_run_order)
+    if not runs:
+        raise LaunchError(
+            f"no run recorded under {artifacts}" + (f" for {profile}" if profile else ""),
+            hint="start one with run.sh start, or pass --artifacts",
+        )
+    return runs[-1]
+
+
+def _run_order(log: Path) -> tuple[str, str]:
+    return (log.parent.name, log.parent.parent.name)  # UTC stamps sort in time order
+
+
+def follow(log: Path, lines: int, write, poll_s: float = 0.5) -> None:
+    """Write the last ``lines`` of ``log``, then what is appended while the run lives."""
+    write(tail(log, lines) + "\n")
+    run_dir = log.parent
+    with open(log, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        while True:
+            chunk = handle.read()
+            if chunk:
+                write(chunk.decode(errors="replace"))
+            elif not launched(run_dir):
+                return  # the run is over and its log fully shown
+            else:
+                time.sleep(poll_s)
 
 
 def health(url: str | None) -> str:
@@ -444,14 +488,18 @@ def status(artifacts: Path, profile: str | None) -> list[dict]:
     rows = []
     for run in recorded(artifacts, profile):
         alive = run.alive
+        if run.error:
+            shown = f"unreadable pid file ({run.error})"
+        else:
+            shown = health(run.url) if alive else "dead (stale pid file)"
         rows.append(
             {
                 "profile": run.profile,
                 "pgid": run.pgid,
                 "url": run.url,
                 "running": alive,
-                "health": health(run.url) if alive else "dead (stale pid file)",
-                "run_dir": str(run.pid_file.parent),
+                "health": shown,
+                "run_dir": str(run.run_dir),
             }
         )
     return rows

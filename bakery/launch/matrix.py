@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import tomllib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,7 +27,7 @@ from bakery.launch import lifecycle, preflight
 from bakery.launch.errors import PreflightError, Problem, ProfileError
 from bakery.launch.gates import GateTable
 from bakery.launch.plan import Plan, make_plan
-from bakery.launch.profiles import load_profile, override
+from bakery.launch.profiles import load_profile, override, read_toml
 from bakery.manifest import MANIFEST
 from bakery.series import Series
 from bakery.verify import (
@@ -124,12 +123,9 @@ def _entry(table: Any, where: str) -> Entry:
 
 def load_matrix(path: Path) -> Matrix:
     where = str(path)
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ProfileError(f"no matrix file (missing file): {where!r}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(f"{where}: not valid TOML ({exc})") from None
+    if not Path(path).exists():
+        raise ProfileError(f"no matrix file (missing file): {where!r}")
+    data = read_toml(Path(path), ProfileError)
     if set(data) - _TOP:
         raise ProfileError(f"{where}: unknown key(s): {sorted(set(data) - _TOP)!r}")
     candidates = tuple(_entry(t, where) for t in data.get("candidates", []))

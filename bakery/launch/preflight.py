@@ -25,8 +25,12 @@ from bakery.bake import staleness
 from bakery.errors import BakeryError
 from bakery.launch import probe as probe_module
 from bakery.launch.errors import PreflightError, Problem
-from bakery.launch.gates import COMBINE, GATHER, STAGE, GateTable
+from bakery.launch.gates import CANDIDATES, COMBINE, GATHER, PCP, SPECULATIVE, STAGE, GateTable
+from bakery.launch.installed import installed_problems
+from bakery.launch.model_config import candidate_blocks, find_config, text_config
 from bakery.launch.plan import Plan, server_args
+from bakery.launch.vllm_args import ArgValueError, read_args
+from bakery.manifest import MANIFEST
 from bakery.series import Series
 
 __all__ = [
@@ -64,6 +68,7 @@ class Facts:
     probe: dict | None = None
     heads: tuple[int, ...] | None = None
     model_config: dict | None = None
+    manifest: Path | None = None  # BAKED.json of what serves (the tree's, or the installed wheel's)
 
 
 @dataclass(frozen=True)
@@ -119,15 +124,11 @@ def _env_problems(plan: Plan, table: GateTable) -> list[Problem]:
                     "fix the name or unset it; the series reads only known gates",
                 )
             )
-        elif value not in gate.values:
+        elif not gate.accepts(value):
             what = "unknown combine flavour" if name == COMBINE else f"bad {name} value"
+            shown = f"{flag} {value}" if flag != name else f"{name}={value}"
             out.append(
-                Problem(
-                    what,
-                    f"{name} must be one of {', '.join(gate.values)}",
-                    f"{flag} {value}",
-                    f"use one of {', '.join(gate.values)}",
-                )
+                Problem(what, f"{name} must be {gate.expected}", shown, f"use {gate.expected}")
             )
         elif value != gate.default and stage < gate.min_stage:
             out.append(
@@ -231,8 +232,7 @@ def _node_problems(base: str, lay) -> list[Problem]:
 
 
 def _head_problems(plan: Plan, heads: tuple[int, ...], config: dict) -> list[Problem]:
-    text = config.get("text_config") or config
-    n = text.get("num_attention_heads", config.get("num_attention_heads"))
+    n = text_config(config).get("num_attention_heads", config.get("num_attention_heads"))
     lay = plan.profile.layout
     if not isinstance(n, int) or lay.tp < 1 or lay.dcp < 1:
         return []
@@ -260,13 +260,94 @@ def _head_problems(plan: Plan, heads: tuple[int, ...], config: dict) -> list[Pro
     return []
 
 
+def _feature_problem(
+    plan: Plan, table: GateTable, feature: str, what: str, value: str, way_out: str = "--dcp 1"
+) -> Problem | None:
+    """``what`` under DCP > 1 at a stage that does not serve ``feature``, or None."""
+    stage, dcp = plan.profile.gates.stage, plan.profile.layout.dcp
+    if dcp <= 1 or table.serves(feature, stage):
+        return None
+    needed = table.feature(feature)
+    if needed.status == "implemented":
+        why = f"stage {needed.number} ({needed.name}) serves it; --stage {stage} does not"
+        hint = f"use --stage {needed.number} or higher, or {way_out}"
+    else:
+        why = f"stage {needed.number} ({needed.name}) is planned: no stage serves it under DCP > 1"
+        hint = f"use {way_out}"
+    return Problem(what, why, f"{value} with --dcp {dcp} --stage {stage}", hint)
+
+
+def _candidate_problems(plan: Plan, table: GateTable, config: dict) -> list[Problem]:
+    layer = candidate_blocks(config)
+    if layer is None:
+        return []
+    value = f"candidate_source_layer_id={layer}"
+    way_out = "--dcp 1, or a checkpoint without candidate filtering"
+    problem = _feature_problem(
+        plan, table, CANDIDATES, "the model uses candidate blocks", value, way_out
+    )
+    return [problem] if problem else []
+
+
+def _arg_problems(plan: Plan, table: GateTable, parsed: dict) -> list[Problem]:
+    """The vLLM args (parsed by vLLM's parser, or ``vllm_args``) against the launcher's layout."""
+    out = _contradictions(plan, parsed)
+    speculative = [
+        f"--{k.replace('_', '-')}"
+        for k in ("speculative_config", "spec_method", "spec_model", "spec_tokens")
+        if parsed.get(k) not in (None, {}, "")
+    ]
+    if speculative:
+        what = "speculative decoding (MTP / DSpark) under DCP"
+        way_out = "--dcp 1, or drop " + " ".join(speculative)
+        out.append(_feature_problem(plan, table, SPECULATIVE, what, " ".join(speculative), way_out))
+    pcp = parsed.get("prefill_context_parallel_size")
+    if isinstance(pcp, int) and pcp > 1:
+        what = "prefill context parallelism (PCP) under DCP"
+        value = f"--prefill-context-parallel-size {pcp}"
+        way_out = "--dcp 1, or --prefill-context-parallel-size 1"
+        out.append(_feature_problem(plan, table, PCP, what, value, way_out))
+    return [p for p in out if p is not None]
+
+
 def config_problems(
-    plan: Plan, table: GateTable, heads: tuple[int, ...] | None, config: dict | None
+    plan: Plan,
+    table: GateTable,
+    heads: tuple[int, ...] | None,
+    config: dict | None,
+    parsed: dict | None = None,
 ) -> list[Problem]:
+    """The pure checks. ``parsed``: the vLLM args as vLLM's parser read them; None reads
+    the plan's own args with ``vllm_args`` (unreadable ones are ``args_problems``')."""
+    if parsed is None:
+        try:
+            parsed = read_args(server_args(plan.profile))
+        except ArgValueError:
+            parsed = {}
     out = _stage_problems(plan, table) + _env_problems(plan, table) + _layout_problems(plan)
-    if heads and config and config.get("model_type") == SERIES_MODEL_TYPE:
-        out += _head_problems(plan, heads, config)
+    out += _arg_problems(plan, table, parsed)
+    out += _interleave_problems(plan, parsed, config)
+    if config and config.get("model_type") == SERIES_MODEL_TYPE:
+        if heads:
+            out += _head_problems(plan, heads, config)
+        out += _candidate_problems(plan, table, config)
     return out
+
+
+def model_notes(config: dict | None) -> list[str]:
+    if not config or config.get("model_type") != SERIES_MODEL_TYPE:
+        return []
+    layer = candidate_blocks(config)
+    if layer is None:
+        return ["candidate blocks: not in use (candidate_source_layer_id < 0 or absent)"]
+    text = text_config(config)
+    sizes = ", ".join(
+        f"{k}={text[k]}" for k in ("candidate_topk_blocks", "candidate_block_size") if k in text
+    )
+    return [
+        f"candidate blocks: in use (candidate_source_layer_id={layer}{', ' if sizes else ''}"
+        f"{sizes})"
+    ]
 
 
 def stage_notes(plan: Plan, table: GateTable) -> list[str]:
@@ -322,25 +403,47 @@ def gpu_inventory() -> tuple[Gpu, ...]:
     return _parse_gpus(out.stdout)
 
 
-def visible(gpus: tuple[Gpu, ...], env: dict[str, str]) -> tuple[Gpu, ...]:
+def visible(gpus: tuple[Gpu, ...], env: dict[str, str]) -> tuple[tuple[Gpu, ...], str | None]:
+    """The GPUs CUDA shows under ``CUDA_VISIBLE_DEVICES``, and the entry it stopped at.
+
+    CUDA reads the list left to right by index and stops at the first entry that
+    names no GPU (or repeats one): that entry and all after it are hidden. UUID
+    entries (GPU-..., MIG-...) are counted, not resolved: UUIDs are never read here.
+    """
     spec = env.get("CUDA_VISIBLE_DEVICES")
     if spec is None:
-        return gpus
-    wanted = [s.strip() for s in spec.split(",") if s.strip()]
-    if all(w.isdigit() for w in wanted):
-        return tuple(g for g in gpus if str(g.index) in wanted)
-    return gpus[: len(wanted)]  # UUID form: we do not read UUIDs, count them
+        return gpus, None
+    if not spec.strip():
+        return (), None  # CUDA_VISIBLE_DEVICES="" hides every GPU
+    by_index = {str(g.index): g for g in gpus}
+    shown: list[Gpu] = []
+    for entry in (s.strip() for s in spec.split(",")):
+        if entry.startswith(("GPU-", "MIG-")):
+            extra = [g for g in gpus if g not in shown][:1]
+            shown += extra
+            if extra:
+                continue
+        gpu = by_index.get(entry.lstrip("0") or "0" if entry.isdigit() else entry)
+        if gpu is None or gpu in shown:
+            return tuple(shown), entry
+        shown.append(gpu)
+    return tuple(shown), None
 
 
 def run_probe(plan: Plan) -> dict:
     """Run the probe with the serving Python, env and cwd. Raises OSError on failure."""
-    module = plan.command[2]
+    env = {**os.environ, **dict(plan.env)}
+    return probe_python(plan.python, env, plan.cwd, plan.command[2], server_args(plan.profile))
+
+
+def probe_python(python: Path, env: dict, cwd: Path, module: str, args: list[str]) -> dict:
+    """The probe's answer from ``python`` (bounded). Raises OSError on failure."""
     source = Path(probe_module.__file__).read_text()
     try:
         out = subprocess.run(
-            [str(plan.python), "-c", source, module, *server_args(plan.profile)],
-            cwd=plan.cwd,
-            env={**os.environ, **dict(plan.env)},
+            [str(python), "-c", source, module, *args],
+            cwd=cwd,
+            env=env,
             capture_output=True,
             text=True,
             timeout=PROBE_TIMEOUT_S,
@@ -370,8 +473,19 @@ def _gpu_problems(plan: Plan, gpus: tuple[Gpu, ...] | None, error: str | None) -
                 "run on a GPU host with nvidia-smi, or use --base cpu",
             )
         ]
-    shown = visible(gpus or (), dict(os.environ) | dict(plan.env))
+    env = dict(os.environ) | dict(plan.env)
+    shown, stopped_at = visible(gpus or (), env)
     out = []
+    if stopped_at is not None:
+        listed = ", ".join(str(g.index) for g in gpus or ()) or "none"
+        out.append(
+            Problem(
+                "CUDA_VISIBLE_DEVICES names a GPU this node does not have",
+                f"CUDA hides entry {stopped_at!r} and every one after it; GPUs here: {listed}",
+                f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}",
+                "list only the indices nvidia-smi shows, once each",
+            )
+        )
     if len(shown) < need:
         where = f"per node over {lay.nnodes} nodes" if lay.nnodes > 1 else "on this node"
         out.append(
@@ -416,7 +530,7 @@ def _probe_problems(plan: Plan, probe: dict | None, error: str | None) -> list[P
         ]
     out = []
     vfile = Path(probe["vllm_file"]).resolve()
-    if not vfile.is_relative_to(plan.tree.resolve()):
+    if plan.tree is not None and not vfile.is_relative_to(plan.tree.resolve()):
         out.append(
             Problem(
                 "vLLM would not come from the baked tree",
@@ -445,8 +559,6 @@ def _probe_problems(plan: Plan, probe: dict | None, error: str | None) -> list[P
                 "drop or fix the flag (see --help of the pinned vLLM)",
             )
         )
-    else:
-        out += _contradictions(plan, args["parsed"])
     return out
 
 
@@ -455,7 +567,7 @@ def _contradictions(plan: Plan, parsed: dict) -> list[Problem]:
     out = []
     for key, mine, flag in (
         ("tensor_parallel_size", lay.tp, "--tp"),
-        ("pipeline_parallel_size", lay.pp, "pp"),
+        ("pipeline_parallel_size", lay.pp, "--pp"),
         ("decode_context_parallel_size", lay.dcp, "--dcp"),
     ):
         if parsed.get(key) is not None and parsed[key] != mine:
@@ -470,67 +582,40 @@ def _contradictions(plan: Plan, parsed: dict) -> list[Problem]:
     return out
 
 
-def _interleave_problems(plan: Plan, probe: dict | None, config: dict | None) -> list[Problem]:
-    if plan.profile.layout.dcp <= 1 or not config or not probe or "args" not in probe:
+def _interleave_problems(plan: Plan, parsed: dict, config: dict | None) -> list[Problem]:
+    if plan.profile.layout.dcp <= 1:
         return []
-    parsed = probe["args"].get("parsed") or {}
-    text = config.get("text_config") or config
-    ratios = sorted({int(r) for r in text.get("compress_ratios") or () if int(r) > 0})
-    interleave = max(
-        parsed.get("cp_kv_cache_interleave_size") or 1,
-        parsed.get("dcp_kv_cache_interleave_size") or 1,
+    cp = parsed.get("cp_kv_cache_interleave_size") or 1
+    dcp = parsed.get("dcp_kv_cache_interleave_size") or 1
+    if dcp > 1 and cp != dcp:
+        # vLLM copies the dcp value over only at KV-transfer init; patches 02 and 06
+        # read cp_kv_cache_interleave_size while the layers are built, before that.
+        return [
+            Problem(
+                "--dcp-kv-cache-interleave-size without the same --cp-kv-cache-interleave-size",
+                "the series reads cp_kv_cache_interleave_size while the layers are built, "
+                "before vLLM copies the dcp value over",
+                f"dcp_kv_cache_interleave_size={dcp} cp_kv_cache_interleave_size={cp}",
+                f"pass -- --cp-kv-cache-interleave-size {dcp} instead",
+            )
+        ]
+    if not config:
+        return []
+    listed = text_config(config).get("compress_ratios")
+    ratios = (
+        sorted({r for r in listed if type(r) is int and r > 0}) if isinstance(listed, list) else []
     )
-    bad = [r for r in ratios if interleave % r]
+    bad = [r for r in ratios if cp % r]
     if not bad:
         return []
     return [
         Problem(
             "KV interleave not a multiple of every compress ratio",
             f"compress ratios {ratios}: a compressed state must live on one rank",
-            f"cp_kv_cache_interleave_size={interleave}",
+            f"cp_kv_cache_interleave_size={cp}",
             f"pass -- --cp-kv-cache-interleave-size {max(ratios)} (or a multiple)",
         )
     ]
-
-
-def _model_config(plan: Plan) -> tuple[dict | None, list[Problem], list[str]]:
-    model = plan.profile.model
-    path = Path(model) if Path(model).is_absolute() else plan.cwd / model
-    looks_local = (
-        Path(model).is_absolute()
-        or model.startswith(".")
-        or ((plan.cwd / Path(model).parts[0]).is_dir())
-    )
-    if not path.exists():
-        if looks_local:
-            return (
-                None,
-                [
-                    Problem(
-                        "model folder missing",
-                        "the path does not exist",
-                        model,
-                        "build or copy the model there, or pass --model",
-                    )
-                ],
-                [],
-            )
-        return None, [], [f"model {model!r} is a hub id: config.json not checked"]
-    try:
-        return json.loads((path / "config.json").read_text()), [], []
-    except (OSError, ValueError) as exc:
-        return (
-            None,
-            [
-                Problem(
-                    "model config unreadable",
-                    str(exc),
-                    str(path / "config.json"),
-                    "point --model at a Hugging Face model folder",
-                )
-            ],
-            [],
-        )
 
 
 def _port_problems(plan: Plan) -> list[Problem]:
@@ -575,11 +660,13 @@ def _gather_gpus(plan: Plan) -> tuple[tuple[Gpu, ...] | None, str | None, list[s
         return None, str(exc), []
 
 
-def _heads(plan: Plan, series: Series, table: GateTable) -> tuple[tuple[int, ...] | None, list]:
-    if not plan.tree.is_dir():
-        return None, []  # the tree check reports it
+def _heads(
+    tree: Path | None, series: Series, table: GateTable
+) -> tuple[tuple[int, ...] | None, list]:
+    if tree is None or not tree.is_dir():
+        return None, []  # the tree (or installed wheel) check reports it
     try:
-        return read_heads(plan.tree, series.package, table), []
+        return read_heads(tree, series.package, table), []
     except (OSError, ValueError, SyntaxError) as exc:
         return None, [
             Problem(
@@ -591,26 +678,60 @@ def _heads(plan: Plan, series: Series, table: GateTable) -> tuple[tuple[int, ...
         ]
 
 
+def _read_own_args(plan: Plan) -> tuple[dict, list[Problem]]:
+    try:
+        return read_args(server_args(plan.profile)), []
+    except ArgValueError as exc:
+        return {}, [
+            Problem(
+                "a vLLM arg cannot be read",
+                "vLLM's own type check refuses it",
+                str(exc),
+                "fix the value after --",
+            )
+        ]
+
+
+def _parsed(probe: dict | None, own: dict) -> tuple[dict, list[str]]:
+    """vLLM's own parse when the probe got one, else the launcher's reading of the args."""
+    args = (probe or {}).get("args") or {}
+    if args.get("ok"):
+        return args.get("parsed") or {}, []
+    return own, ["vLLM flags read by the launcher (the pinned vLLM parser gave no answer)"]
+
+
 def run_preflight(plan: Plan, table: GateTable, series: Series, build: Path) -> Report:
     """Every check, all reported; raises nothing itself (see ``enforce``)."""
-    config, problems, notes = _model_config(plan)
-    tree_problems = _tree_problems(plan, series, build)
-    heads, head_problems = _heads(plan, series, table)
-    if tree_problems:
-        head_problems = []  # a missing or stale tree is the one message for it
-    problems = config_problems(plan, table, heads, config) + problems + head_problems
-    notes = stage_notes(plan, table) + notes
+    own, arg_problems = _read_own_args(plan)
+    serving_env = {**os.environ, **dict(plan.env)}
+    found = find_config(plan.profile.model, plan.cwd, serving_env, own.get("revision"))
+    config = found.config
     gpus, gpu_error, gpu_notes = _gather_gpus(plan)
-    notes += gpu_notes
-    if gpus is not None or gpu_error is not None:
-        problems += _gpu_problems(plan, gpus, gpu_error)
-    problems += tree_problems
     try:
         probe, probe_error = run_probe(plan), None
     except (OSError, ValueError) as exc:
         probe, probe_error = None, str(exc)
+    if plan.tree is not None:
+        tree, baked = plan.tree, plan.tree / MANIFEST
+        tree_problems = _tree_problems(plan, series, build)
+    elif probe and probe.get("vllm_file"):
+        baked, tree_problems = installed_problems(series, plan.profile.base, probe["vllm_file"])
+        tree = baked.parent.parent if baked else None
+    else:
+        tree = baked = None
+        tree_problems = []  # the probe problem says why vllm could not be found
+    heads, head_problems = _heads(tree, series, table)
+    if tree_problems:
+        head_problems = []  # a missing or stale tree is the one message for it
+    parsed, parse_notes = _parsed(probe, own)
+    problems = config_problems(plan, table, heads, config, parsed)
+    problems += arg_problems + list(found.problems) + head_problems
+    notes = stage_notes(plan, table) + list(found.notes) + model_notes(config)
+    notes += gpu_notes + parse_notes
+    if gpus is not None or gpu_error is not None:
+        problems += _gpu_problems(plan, gpus, gpu_error)
+    problems += tree_problems
     problems += _probe_problems(plan, probe, probe_error)
-    problems += _interleave_problems(plan, probe, config)
     if plan.profile.layout.backend == "ray" and probe and probe.get("ray") is False:
         problems.append(
             Problem(
@@ -621,7 +742,7 @@ def run_preflight(plan: Plan, table: GateTable, series: Series, build: Path) -> 
             )
         )
     problems += _port_problems(plan)
-    return Report(tuple(problems), tuple(notes), Facts(gpus, probe, heads, config))
+    return Report(tuple(problems), tuple(notes), Facts(gpus, probe, heads, config, baked))
 
 
 def enforce(report: Report) -> None:

@@ -18,12 +18,20 @@ import json
 import sys
 
 MARKER = "BAKERY_PROBE"
-_FIELDS = (
+# The parsed values preflight checks (bakery.launch.vllm_args reads the same
+# keys when this parser cannot be built).
+FIELDS = (
     "tensor_parallel_size",
     "pipeline_parallel_size",
     "decode_context_parallel_size",
     "cp_kv_cache_interleave_size",
     "dcp_kv_cache_interleave_size",
+    "prefill_context_parallel_size",
+    "speculative_config",
+    "spec_method",
+    "spec_model",
+    "spec_tokens",
+    "revision",
     "distributed_executor_backend",
     "nnodes",
     "node_rank",
@@ -55,7 +63,7 @@ def _parse(module, args):
         return {"ok": False, "stage": "args", "error": lines[-1] if lines else "rejected"}
     except Exception as exc:  # a flag value vLLM's own type check refuses
         return {"ok": False, "stage": "args", "error": f"{type(exc).__name__}: {exc}"}
-    return {"ok": True, "parsed": {k: getattr(namespace, k, None) for k in _FIELDS}}
+    return {"ok": True, "parsed": {k: getattr(namespace, k, None) for k in FIELDS}}
 
 
 def main(argv):

@@ -97,13 +97,31 @@ def profile_names(directory: Path) -> list[str]:
     return sorted(p.stem for p in Path(directory).glob("*.toml"))
 
 
+def read_toml(path: Path, error: type[Exception]) -> dict:
+    """A TOML file as a dict; unreadable, not UTF-8 or not TOML is one ``error``."""
+    try:
+        return tomllib.loads(Path(path).read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise error(f"{path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{path}: not valid TOML ({exc})") from None
+
+
+def _port(value, name: str, where: str) -> int:
+    if _typed(value, int, name, where) not in range(1, 65536):
+        raise ProfileError(f"{where}: {name} must be 1..65535: {value!r}")
+    return value
+
+
 def _resolve_path(ref: str, directory: Path) -> Path:
     """A profile given by name (looked up in ``directory``) or by file path."""
     if ref.endswith(".toml") or "/" in ref:
         path = Path(ref)
     else:
         path = Path(directory) / f"{ref}.toml"
-    if not path.is_file():
+    if not path.exists():
         known = ", ".join(profile_names(directory)) or "none"
         raise ProfileError(
             f"unknown profile (no such file; known: {known}): {ref!r}",
@@ -142,9 +160,17 @@ def _layout(data: dict, where: str) -> Layout:
     for key, value in nodes.items():
         kind = {"master_addr": str, "backend": str, "headless": bool}.get(key, int)
         values[key] = _typed(value, kind, key, where)
+    if "master_port" in values:
+        _port(values["master_port"], "nodes.master_port", where)
     if values.get("backend", "mp") not in BACKENDS:
         raise ProfileError(f"{where}: nodes.backend must be one of {BACKENDS}: {values!r}")
     return Layout(**values)
+
+
+def _timeout(value, where: str) -> float:
+    if _typed(value, int, "startup_timeout_s", where) < 1:
+        raise ProfileError(f"{where}: startup_timeout_s must be at least 1: {value!r}")
+    return float(value)
 
 
 def _gates(data: dict, table: GateTable, where: str) -> Gates:
@@ -175,10 +201,7 @@ def _vllm_args(data: dict, where: str) -> tuple[str, ...]:
 def load_profile(ref: str, directory: Path, table: GateTable) -> Profile:
     path = _resolve_path(ref, directory)
     where = str(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(f"{where}: not valid TOML ({exc})") from None
+    data = read_toml(path, ProfileError)
     _no_unknown(data, _TOP, where)
     for key in ("base", "model"):
         if not isinstance(data.get(key), str) or not data[key]:
@@ -194,8 +217,8 @@ def load_profile(ref: str, directory: Path, table: GateTable) -> Profile:
         model=data["model"],
         served_model_name=_typed(data.get("served_model_name", path.stem), str, "name", where),
         host=_typed(data.get("host", "127.0.0.1"), str, "host", where),
-        port=_typed(data.get("port", 8000), int, "port", where),
-        startup_timeout_s=float(_typed(data.get("startup_timeout_s", 1800), int, "timeout", where)),
+        port=_port(data.get("port", 8000), "port", where),
+        startup_timeout_s=_timeout(data.get("startup_timeout_s", 1800), where),
         gpu=gpu,
         layout=_layout(data, where),
         gates=_gates(data, table, where),

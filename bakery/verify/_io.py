@@ -28,11 +28,13 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_json_atomic(path: Path, data: Any, *, sort_keys: bool) -> None:
+def write_json_atomic(path: Path, data: Any, *, sort_keys: bool, strict: bool = False) -> None:
     """Write ``data`` as indented JSON.
 
     Reports sort keys so two runs diff cleanly; server responses must not, because
     ``top_logprobs`` order is meaningful (the top-1 margin is first minus second).
+    ``strict`` (reports, gates) refuses NaN and infinities, which are not JSON: a
+    report that held one would be a bug, never a result.
     """
-    text = json.dumps(data, indent=2, sort_keys=sort_keys, ensure_ascii=False)
+    text = json.dumps(data, indent=2, sort_keys=sort_keys, ensure_ascii=False, allow_nan=not strict)
     write_text_atomic(path, text + "\n")

@@ -11,6 +11,7 @@ never raw JSON; nothing here computes a metric.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,7 +27,9 @@ __all__ = [
     "TeacherScores",
     "load_bundle",
     "load_json_object",
+    "logprob",
     "case_from_document",
+    "teacher_from_document",
     "token_key",
     "write_case_file",
     "write_bundle_meta",
@@ -40,6 +43,9 @@ TEACHER_PREFIX = "teacher_"
 META_NAME = "bundle.json"
 COMPLETIONS_PATH = "/v1/completions"
 TOKEN_ID_PREFIX = "token_id:"
+# What a served logprob may be: vLLM floors at -9999; the slack above 0 absorbs
+# rounding. Anything outside makes the metrics' sums and exps non-finite.
+LOGPROB_RANGE = (-1e30, 1e-3)
 
 Json = dict[str, Any]
 
@@ -210,10 +216,21 @@ def _parse_completion(choice: Json, request: Json, tokenize: Any, path: Path) ->
     tokens = _list_field(logprobs, "tokens", path)
     values = _list_field(logprobs, "token_logprobs", path)
     tops = _list_field(logprobs, "top_logprobs", path)
+    where = f"bundle case {path}"
+    if not len(tokens) == len(values) == len(tops):
+        raise BundleError(
+            f"{where} (logprobs: tokens, token_logprobs and top_logprobs have "
+            f"{len(tokens)}, {len(values)} and {len(tops)} entries; expected one per step)"
+        )
     return Completion(
         tokens=tuple(token_key(t) for t in tokens),
-        token_logprobs=tuple(None if v is None else float(v) for v in values),
-        top_logprobs=tuple(_parse_top(step, path) for step in tops),
+        token_logprobs=tuple(
+            None if v is None else logprob(v, f"{where} (logprobs.token_logprobs[{i}]")
+            for i, v in enumerate(values)
+        ),
+        top_logprobs=tuple(
+            _parse_top(step, f"{where} (logprobs.top_logprobs[{i}]") for i, step in enumerate(tops)
+        ),
         prompt_token_ids=_prompt_ids(request, tokenize, choice),
         token_ids=_completion_ids(choice, tokens),
     )
@@ -227,12 +244,32 @@ def _list_field(logprobs: Json, key: str, path: Path) -> list[Any]:
     return value
 
 
-def _parse_top(step: Any, path: Path) -> dict[str, float]:
+def logprob(value: Any, where: str) -> float:
+    """A logprob as read from JSON: a number in ``LOGPROB_RANGE``, or a ``BundleError`` (exit 2).
+
+    NaN compares false with every bound, so one NaN would pass any gate; strings,
+    objects, infinities, ``10**400`` and values far above 0 (``exp`` overflows) are
+    no logprob either."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an int past the float range
+            number = math.inf
+        if LOGPROB_RANGE[0] <= number <= LOGPROB_RANGE[1]:  # False for NaN
+            return number
+    raise BundleError(
+        f"{where}: expected a logprob (a finite number <= 0), got {repr(value)[:60]})"
+    )
+
+
+def _parse_top(step: Any, where: str) -> dict[str, float]:
     if step is None:
         return {}
     if not isinstance(step, dict):
-        raise BundleError(f"bundle case {path} (a top_logprobs step: expected an object)")
-    return {token_key(token): float(value) for token, value in step.items()}
+        raise BundleError(f"{where}: expected an object)")
+    return {
+        token_key(token): logprob(value, f"{where}[{token!r}]") for token, value in step.items()
+    }
 
 
 def _int_list(value: Any) -> tuple[int, ...] | None:
@@ -272,11 +309,11 @@ def _load_teachers(directory: Path) -> dict[str, TeacherScores]:
     for path in sorted(directory.glob(f"{TEACHER_PREFIX}*.json")):
         data = load_json_object(path, "teacher-forced case")
         case = _require(data, "case", str, path)
-        scores[case] = _parse_teacher(data, path)
+        scores[case] = teacher_from_document(data, path)
     return scores
 
 
-def _parse_teacher(data: Json, path: Path) -> TeacherScores:
+def teacher_from_document(data: Json, path: Path) -> TeacherScores:
     sequence = _int_list(data.get("sequence"))
     start = data.get("completion_start")
     if sequence is None or not isinstance(start, int):
@@ -303,14 +340,15 @@ def _parse_position(entry: Any, path: Path) -> dict[int, float] | None:
         return None
     if not isinstance(entry, dict):
         raise BundleError(f"teacher-forced case {path} (a prompt_logprobs entry is not an object)")
-    try:
-        return {int(key): float(_logprob_of(value)) for key, value in entry.items()}
-    except (TypeError, ValueError) as exc:
-        raise BundleError(f"teacher-forced case {path} (bad prompt_logprobs entry: {exc})") from exc
-
-
-def _logprob_of(value: Any) -> Any:
-    return value["logprob"] if isinstance(value, dict) else value
+    scores = {}
+    for key, value in entry.items():
+        where = f"teacher-forced case {path} (prompt_logprobs entry {key!r}"
+        try:
+            token = int(key)
+        except ValueError:
+            raise BundleError(f"{where}: expected a token id key)") from None
+        scores[token] = logprob(value.get("logprob") if isinstance(value, dict) else value, where)
+    return scores
 
 
 def write_case_file(directory: Path, document: Json) -> Path:

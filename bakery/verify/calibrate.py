@@ -174,6 +174,6 @@ def render_calibration(calibration: Calibration) -> str:
 def write_calibration(calibration: Calibration, out_dir: Path) -> tuple[Path, Path]:
     """Write ``gates.json`` (for ``compare --gates``) and ``calibration.md`` atomically."""
     gates_path, md_path = out_dir / "gates.json", out_dir / "calibration.md"
-    write_json_atomic(gates_path, calibration.as_dict(), sort_keys=True)
+    write_json_atomic(gates_path, calibration.as_dict(), sort_keys=True, strict=True)
     write_text_atomic(md_path, render_calibration(calibration))
     return gates_path, md_path

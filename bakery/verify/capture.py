@@ -34,6 +34,7 @@ from bakery.verify.bundle import (
     CaseRecord,
     case_from_document,
     load_bundle,
+    teacher_from_document,
     write_bundle_meta,
     write_case_file,
 )
@@ -249,20 +250,22 @@ class _Capture:
             "echo": True,
         }
         response = await self.client.call("POST", COMPLETIONS_PATH, f"case {case.case}", request)
-        write_case_file(
-            self.out_dir,
-            {
-                "name": f"{TEACHER_PREFIX}{case.case}",
-                "case": own.name,
-                "path": COMPLETIONS_PATH,
-                "status": 200,
-                "scored_from": "self" if self.reference is None else str(source.file.parent),
-                "sequence": sequence,
-                "completion_start": len(prompt_ids),
-                "request": request,
-                "response": response,
-            },
-        )
+        document = {
+            "name": f"{TEACHER_PREFIX}{case.case}",
+            "case": own.name,
+            "path": COMPLETIONS_PATH,
+            "status": 200,
+            "scored_from": "self" if self.reference is None else str(source.file.parent),
+            "sequence": sequence,
+            "completion_start": len(prompt_ids),
+            "request": request,
+            "response": response,
+        }
+        try:  # what compare will read back, checked before it is written
+            teacher_from_document(document, self.out_dir / f"{document['name']}.json")
+        except BundleError as exc:
+            raise CaptureError(f"server answer is not usable teacher-forced scores: {exc}") from exc
+        write_case_file(self.out_dir, document)
 
 
 def _wrap(request: Json, response: Json) -> Json:

@@ -8,6 +8,7 @@ failure, 2 usage error or unreadable input).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -179,7 +180,13 @@ def _summary_line(name: str, case: Mapping[str, Any]) -> str:
 @verify.command()
 @click.argument("baseline_dir", type=PathType)
 @click.argument("candidate_dir", type=PathType)
-@click.option("--json", "json_path", type=PathType, default=None, help="Write the JSON report.")
+@click.option(
+    "--json",
+    "json_path",
+    type=PathType,
+    default=None,
+    help="Write the JSON report to this file ('-': stdout, the summary then goes to stderr).",
+)
 @click.option(
     "--markdown", "markdown_path", type=PathType, default=None, help="Write the Markdown report."
 )
@@ -233,9 +240,13 @@ def compare(
         low_margin=low_margin,
         teacher_forced=teacher_forced,
     )
+    to_stdout = json_path == Path("-")  # as everywhere in bakery: "-" is stdout
+    if to_stdout:
+        json_path = None
+        click.echo(json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False))
     write_reports(report, json_path=json_path, markdown_path=markdown_path)
     for name, case in report["cases"].items():
-        click.echo(_summary_line(name, case))
+        click.echo(_summary_line(name, case), err=to_stdout)
     failed = sorted(name for name, case in report["cases"].items() if not case["passed"])
     if failed:
         where = markdown_path or json_path
@@ -243,7 +254,7 @@ def compare(
             f"parity failed for {len(failed)} of {len(report['cases'])} cases: {', '.join(failed)}",
             hint=f"see {where}" if where else "rerun with --markdown REPORT.md for details",
         )
-    click.echo(f"parity passed: {len(report['cases'])} cases")
+    click.echo(f"parity passed: {len(report['cases'])} cases", err=to_stdout)
 
 
 @verify.command()

@@ -119,6 +119,8 @@ def _bound_failure(name: str, value: Any, bound: float | None, kind: str, key: s
         return []
     if value is None:  # a bound that could not be checked certifies nothing
         return [f"{key} could not be computed (no common steps), so {name} is not met"]
+    if not math.isfinite(value):  # NaN compares false with any bound: it must not pass
+        return [f"{key} is {value}, not a finite number, so {name} is not met"]
     broken = value > bound if kind == "max" else value < bound
     if not broken:
         return []

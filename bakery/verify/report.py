@@ -178,6 +178,6 @@ def write_reports(
 ) -> None:
     """Write the requested reports; each file appears whole or not at all."""
     if json_path is not None:
-        write_json_atomic(json_path, report, sort_keys=True)
+        write_json_atomic(json_path, report, sort_keys=True, strict=True)
     if markdown_path is not None:
         write_text_atomic(markdown_path, render_markdown(report))

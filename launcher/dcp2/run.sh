@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Serve the baked dcp2 tree: a thin door onto `python -m bakery.launch`.
 #   run.sh start|stop|status [--profile NAME|FILE] [--dry-run] [flags] [-- extra vLLM args]
+#   run.sh logs [--profile NAME] [-f]                       (the newest run's server log)
 #   run.sh matrix [--matrix FILE] [--baseline BUNDLE_DIR]   (the DCP parity matrix)
 # Profiles: launcher/dcp2/profiles/*.toml. Every check, the record and the
 # process-group lifecycle live in bakery/launch/; see `run.sh start --help`.

@@ -1,0 +1,116 @@
+"""``bakery doctor`` / ``run.sh doctor``: can this host serve the series? No profile needed.
+
+The launcher's host checks on their own: the GPUs and their driver
+(``nvidia-smi``), the baked tree of the base (missing, stale, drifted), and
+where ``vllm`` imports from in the serving Python, both with the baked tree
+first on PYTHONPATH and without it (an installed patched wheel, found by its
+BAKED.json). One line per check; exit 1 when the host cannot serve the base.
+Nothing is written or started except the bounded probe.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from bakery.bake import staleness, tree_dir
+from bakery.errors import BakeryError
+from bakery.launch.installed import installed_problems
+from bakery.launch.plan import SERVER_MODULE
+from bakery.launch.preflight import gpu_inventory, probe_python
+from bakery.series import Series
+
+__all__ = ["Check", "diagnose"]
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool | None  # None: information only
+    detail: str
+
+    def line(self) -> str:
+        mark = {True: "ok", False: "FAIL", None: "info"}[self.ok]
+        return f"{mark:<4} {self.name}: {self.detail}"
+
+
+def _gpus(base: str) -> list[Check]:
+    try:
+        gpus = gpu_inventory()
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        return [Check("GPUs", None if base == "cpu" else False, f"none found ({exc})")]
+    if not gpus:
+        return [Check("GPUs", None if base == "cpu" else False, "nvidia-smi lists none")]
+    kinds = sorted({f"{g.name} (SM {g.compute_cap}, {g.memory_mib} MiB)" for g in gpus})
+    sm120 = [g for g in gpus if g.compute_cap.startswith("12.")]
+    drivers = sorted({g.driver for g in gpus})
+    return [
+        Check("GPUs", True, f"{len(gpus)}: " + "; ".join(kinds)),
+        Check("SM120 GPUs", bool(sm120) if base != "cpu" else None, f"{len(sm120)} of {len(gpus)}"),
+        Check("driver", None, ", ".join(drivers)),
+    ]
+
+
+def _tree(series: Series, base: str, build: Path) -> Check:
+    stale = staleness(series, base, build)
+    tree = tree_dir(build, base)
+    if not stale:
+        return Check("baked tree", True, f"{tree} (series {series.sha256[:8]})")
+    more = f" (+{len(stale) - 1} more)" if len(stale) > 1 else ""
+    return Check("baked tree", False, stale[0] + more)
+
+
+def _vllm(python: Path, env: dict, cwd: Path, tree: Path | None) -> dict | str:
+    if tree is not None:
+        inherited = env.get("PYTHONPATH")
+        env = {**env, "PYTHONPATH": str(tree) + (os.pathsep + inherited if inherited else "")}
+    try:
+        probe = probe_python(python, env, cwd, SERVER_MODULE, ["--model", "doctor"])
+    except (OSError, ValueError) as exc:
+        return str(exc)
+    return probe.get("import_error") or probe
+
+
+def _from_tree(python: Path, cwd: Path, tree: Path) -> Check:
+    probe = _vllm(python, dict(os.environ), cwd, tree)
+    if isinstance(probe, str):
+        return Check("vllm from the baked tree", False, probe)
+    where = Path(probe["vllm_file"]).resolve()
+    ok = tree.is_dir() and where.is_relative_to(tree.resolve())
+    return Check("vllm from the baked tree", ok, f"{probe['vllm_version']} from {where.parent}")
+
+
+def _installed(python: Path, cwd: Path, series: Series, base: str) -> Check:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    probe = _vllm(python, env, cwd, None)
+    name = "vllm installed (run.sh start --installed)"
+    if isinstance(probe, str):
+        return Check(name, None, probe)
+    manifest, problems = installed_problems(series, base, probe["vllm_file"])
+    where = Path(probe["vllm_file"]).resolve().parent
+    if manifest is None:
+        return Check(name, None, f"{probe['vllm_version']} from {where}: not a patched wheel")
+    if problems:
+        return Check(name, False, f"{where}: {problems[0]}")
+    return Check(name, True, f"patched wheel of series {series.sha256[:8]} at {where}")
+
+
+def diagnose(series: Series, base: str, build: Path, python: Path, cwd: Path) -> list[Check]:
+    """Every host check for serving ``base``; the last line says whether it can."""
+    try:
+        series.base(base)
+    except BakeryError as exc:
+        return [Check("base", False, str(exc))]
+    checks = [Check("python", None, str(python))] + _gpus(base)
+    tree_check = _tree(series, base, build)
+    from_tree = _from_tree(python, cwd, tree_dir(build, base))
+    installed = _installed(python, cwd, series, base)
+    checks += [tree_check, from_tree, installed]
+    hardware = all(c.ok is not False for c in checks if c.name in ("GPUs", "SM120 GPUs"))
+    served = bool(tree_check.ok and from_tree.ok) or bool(installed.ok)
+    verdict = hardware and served
+    what = f"this host can serve the {base} base" if verdict else f"cannot serve the {base} base"
+    checks.append(Check("verdict", verdict, what))
+    return checks

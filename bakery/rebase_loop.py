@@ -1,0 +1,279 @@
+"""The rebase conflict loop: ``checkout`` -> fix the conflicts -> ``resume`` (or ``abort``).
+
+``checkout`` writes the series onto another release into the baked tree: a file
+whose patch places is patched, one whose patch is already upstream is left as
+the release has it, and the rest are 3-way merged (``git merge-file``: the old
+pristine file is the base, the release's file and the old patched file the two
+sides), with conflict markers where they clash. The series folder and the old
+tree are saved under ``build/.rebase`` first, so ``abort`` restores both byte
+for byte. ``resume`` refreshes the series from the fixed tree, moves the pins,
+re-bakes and runs linkcheck.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomlkit
+
+from . import refresh
+from .bake import bake, staleness, tree_dir, unpacked
+from .engine import apply_file_patch
+from .errors import BakeryError, HunkFailed, UsageError
+from .linkcheck import format_finding, run_linkcheck
+from .rebase import (
+    _dependency_pins,
+    other_base_pins,
+    patch_status,
+    pin_table,
+    release_pin,
+    survey,
+)
+from .series import Pin, Series, load_series
+from .tree import clone_tree, empty_trash, read_file, remove_tree, write_atomic
+
+__all__ = ["STATE", "in_progress", "refuse_during_rebase", "checkout", "resume", "abort"]
+
+STATE = ".rebase"  # under the build folder: state.json, series/ (saved), baked/ (saved)
+_MARKERS = (b"<<<<<<< ", b"=======", b">>>>>>> ")
+NEXT_STEP = "fix them in the tree, then `bakery rebase --continue` (or `bakery rebase --abort`)"
+
+
+def _state_path(build: Path) -> Path:
+    return build / STATE / "state.json"
+
+
+def in_progress(build: Path) -> dict | None:
+    path = _state_path(build)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def refuse_during_rebase(build: Path) -> None:
+    """Commands that would overwrite the conflict tree refuse while a rebase runs."""
+    state = in_progress(build)
+    if state:
+        raise UsageError(
+            f"a rebase onto {state['release']} is in progress in {build}",
+            hint="finish it with `bakery rebase --continue`, or undo it with "
+            "`bakery rebase --abort`",
+        )
+
+
+def _merge(current: bytes, base: bytes, other: bytes, labels: tuple[str, str, str]):
+    """``git merge-file -p``: (merged bytes, number of conflicts)."""
+    with tempfile.TemporaryDirectory(prefix="bakery-merge-") as tmp:
+        paths = []
+        for name, data in zip(("current", "base", "other"), (current, base, other), strict=True):
+            path = Path(tmp) / name
+            path.write_bytes(data)
+            paths.append(str(path))
+        args = [arg for label in labels for arg in ("-L", label)]
+        try:
+            proc = subprocess.run(
+                ["git", "merge-file", "-p", *args, *paths], capture_output=True, check=False
+            )
+        except FileNotFoundError:
+            raise BakeryError(
+                "git is needed for 3-way merges and is not installed",
+                hint="install git, or use `bakery rebase --to ...` (report only)",
+            ) from None
+    if proc.returncode < 0 or proc.returncode > 127:
+        raise BakeryError(f"git merge-file failed: {proc.stderr.decode(errors='replace')}")
+    return proc.stdout, proc.returncode
+
+
+def has_markers(data: bytes | None) -> bool:
+    return any(line.startswith(_MARKERS) for line in (data or b"").splitlines())
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    path: str
+    patch: str
+    status: str  # applied, upstream, merged, conflict
+    data: bytes | None
+
+
+def _place(series: Series, old_pkg: Path, new_pkg: Path, release: str, max_fuzz: int):
+    """Each touched file on the new release, with how it got there."""
+    new_files = {p: read_file(new_pkg, p) for p in series.touched}
+    statuses = survey(series, new_files, max_fuzz)
+    old = {p: read_file(old_pkg, p) for p in series.touched}
+    new = dict(new_files)
+    out: dict[str, _Outcome] = {}
+    for patch in series.patches:
+        upstream = patch_status(statuses, patch.name) == "upstream"
+        for fp in patch.files:
+            before_old = old[fp.path]
+            old[fp.path] = apply_file_patch(patch.name, fp, before_old, series.max_fuzz).after
+            if upstream:
+                status = "upstream"
+            else:
+                try:
+                    new[fp.path] = apply_file_patch(patch.name, fp, new[fp.path], max_fuzz).after
+                    status = "applied"
+                except HunkFailed:
+                    labels = (release, f"{fp.path} before {patch.name}", patch.name)
+                    new[fp.path], conflicts = _merge(
+                        new[fp.path] or b"", before_old or b"", old[fp.path] or b"", labels
+                    )
+                    status = "conflict" if conflicts else "merged"
+            out[fp.path] = _Outcome(fp.path, patch.name, status, new[fp.path])
+    return out
+
+
+def checkout(
+    series: Series, version: str, build: Path, *, base_key: str, max_fuzz: int, cache: Path
+) -> dict:
+    """Write the series onto ``version`` into the baked tree, conflicts and all."""
+    refuse_during_rebase(build)
+    tree = tree_dir(build, base_key)
+    old_pkg = unpacked(series.base(base_key), cache) / series.package
+    if tree.exists():
+        # The old tree is set aside and dropped by --continue: edits in it would be lost.
+        problems = staleness(series, base_key, build)
+        if not problems:
+            edited = refresh.differing_files(old_pkg, tree / series.package)
+            problems = [f"{c.action} {c.file}" for c in refresh.plan_refresh(series, edited)]
+        if problems:
+            raise UsageError(
+                f"{tree} is not a clean bake of the series: " + "; ".join(problems[:3]),
+                hint=f"save its edits with `bakery refresh --base {base_key}`, or re-bake "
+                f"with `bakery bake --base {base_key}`, then rebase",
+            )
+    pin = release_pin(series, base_key, version, cache)
+    deps = _dependency_pins(series, pin, cache)
+    others, notes = other_base_pins(series, base_key, version, cache)
+    new_root = unpacked(pin, cache)
+    outcomes = _place(series, old_pkg, new_root / series.package, str(pin.requirement), max_fuzz)
+
+    state_dir = build / STATE
+    staging = build / f".{tree.name}.rebase-{os.getpid()}"
+    remove_tree(staging)
+    members = {f"{series.package}/{p}" for p in outcomes}
+    clone_tree(new_root, staging, skip=frozenset(members))
+    for outcome in outcomes.values():
+        if outcome.data is not None:
+            write_atomic(staging / series.package / outcome.path, outcome.data)
+    state_dir.mkdir(parents=True)
+    shutil.copytree(series.root, state_dir / "series")
+    if tree.exists():
+        os.rename(tree, state_dir / "baked")
+    os.rename(staging, tree)
+    state = {
+        "release": str(pin.requirement),
+        "base_key": base_key,
+        "series": str(series.root.resolve()),
+        "had_tree": (state_dir / "baked").exists(),
+        "pin": pin_table(pin),
+        "dependencies": {dep.name: pin_table(dep) for dep in deps},
+        "other_bases": {key: pin_table(p) for key, p in others.items()},
+        "notes": notes,
+        "files": {p: {"patch": o.patch, "status": o.status} for p, o in sorted(outcomes.items())},
+    }
+    write_atomic(_state_path(build), (json.dumps(state, indent=2) + "\n").encode())
+    return state
+
+
+def conflicts_left(state: dict, build: Path) -> list[str]:
+    package = tree_dir(build, state["base_key"]) / load_series(Path(state["series"])).package
+    return [p for p in state["files"] if has_markers(read_file(package, p))]
+
+
+def _repin(series: Series, state: dict) -> None:
+    path = series.root / "series.toml"
+    doc = tomlkit.parse(path.read_text())
+    doc["bases"][state["base_key"]].update(state["pin"])
+    for key, table in state["other_bases"].items():
+        doc["bases"][key].update(table)
+    for name, table in state["dependencies"].items():
+        doc.setdefault("dependencies", tomlkit.table())[name] = table
+    write_atomic(path, tomlkit.dumps(doc).encode())
+
+
+def _load_state(build: Path) -> dict:
+    state = in_progress(build)
+    if state is None:
+        raise UsageError(
+            f"no rebase in progress in {build}",
+            hint="start one with `bakery rebase --to vllm==X.Y.Z --checkout`",
+        )
+    return state
+
+
+def resume(build: Path, cache: Path) -> dict:
+    """Refresh the series from the fixed tree onto the new pins, re-bake, linkcheck."""
+    state = _load_state(build)
+    left = conflicts_left(state, build)
+    if left:
+        raise BakeryError(
+            f"{len(left)} file(s) still have conflict markers: {left!r}", hint=NEXT_STEP
+        )
+    base_key = state["base_key"]
+    series = load_series(Path(state["series"]))
+    tree = tree_dir(build, base_key)
+    pin = Pin.parse(base_key, state["pin"], "rebase state")
+    strays: list[str] = []
+    edited = refresh.differing_files(
+        unpacked(pin, cache) / series.package, tree / series.package, strays
+    )
+    _repin(series, state)
+    repinned = load_series(series.root)
+    changes = refresh.plan_refresh(repinned, edited)
+    saved = load_series(build / STATE / "series")
+    remembered = {e.file: {"stage": e.stage, "summary": e.summary} for e in saved.entries}
+    refresh.write_refresh(repinned, changes, remembered=remembered)
+    rebased = load_series(series.root)
+    result = bake(rebased, base_key, build=build, cache=cache)
+    package = result.tree / rebased.package
+    lost = [p for p, (_, new) in edited.items() if read_file(package, p) != new]
+    if lost:
+        raise BakeryError(f"re-bake does not reproduce the fixed tree (a bug): {lost!r}")
+    thirdparty = [unpacked(dep, cache) for dep in rebased.dependencies.values()]
+    findings = run_linkcheck(rebased, unpacked(pin, cache), thirdparty)
+    _discard_state(build)
+    return {
+        "release": state["release"],
+        "changes": [(c.action, c.file) for c in changes],
+        "strays": strays,
+        "notes": state["notes"],
+        "tree": str(result.tree),
+        "linkcheck": [format_finding(f) for f in findings],
+    }
+
+
+def abort(build: Path) -> dict:
+    """Put the series folder and the baked tree back exactly as they were."""
+    state = _load_state(build)
+    root, saved = Path(state["series"]), build / STATE / "series"
+    for path in root.iterdir():
+        if path.is_file() and not (saved / path.name).exists():
+            path.unlink()
+    for path in saved.iterdir():
+        shutil.copy2(path, root / path.name)
+    tree = tree_dir(build, state["base_key"])
+    if tree.exists():
+        _to_trash(build, tree)
+    if state["had_tree"]:
+        os.rename(build / STATE / "baked", tree)
+    _discard_state(build)
+    return state
+
+
+def _to_trash(build: Path, path: Path) -> None:
+    trash = build / ".trash"
+    trash.mkdir(exist_ok=True)
+    os.rename(path, trash / f"{path.name}-{uuid.uuid4().hex[:12]}")
+
+
+def _discard_state(build: Path) -> None:
+    """The state (and the old tree saved in it) goes last: until then a rerun works."""
+    _to_trash(build, build / STATE)
+    empty_trash(build / ".trash")

@@ -1,0 +1,104 @@
+"""Where a checkout stands: what is baked from which series and pins, whether it is
+stale, which edits `refresh` would pick up, a rebase in progress, running servers.
+
+Read-only and offline: it reads BAKED.json, the trees and the pristine cache as
+they are, and never fetches (a pristine tree not in the cache makes the pending
+edits "unknown", not a download).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import __version__, manifest, refresh
+from .bake import pristine_edits, staleness, tree_dir
+from .fetch import cache_dir
+from .launch import lifecycle
+from .rebase_loop import conflicts_left, in_progress
+from .series import Series
+
+__all__ = ["collect", "lines"]
+
+
+def _pending(series: Series, key: str, tree: Path, cache: Path) -> dict:
+    """The edits refresh would write, or why they cannot be told."""
+    pristine = cache / "pristine" / series.base(key).sha256 / series.package
+    if not pristine.is_dir():
+        return {"pending": None, "why": f"pristine tree not cached ({pristine})", "strays": []}
+    strays: list[str] = []
+    edited = refresh.differing_files(pristine, tree / series.package, strays)
+    changes = refresh.plan_refresh(series, edited)
+    pending = [{"action": c.action, "file": c.file} for c in changes]
+    return {"pending": pending, "why": None, "strays": strays}
+
+
+def _base(series: Series, key: str, build: Path, cache: Path, rebasing: bool) -> dict:
+    pin = series.base(key)
+    tree = tree_dir(build, key)
+    row = {"pin": str(pin.requirement), "sha256": pin.sha256, "tree": str(tree)}
+    path = tree / manifest.MANIFEST
+    if not path.is_file():
+        return {**row, "baked": False, "baked_series": None, "stale": [], "pending": None}
+    baked = manifest.load(path)
+    stale = staleness(series, key, build) + [
+        f"modified through a hard link into the pristine cache: {rel}"
+        for rel in pristine_edits(pin.sha256, cache)
+    ]
+    row |= {"baked": True, "baked_series": baked["series"]["sha256"], "stale": stale}
+    if rebasing or refresh.series_changes_since_bake(series, baked):
+        return {**row, "pending": None, "why": "the tree is not a bake of this series"}
+    return {**row, **_pending(series, key, tree, cache)}
+
+
+def collect(series: Series, build: Path, artifacts: Path, cache: Path | None = None) -> dict:
+    cache = cache or cache_dir()
+    state = in_progress(build)
+    rebase = state and {"release": state["release"], "conflicts": conflicts_left(state, build)}
+    return {
+        "tool": {"name": "bakery", "version": __version__},
+        "series": {
+            "name": series.name,
+            "root": str(series.root),
+            "sha256": series.sha256,
+            "patches": len(series.entries),
+        },
+        "bases": {
+            key: _base(series, key, build, cache, bool(state and state["base_key"] == key))
+            for key in sorted(series.bases, key=lambda k: (k != "default", k))
+        },
+        "rebase": rebase,
+        "servers": [row for row in lifecycle.status(artifacts, None) if row["running"]],
+    }
+
+
+def lines(status: dict) -> list[str]:
+    """The human form of ``collect``'s dict."""
+    s = status["series"]
+    out = [
+        f"bakery {status['tool']['version']}, series {s['name']} {s['sha256'][:8]} "
+        f"({s['patches']} patches) at {s['root']}"
+    ]
+    for key, base in status["bases"].items():
+        head = f"{key} ({base['pin']}): {base['tree']}"
+        if not base["baked"]:
+            out.append(f"{head}: not baked")
+            continue
+        verdict = "stale" if base["stale"] else "up to date"
+        out.append(f"{head}: baked from series {base['baked_series'][:8]}, {verdict}")
+        out += [f"  stale: {problem}" for problem in base["stale"]]
+        if base["pending"] is None:
+            out.append(f"  pending edits: unknown ({base['why']})")
+        else:
+            out += [f"  pending: {c['action']} {c['file']}" for c in base["pending"]]
+            out += [f"  ignored (stray file): {rel}" for rel in base["strays"]]
+    rebase = status["rebase"]
+    if rebase:
+        left = ", ".join(rebase["conflicts"]) or "none (run `bakery rebase --continue`)"
+        out.append(f"rebase onto {rebase['release']} in progress; conflicts left: {left}")
+    servers = status["servers"]
+    out += [
+        f"server {r['profile']}: {r['health']} pgid {r['pgid']} {r['url'] or ''}" for r in servers
+    ]
+    if not servers:
+        out.append("servers: none running")
+    return out

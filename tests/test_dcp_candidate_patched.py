@@ -1,0 +1,97 @@
+"""Stage 4's baked code over real gloo groups, and planted bugs that it must catch.
+
+tests/_dcp_candidate_driver.py runs patch 06's ``_candidate_step`` with patch 01's
+Triton kernels (TRITON_INTERPRET=1, the real triton 3.9.0) and the real
+``dist.all_reduce(MAX)`` on W=2 and W=4 forked gloo ranks, against the baked DCP1
+selection and ``bakery.dcp_reference``. Each bug variant copies patches/dcp2,
+rewrites one '+' line of patch 01, bakes the copy (cpu base) and runs the same
+driver; the unplanted series goes through the same steps and must pass.
+"""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from _dcp_candidate_driver import CHECKS, failed, run_driver
+
+from bakery.bake import bake
+from bakery.series import load_series
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+PATCH = "01-model_executor_kernels_attention_dsa_candidate_blocks.py.diff"
+TARGET = "vllm/model_executor/kernels/attention/dsa/candidate_blocks.py"
+GLOBAL_POS = "(local // INTERLEAVE) * (INTERLEAVE * WORLD) + rank * INTERLEAVE"
+SOURCE_COLS = "cols = start + (pos // (INTERLEAVE * WORLD)) * INTERLEAVE + pos % INTERLEAVE"
+CONSUMER_BLOCK = "block = pos // BLOCK_SIZE"
+# variant -> (correct text, planted text, checks that must fail)
+BUGS = {
+    "clean": None,
+    # the source reads a global position's logit at the same local column
+    "candidate_source_local_as_global": (
+        SOURCE_COLS,
+        "cols = start + pos",
+        {"candidates_eq_dcp1_kernel", "candidates_eq_reference"},
+    ),
+    # every rank maps its columns with the next rank's offset
+    "candidate_wrong_rank_offset": (
+        GLOBAL_POS,
+        "(local // INTERLEAVE) * (INTERLEAVE * WORLD) + ((rank + 1) % WORLD) * INTERLEAVE",
+        {"mask_eq_reference"},
+    ),
+    # the consumer takes its local column for the global block
+    "candidate_consumer_local_as_global": (
+        CONSUMER_BLOCK,
+        "block = (cols - start) // BLOCK_SIZE",
+        {"mask_eq_reference"},
+    ),
+}
+
+
+def plant(series_dir: Path, old: str, new: str) -> None:
+    diff = series_dir / PATCH
+    lines = diff.read_text().splitlines(keepends=True)
+    hits = [i for i, ln in enumerate(lines) if ln.startswith("+") and ln.strip("+ \n") == old]
+    assert len(hits) == 1, f"{old!r} is on {len(hits)} '+' lines of {PATCH}"
+    lines[hits[0]] = lines[hits[0]].replace(old, new)
+    diff.write_text("".join(lines))
+
+
+@pytest.fixture(scope="module")
+def candidate_variants(tmp_path_factory, cache) -> dict[str, tuple[Path, dict]]:
+    trees = {}
+    for name, bug in BUGS.items():
+        tmp = tmp_path_factory.mktemp(name)
+        series_dir = tmp / "dcp2"
+        shutil.copytree(REPO / "patches" / "dcp2", series_dir)
+        if bug:
+            plant(series_dir, bug[0], bug[1])
+        trees[name] = bake(load_series(series_dir), "cpu", build=tmp / "build", cache=cache).tree
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = dict(zip(trees, pool.map(run_driver, trees.values()), strict=True))
+    return {name: (trees[name], results[name]) for name in trees}
+
+
+@pytest.mark.parametrize("name", BUGS)
+def test_candidate_baked_code_and_planted_bugs(candidate_variants, name):
+    tree, result = candidate_variants[name]
+    assert Path(result["vllm_file"]).is_relative_to(Path(tree).resolve())
+    baked = (Path(tree) / TARGET).read_text()
+    bad = failed(result)
+    bug = BUGS[name]
+    if bug is None:
+        ran = {c["name"] for c in result["checks"]}
+        assert ran == set(CHECKS), ran
+        # W=2: 4 cases x 2 ranks, W=4: 3 cases x 4 ranks, for each check
+        assert len(result["checks"]) == len(CHECKS) * (4 * 2 + 3 * 4)
+        assert bad == {}, (
+            f"unplanted series fails: {[c for c in result['checks'] if not c['ok']][:3]}"
+        )
+        return
+    old, new, must_fail = bug
+    assert new in baked and old not in baked, "the bug did not reach the baked tree"
+    assert must_fail <= bad.keys(), f"planted {new!r} but only {bad} failed"

@@ -1,0 +1,190 @@
+"""Stage 4 on the reference: DeepSeek-V4.1 candidate blocks under DCP W == DCP1.
+
+The chain the issue asks for, per hypothesis example: every rank publishes the
+same GLOBAL candidate blocks as DCP1, the consumer masks (local columns through
+the local->global map) equal DCP1's mask on those columns, the merged token top-k
+equals DCP1's, and the sparse attention over those ids equals DCP1's. Inputs mix
+ties, -inf and NaN, padding rows, prefill rows with growing ends, short contexts
+(fewer blocks than the budget) and one partial block; block sizes need not be
+multiples of interleave x W. Ranks run in-process (``run_spmd``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bakery import dcp_reference as ref
+
+PROPS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# value palette: few distinct values so ties are common
+PALETTE = (-2.0, -1.0, 0.0, -0.0, 0.5, 1.0, 3.0, -math.inf, math.nan)
+
+
+@st.composite
+def candidate_cases(draw):
+    w = draw(st.sampled_from((1, 2, 4, 8)))
+    k = draw(st.sampled_from((1, 2, 4)))
+    bs = draw(st.sampled_from((1, 3, 4, 5, 8, 16)))
+    n = draw(st.integers(1, 70))
+    topk_blocks = draw(st.integers(1, 12))
+    topk = draw(st.integers(1, 16))
+    kinds = draw(
+        st.lists(st.sampled_from(("decode", "prefill", "pad", "short")), min_size=1, max_size=5)
+    )
+    ends = []
+    for kind in kinds:
+        if kind == "decode":
+            ends.append(n)
+        elif kind == "pad":
+            ends.append(0)
+        elif kind == "short":  # one partial block, or fewer blocks than the budget
+            ends.append(draw(st.integers(1, min(n, bs))))
+        else:
+            first = draw(st.integers(1, n))
+            ends.extend(range(first, min(n, first + 3) + 1))
+    seed = draw(st.integers(0, 2**16))
+    special = draw(st.sampled_from(("none", "ninf_rows", "nan", "ties")))
+    gen = torch.Generator().manual_seed(seed)
+    pick = torch.randint(0, len(PALETTE) - 2, (len(ends), n), generator=gen)
+    logits = torch.tensor(PALETTE)[pick]
+    if special == "none":
+        logits = torch.randn(len(ends), n, generator=gen)
+    elif special == "ninf_rows":
+        logits[::2] = -math.inf
+    elif special == "nan":
+        logits[torch.rand(logits.shape, generator=gen) < 0.05] = math.nan
+    return dict(
+        w=w,
+        k=k,
+        bs=bs,
+        topk_blocks=topk_blocks,
+        topk=topk,
+        logits=logits,
+        ends=torch.tensor(ends, dtype=torch.int32),
+    )
+
+
+def dcp_chain(c):
+    """Per rank: (candidate blocks, local masked logits, merged token top-k)."""
+    w, k = c["w"], c["k"]
+
+    def rank(g):
+        local, local_ends = ref.shard_columns(c["logits"], c["ends"], g.rank_in_group, w, k)
+        cands = ref.candidate_blocks_dcp(
+            g, local, local_ends, c["topk_blocks"], c["bs"], k, c["logits"].shape[1]
+        )
+        masked = ref.mask_candidates_dcp(local, local_ends, cands, c["bs"], g.rank_in_group, w, k)
+        return cands, masked, ref.token_topk_dcp(g, masked, c["topk"], k)
+
+    return ref.run_spmd(w, rank)
+
+
+def dcp1_chain(c):
+    cands = ref.candidate_blocks_dcp1(c["logits"], c["ends"], c["topk_blocks"], c["bs"])
+    masked = ref.mask_candidates_dcp1(c["logits"], c["ends"], cands, c["bs"])
+    return cands, masked, ref.token_topk_dcp1(masked, c["topk"])
+
+
+def assert_chain_matches(c):
+    cands1, masked1, topk1 = dcp1_chain(c)
+    for r, (cands, masked, topk) in enumerate(dcp_chain(c)):
+        assert torch.equal(cands, cands1), f"rank {r} candidates {cands} != DCP1 {cands1}"
+        want, _ = ref.shard_columns(masked1, c["ends"], r, c["w"], c["k"])
+        torch.testing.assert_close(masked, want, rtol=0, atol=0, equal_nan=True)
+        assert torch.equal(topk, topk1), f"rank {r} token top-k {topk} != DCP1 {topk1}"
+
+
+@PROPS
+@given(candidate_cases())
+def test_candidate_chain_dcp_matches_dcp1(c):
+    assert_chain_matches(c)
+
+
+def test_candidate_selection_semantics():
+    """DCP1 itself, by hand: NaN first, newest pinned, ties to the lower id, -1 tail."""
+    nan, ninf = math.nan, -math.inf
+    logits = torch.tensor(
+        [
+            [1.0, 5.0, 2.0, 2.0, ninf, ninf, 2.0, 0.0, 9.0],  # end 8: block 4 unseen
+            [ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf],
+            [0.0, nan, 1.0, 1.0, 3.0, 3.0, 1.0, 1.0, 1.0],
+            [7.0, 7.0, 7.0, 7.0, 7.0, 7.0, 7.0, 7.0, 7.0],
+            [7.0, 7.0, 7.0, 7.0, 7.0, 7.0, 7.0, 7.0, 7.0],
+        ]
+    )
+    ends = torch.tensor([8, 5, 9, 9, 0], dtype=torch.int32)
+    got = ref.candidate_blocks_dcp1(logits, ends, 3, 2)
+    assert got.tolist() == [
+        [3, 0, 1],  # newest block 3 pinned, then 5.0, then 2.0
+        [2, -1, -1],  # an all -inf row keeps only its newest block
+        [0, 4, 2],  # NaN sorts above the pinned +inf (torch.topk), then 3.0
+        [4, 0, 1],  # all tied: the pinned newest, then the lower ids
+        [-1, -1, -1],  # a padding row publishes nothing
+    ]
+
+
+@pytest.mark.parametrize("w,k,bs", [(2, 1, 3), (4, 2, 5), (8, 1, 16), (2, 4, 8)])
+def test_candidate_attention_output_matches_dcp1(w, k, bs):
+    """The last link: sparse attention over the merged ids == DCP1's, every rank."""
+    gen = torch.Generator().manual_seed(w * 100 + k * 10 + bs)
+    n, topk = 57, 8
+    step = ref.random_step(gen, (n,), (5,), heads=2 * w, topk=topk, padding_rows=1)
+    ends = torch.tensor([n, n - 3, n - 2, 1, bs, 0], dtype=torch.int32)
+    c = dict(
+        w=w,
+        k=k,
+        bs=bs,
+        topk_blocks=3,
+        topk=topk,
+        ends=ends,
+        logits=torch.randn(len(ends), n, generator=gen),
+    )
+    _, _, topk1 = dcp1_chain(c)
+    per_rank = dcp_chain(c)
+    layout = ref.Layout(w, k, 2 * k)
+    caches = ref.build_caches(step.states, layout, gen)
+    cache1 = ref.build_caches(step.states, ref.Layout(1, 1, 2 * k), gen)[0]
+    dcp1 = ref.dcp1_attention(replace(step, topk_ids=topk1), cache1, torch.float32)
+
+    def rank(g):
+        ids = per_rank[g.rank_in_group][2]
+        s = replace(step, topk_ids=ids)
+        return ref.dcp_attention(g, s, caches[g.rank_in_group], layout, "ag_rs", torch.float32)
+
+    h = step.heads // w
+    for r, got in enumerate(ref.run_spmd(w, rank)):
+        heads = slice(r * h, (r + 1) * h)
+        torch.testing.assert_close(got.out, dcp1.out[:, heads], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got.lse, dcp1.lse[:, heads], atol=1e-4, rtol=1e-4)
+
+
+BUGS = {
+    # a rank's local column taken as the global position
+    "local_as_global": lambda local, rank, w, k: local,
+    # the rank offset dropped from the map
+    "no_rank_offset": lambda local, rank, w, k: (local // k) * k * w + local % k,
+}
+
+
+@pytest.mark.parametrize("bug", BUGS)
+def test_candidate_chain_catches_a_planted_map_bug(monkeypatch, bug):
+    gen = torch.Generator().manual_seed(7)
+    c = dict(
+        w=2,
+        k=1,
+        bs=4,
+        topk_blocks=2,
+        topk=4,
+        logits=torch.randn(3, 40, generator=gen),
+        ends=torch.tensor([40, 33, 9], dtype=torch.int32),
+    )
+    assert_chain_matches(c)
+    monkeypatch.setattr(ref, "global_position", BUGS[bug])
+    with pytest.raises(AssertionError):
+        assert_chain_matches(c)

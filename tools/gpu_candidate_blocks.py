@@ -1,0 +1,459 @@
+"""Stage 4 on GPUs: the baked candidate-block kernels over NCCL, against DCP1 and the reference.
+
+No vLLM on the device: patch 01's ``candidate_blocks.py`` is read from a baked tree and its
+definitions are exec'd with the real Triton (``tools/gpu_triton_kernels.py``'s extraction,
+kernels verified verbatim). W ranks are spawned (NCCL on ``cuda``; gloo with
+``TRITON_INTERPRET=1`` on ``cpu``, a dry run). Every rank builds the same global logits, takes
+its own columns (interleave K in state units) and, per case:
+
+- DCP1: the baked ``select_candidate_blocks`` / ``apply_candidate_mask`` on the full logits;
+- DCP W: ``select_candidate_blocks_dcp`` (``dist.all_reduce(MAX)`` over the group) and
+  ``apply_candidate_mask_dcp`` on its columns.
+
+Checks (exit 1 on any failure): the candidates are identical on every rank and equal to the
+DCP1 kernel's (exactly), equal to ``bakery.dcp_reference`` up to ties at the selection
+boundary (rows where torch.topk picked other tied blocks than the lowest ids are counted),
+and the consumer mask equals DCP1's on the rank's columns (bit for bit, NaN included).
+fp32 and bf16 logits, decode rows (``max_model_len`` wide, 2048 blocks of 8, as the released
+DeepSeek-V4.1 config) with padding rows, prefill chunks of packed causal rows, ties, -inf
+rows and NaN. Timings: DCP1 select vs DCP select (median ms), and on CUDA a CUDA-graph
+capture + replay of the DCP decode select with its all-reduce.
+
+    python3 tools/gpu_candidate_blocks.py build/baked-cpu --world-size 2 --out "$OUT"
+    TRITON_INTERPRET=1 .venv/bin/python -O tools/gpu_candidate_blocks.py build/baked-cpu \
+        --device cpu --quick --out /tmp/cand    # dry run; -O: DCP1 asserts logits.is_cuda
+
+Writes gpu_candidate_blocks.json and gpu_candidate_blocks.md to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import gpu_triton_kernels as gtk  # noqa: E402
+
+from bakery import dcp_reference as ref  # noqa: E402
+from bakery.baked_kernels import load_file  # noqa: E402
+
+CANDIDATES = "vllm/model_executor/kernels/attention/dsa/candidate_blocks.py"
+ROOTS = (
+    "select_candidate_blocks",
+    "apply_candidate_mask",
+    "select_candidate_blocks_dcp",
+    "apply_candidate_mask_dcp",
+)
+SAFE_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    kind: str  # "decode" or "prefill"
+    k: int  # interleave, state units
+    bs: int  # candidate_block_size
+    topk_blocks: int
+    lens: tuple[int, ...]  # per request (decode: one row each; prefill: causal rows)
+    width: int = 0  # decode: logits width (max_model_len in states)
+    rows_per_req: int = 4
+    pad: int = 0
+    dtype: str = "float32"
+    seed: int = 0
+
+
+def cases(quick: bool) -> list[Case]:
+    out = []
+    for dtype in ("float32", "bfloat16"):
+        if quick:
+            out += [
+                Case("decode", 1, 8, 16, (300, 5, 1, 77), width=384, pad=2, dtype=dtype),
+                Case("decode", 2, 5, 8, (97, 40), width=128, dtype=dtype, seed=1),
+                Case("prefill", 2, 8, 8, (150, 3, 60), rows_per_req=3, dtype=dtype, seed=2),
+            ]
+            continue
+        out += [
+            # the released config: 2048 blocks of 8 over a 64K-state context
+            Case(
+                "decode",
+                1,
+                8,
+                2048,
+                (65536, 40000, 16385, 7, 1) * 6,
+                width=65536,
+                pad=3,
+                dtype=dtype,
+            ),
+            Case(
+                "decode",
+                2,
+                8,
+                2048,
+                (65536, 30000, 9000, 2) * 4,
+                width=65536,
+                pad=1,
+                dtype=dtype,
+                seed=1,
+            ),
+            Case("decode", 2, 5, 512, (4099, 1000, 3), width=4099, dtype=dtype, seed=2),
+            Case("prefill", 2, 8, 2048, (20000, 17, 3000), rows_per_req=8, dtype=dtype, seed=3),
+            Case("prefill", 1, 3, 64, (900, 1, 64), rows_per_req=5, dtype=dtype, seed=4),
+        ]
+    return out
+
+
+def local_count(ends: torch.Tensor, rank: int, w: int, k: int) -> torch.Tensor:
+    """Positions below ``ends`` that ``rank`` owns (vLLM's get_dcp_local_seq_lens)."""
+    base = (ends // k // w) * k
+    return base + (ends - base * w - rank * k).clamp(0, k)
+
+
+def build(case: Case, rank: int, w: int) -> dict[str, Any]:
+    """Global request-frame logits and this rank's packed local view (w=1: DCP1's)."""
+    gen = torch.Generator().manual_seed(case.seed)
+    k = case.k if w > 1 else 1
+    lens = torch.tensor(case.lens)
+    if case.kind == "decode":
+        req = torch.arange(len(case.lens))
+        ends = lens.clone()
+    else:
+        req = torch.cat(
+            [torch.full((min(case.rows_per_req, n),), j) for j, n in enumerate(case.lens)]
+        )
+        ends = torch.cat(
+            [torch.arange(max(1, n - case.rows_per_req + 1), n + 1) for n in case.lens]
+        )
+    req = torch.cat([req, torch.zeros(case.pad, dtype=torch.long)])
+    ends = torch.cat([ends, torch.zeros(case.pad, dtype=torch.long)])
+    rows, maxlen = len(ends), max(max(case.lens), case.width)
+    # quantized values: ties everywhere; -inf rows; a little NaN
+    frame = torch.randint(-40, 40, (rows, maxlen), generator=gen).float() / 8
+    frame[1::7] = -math.inf
+    frame[torch.rand(frame.shape, generator=gen) < 1e-3] = math.nan
+    frame = frame.to(getattr(torch, case.dtype))
+    garbage = torch.Generator().manual_seed(case.seed + 7 + rank)
+    if case.kind == "decode":
+        pos = torch.arange(case.width)
+        mine = ref.owner_rank(pos, w, k) == rank
+        gmap = pos[mine]  # local column -> global position
+        packed = (torch.randn(rows, case.width, generator=garbage) * 100).to(frame.dtype)
+        packed[:, : gmap.numel()] = frame[:, gmap]
+        ks = None
+        ke = local_count(ends, rank, w, k)
+        global_width = case.width
+    else:
+        cu = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
+        llens = local_count(lens, rank, w, k)
+        lcu = torch.cat([torch.zeros(1, dtype=torch.long), llens.cumsum(0)])
+        packed = (torch.randn(rows, int(lcu[-1]), generator=garbage) * 100).to(frame.dtype)
+        gmap = torch.empty(int(lcu[-1]), dtype=torch.long)
+        for j, n in enumerate(case.lens):
+            p = torch.arange(n)
+            p = p[ref.owner_rank(p, w, k) == rank]
+            gmap[lcu[j] : lcu[j + 1]] = p
+            packed[:, lcu[j] : lcu[j + 1]] = frame[:, p]
+        ks = lcu[req]
+        ke = ks + local_count(ends, rank, w, k)
+        global_width = int(cu[-1])
+    return {
+        "frame": frame,
+        "ends": ends,
+        "req": req,
+        "packed": packed,
+        "gmap": gmap,
+        "ks": None if ks is None else ks.to(torch.int32),
+        "ke": ke.to(torch.int32),
+        "global_width": global_width,
+    }
+
+
+def expected_local(case: Case, masked1: torch.Tensor, d1: dict, d: dict) -> torch.Tensor:
+    """DCP1's masked logits on this rank's columns (-inf outside each row's bounds).
+
+    Local column ``c`` is request position ``gmap[c]``; in DCP1's packed logits that is
+    column ``row start + gmap[c]`` (decode rows start at 0).
+    """
+    zeros = torch.zeros_like(d["ke"])
+    start = zeros if d["ks"] is None else d["ks"]
+    g_start = zeros if d1["ks"] is None else d1["ks"]
+    n = d["gmap"].numel()
+    cols = torch.arange(n)
+    idx = (g_start[:, None].long() + d["gmap"][None, :]).clamp(0, masked1.shape[1] - 1)
+    valid = (cols[None, :] >= start[:, None]) & (cols[None, :] < d["ke"][:, None])
+    want = torch.full(d["packed"].shape, -math.inf, dtype=masked1.dtype)
+    ninf = torch.tensor(-math.inf, dtype=masked1.dtype)
+    want[:, :n] = torch.where(valid, masked1.gather(1, idx), ninf)
+    return want
+
+
+def reference_masked_packed(case: Case, d1: dict, cands: torch.Tensor) -> torch.Tensor:
+    """DCP1's consumer mask from the reference, laid out as DCP1's packed logits."""
+    masked = ref.mask_candidates_dcp1(d1["frame"].float(), d1["ends"], cands, case.bs)
+    out = torch.full(d1["packed"].shape, -math.inf)
+    starts = [0] * len(d1["ends"]) if d1["ks"] is None else d1["ks"].tolist()
+    for i, (start, end) in enumerate(zip(starts, d1["ends"].tolist(), strict=True)):
+        out[i, start : start + end] = masked[i, :end]
+    return out.to(d1["packed"].dtype)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+def up_to_ties(got: torch.Tensor, case: Case, d: dict) -> tuple[bool, int]:
+    """Reference sets, up to boundary ties; and rows whose tie choice was not lowest-id."""
+    want = ref.candidate_blocks_dcp1(d["frame"].float(), d["ends"], case.topk_blocks, case.bs)
+    nblocks = -(-d["frame"].shape[1] // case.bs)
+    scores = ref.block_maxima(d["frame"].float(), d["ends"], case.bs, nblocks)
+    for i, e in enumerate(d["ends"].tolist()):
+        if e:
+            scores[i, (e - 1) // case.bs] = math.inf
+    ok, other_ties = True, 0
+    for i in range(got.shape[0]):
+        g = {b for b in got[i].tolist() if b >= 0}
+        wnt = {b for b in want[i].tolist() if b >= 0}
+        if g == wnt:
+            continue
+        edge = min(scores[i, b].item() for b in wnt)
+        if len(g) == len(wnt) and all(scores[i, b].item() == edge for b in g ^ wnt):
+            other_ties += 1
+        else:
+            ok = False
+    return ok, other_ties
+
+
+def median_ms(fn, device: torch.device, reps: int = 20) -> float:
+    if device.type != "cuda":
+        return float("nan")
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2]
+
+
+def run_case(ns, case: Case, rank: int, w: int, device: torch.device) -> dict[str, Any]:
+    def all_reduce_max(x: torch.Tensor) -> None:
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+
+    def dev(t):
+        return None if t is None else t.to(device)
+
+    d1, d = build(case, 0, 1), build(case, rank, w)
+    rows = d["ends"].numel()
+    # DCP1, the upstream functions on the full logits
+    g1 = dev(d1["packed"])
+    c1 = torch.full((rows, case.topk_blocks), 99, dtype=torch.int32, device=device)
+    ns["select_candidate_blocks"](
+        g1.clone(), dev(d1["ks"]), dev(d1["ke"]), case.topk_blocks, case.bs, c1
+    )
+    if device.type == "cuda":
+        m1 = g1.clone()
+        ns["apply_candidate_mask"](m1, dev(d1["ks"]), dev(d1["ke"]), c1, case.bs)
+        mask_baseline = "dcp1_kernel"
+    else:  # Triton 3.9's interpreter refuses DCP1's negated-bool store mask
+        m1 = reference_masked_packed(case, d1, c1.cpu())
+        mask_baseline = "reference"
+    # DCP W on this rank's columns
+    loc, ks, ke = dev(d["packed"]), dev(d["ks"]), dev(d["ke"])
+    cw = torch.full_like(c1, 99)
+
+    def select():
+        ns["select_candidate_blocks_dcp"](
+            loc,
+            ks,
+            ke,
+            case.topk_blocks,
+            case.bs,
+            cw,
+            d["global_width"],
+            rank,
+            w,
+            case.k,
+            all_reduce_max,
+        )
+
+    select()
+    mw = loc.clone()
+    ns["apply_candidate_mask_dcp"](mw, ks, ke, cw, case.bs, d["global_width"], rank, w, case.k)
+    gathered = [torch.empty_like(cw) for _ in range(w)]
+    dist.all_gather(gathered, cw)
+    ref_ok, other_ties = up_to_ties(cw.cpu(), case, d)
+    want = expected_local(case, m1.cpu(), d1, d)
+    res = {
+        **asdict(case),
+        "lens": list(case.lens)[:6],
+        "rows": rows,
+        "W": w,
+        "rank": rank,
+        "same_on_every_rank": all(torch.equal(g, cw) for g in gathered),
+        "eq_dcp1_kernel": torch.equal(cw, c1),
+        "eq_reference_up_to_ties": ref_ok,
+        "rows_tie_not_lowest_id": other_ties,
+        "mask_eq_dcp1": same_bits(mw.cpu(), want),
+        "mask_baseline": mask_baseline,
+        "ms_dcp1_select": median_ms(
+            lambda: ns["select_candidate_blocks"](
+                g1, dev(d1["ks"]), dev(d1["ke"]), case.topk_blocks, case.bs, c1
+            ),
+            device,
+        ),
+        "ms_dcp_select": median_ms(select, device),
+    }
+    res["ok"] = all(
+        res[k]
+        for k in ("same_on_every_rank", "eq_dcp1_kernel", "eq_reference_up_to_ties", "mask_eq_dcp1")
+    )
+    if device.type == "cuda" and case.kind == "decode":
+        res["graph_replay_ok"] = graph_check(select, cw, loc, d["packed"], device)
+        res["ok"] &= res["graph_replay_ok"] is True
+    return res
+
+
+def graph_check(select, out, loc, packed, device) -> bool | str:
+    """Capture the DCP decode select (all-reduce included) and replay it on new logits."""
+    try:
+        eager = out.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            select()  # warm up on the side stream
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            select()
+        out.fill_(99)
+        loc.copy_(packed.to(device))
+        graph.replay()
+        torch.cuda.synchronize()
+        return bool(torch.equal(out, eager))
+    except Exception as exc:  # reported, and fails the case
+        return f"{type(exc).__name__}: {exc}"[:300]
+
+
+def worker(rank: int, w: int, port: int, args: argparse.Namespace) -> None:
+    os.environ.update(SAFE_ENV, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", rank=rank, world_size=w, device_id=device if cuda else None
+    )
+    try:
+        ns, report = load_file(Path(args.baked), CANDIDATES, ROOTS)
+        verbatim = report["kernels_verbatim"]
+        results = []
+        for case in cases(args.quick):
+            try:
+                results.append(run_case(ns, case, rank, w, device))
+            except Exception as exc:
+                results.append(
+                    {
+                        **asdict(case),
+                        "rank": rank,
+                        "ok": False,
+                        "error": f"{type(exc).__name__}: {exc}"[:400],
+                    }
+                )
+        all_res: list[Any] = [None] * w
+        dist.all_gather_object(all_res, results)
+        if rank == 0:
+            write(args, w, device, verbatim, [r for per in all_res for r in per])
+    finally:
+        dist.destroy_process_group()
+
+
+def markdown(res: dict[str, Any]) -> str:
+    env = res["environment"]
+    lines = [
+        f"# Stage 4 candidate blocks: W={res['W']}, {env.get('gpu', 'cpu')}, {env['utc']}",
+        "",
+        f"torch {env['torch']}, Triton {env['triton']}; baked tree `{res['baked']}`; "
+        f"kernels verbatim: {all(res['kernels_verbatim'].values())}.",
+        "",
+        "| kind | dtype | K | B | topk blocks | rows | rank | same on ranks | == DCP1 kernel "
+        "| == reference (ties) | other-tie rows | mask == DCP1 | graph | DCP1 ms | DCP ms | pass |",
+        "| --- " * 16 + "|",
+    ]
+    for c in res["cases"]:
+        if "error" in c:
+            lines.append(
+                f"| {c['kind']} | {c['dtype']} | {c['k']} | {c['bs']} | "
+                f"{c['topk_blocks']} | | {c['rank']} | error: {c['error']} |"
+            )
+            continue
+        yes = {True: "yes", False: "NO"}
+        lines.append(
+            f"| {c['kind']} | {c['dtype']} | {c['k']} | {c['bs']} | {c['topk_blocks']} | "
+            f"{c['rows']} | {c['rank']} | {yes[c['same_on_every_rank']]} | "
+            f"{yes[c['eq_dcp1_kernel']]} | {yes[c['eq_reference_up_to_ties']]} | "
+            f"{c['rows_tie_not_lowest_id']} | {yes[c['mask_eq_dcp1']]} | "
+            f"{c.get('graph_replay_ok', '-')} | {c['ms_dcp1_select']:.3f} | "
+            f"{c['ms_dcp_select']:.3f} | {yes[c['ok']]} |"
+        )
+    lines += ["", f"Overall: {'PASS' if res['ok'] else 'FAIL'}", ""]
+    return "\n".join(lines)
+
+
+def write(args, w: int, device: torch.device, verbatim: dict, results: list) -> None:
+    res = {
+        "environment": gtk.environment(device),
+        "baked": str(args.baked),
+        "W": w,
+        "kernels_verbatim": verbatim,
+        # Under TRITON_INTERPRET the interpreter rewrites the kernels' code objects, so
+        # the verbatim check only binds on a real (GPU) run.
+        "ok": (all(verbatim.values()) or device.type != "cuda") and all(r["ok"] for r in results),
+        "cases": results,
+    }
+    if device.type == "cuda":
+        res["environment"]["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_candidate_blocks.json").write_text(json.dumps(res, indent=1, default=str))
+    text = markdown(res)
+    (out / "gpu_candidate_blocks.md").write_text(text)
+    print(text, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("baked", type=Path, help="baked tree root (holds vllm/)")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="small shapes (dry run)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "artifacts/gpu-candidates"))
+    args = ap.parse_args(argv)
+    os.environ.update(SAFE_ENV)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(worker, args=(args.world_size, port, args), nprocs=args.world_size, join=True)
+    res = json.loads((Path(args.out) / "gpu_candidate_blocks.json").read_text())
+    return 0 if res["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
