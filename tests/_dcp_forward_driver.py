@@ -30,6 +30,7 @@ the DCP1 layer itself is checked against ``bakery.dcp_reference.dcp1_attention``
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -423,22 +424,26 @@ def _gloo_rank(mod, cls, rank: int, w: int, quick: bool, store: str, outdir: str
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store, w), rank=rank, world_size=w)
+    store = dist.FileStore(store, w)
+    timeout = datetime.timedelta(seconds=120)  # a rank that fails alone must not hang
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=w, timeout=timeout)
     try:
         group = GlooGroup()
-        results = []
+        results: list[torch.Tensor | str] = []
         for case, kind, combine, stage9 in configs(quick):
             step = build_step(case, kind)
             mod._DCP_PREFILL_GATHER = stage9
-            results.append(
-                forward(mod, cls, case, step, group, combine, caches(case, step, w)[rank])
-            )
+            try:
+                out = forward(mod, cls, case, step, group, combine, caches(case, step, w)[rank])
+            except Exception as exc:  # recorded as this config's failure; every rank
+                out = f"{type(exc).__name__}: {exc}"[:400]  # raises at the same call
+            results.append(out)
         torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def run_gloo(mod, cls, w: int, quick: bool) -> list[list[torch.Tensor]]:
+def run_gloo(mod, cls, w: int, quick: bool) -> list[list[torch.Tensor | str]]:
     """``[config][rank]`` outputs from W forked processes over one gloo group."""
     ctx = torch.multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory() as tmp:
@@ -526,8 +531,12 @@ def main(tree: str, quick: bool) -> None:
             h = HEADS // w
             for rank, got in enumerate(outs):
                 name = f"W{w}:{combine}:{'stage9' if stage9 else 'no_stage9'}:{case.name}:{kind}"
-                mine = want[:, rank * h : (rank + 1) * h]
-                for row_kind, r in compare(got, mine, step.rows).items():
+                if isinstance(got, str):  # the forward raised
+                    failed = {"err": math.inf, "ok": False, "detail": got}
+                    res = {k: failed for k in ROW_KINDS if k in step.rows}
+                else:
+                    res = compare(got, want[:, rank * h : (rank + 1) * h], step.rows)
+                for row_kind, r in res.items():
                     checks.append({"name": row_kind, "case": f"{name}:r{rank}", **r})
     result = {"vllm_file": str(vllm_file), "class": cls.__qualname__, "kernels": kernels}
     print(MARK + json.dumps({**result, "checks": checks}), flush=True)

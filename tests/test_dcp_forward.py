@@ -169,9 +169,36 @@ def test_forward_dcp1_layer_matches_reference(forward):
     assert not bad, bad
 
 
-@pytest.mark.parametrize("stage9", ["no_stage9", "stage9"])
-@pytest.mark.parametrize("combine", COMBINES)
-@pytest.mark.parametrize("w", WORLDS)
+# A real bug in patch 09: it keeps one CPTritonContext per layer (self._cp_ctx), so the
+# second ag_rs combine of a layer relaunches the cached compiled kernel with the 11
+# non-constexpr arguments, and Triton's compiled launcher takes all 14. Seen on 2x H200
+# (Triton 3.6: 24 of 27 launcher arguments); on CPU bakery.baked_kernels.CompiledHandle
+# keeps that launcher contract. The steps here call a layer's combine more than once only
+# in the mixed step without stage 9 (prefill sub-chunks, then the decode rows).
+CTX_RELAUNCH = "the compiled launcher takes 14 kernel arguments (constexpr slots included), got 11"
+CTX_RELAUNCH_CASES = {(f"W{w}", "ag_rs", "no_stage9") for w in WORLDS}
+
+
+def _params():
+    for w in WORLDS:
+        for combine in COMBINES:
+            for stage9 in ("no_stage9", "stage9"):
+                known = (f"W{w}", combine, stage9) in CTX_RELAUNCH_CASES
+                reason = "patch 09's per-layer CPTritonContext relaunch (see CTX_RELAUNCH)"
+                marks = [pytest.mark.xfail(strict=True, reason=reason)] if known else []
+                yield pytest.param(w, combine, stage9, marks=marks)
+
+
+def test_forward_known_bug_cp_ctx_relaunch(forward):
+    """Pins the bug above: exactly those configs fail, with the launcher's error. When
+    patch 09 drops the per-layer context, delete this test and the xfail marks."""
+    bad = [c for c in forward["checks"] if not c["ok"]]
+    assert {tuple(c["case"].split(":")[:3]) for c in bad} == CTX_RELAUNCH_CASES
+    assert all(CTX_RELAUNCH in c.get("detail", "") for c in bad), bad[:2]
+    assert {c["case"].split(":")[4] for c in bad} == {"mixed"}
+
+
+@pytest.mark.parametrize("w, combine, stage9", _params())
 def test_forward_dcp_matches_dcp1(forward, w, combine, stage9):
     prefix = f"W{w}:{combine}:{stage9}:"
     mine = [c for c in forward["checks"] if c["case"].startswith(prefix)]
