@@ -205,7 +205,8 @@ def _build_lock(build: Path) -> Iterator[None]:
             holder = handle.read().strip() or "unknown"
             raise BakeryError(
                 f"another bake is running in this build folder (pid {holder}): {str(build)!r}",
-                hint="wait for it to finish, or bake elsewhere (`bakery bake --build DIR`)",
+                hint="wait for it to finish, or bake into another folder with "
+                "`bakery bake --build DIR`",
             ) from None
         handle.truncate(0)
         handle.write(f"{os.getpid()}\n")

@@ -15,7 +15,10 @@ reproduces the single-rank (DCP1) softmax and can hold the patched helpers to it
   LSE ``-1e30`` and output 0;
 - the combine ``L = log2(sum_r 2^L_r)``, ``o = sum_r 2^(L_r - L) o_r`` in the
   ``ag_rs`` and ``a2a`` flavours of ``vllm/v1/attention/ops/dcp.py``;
-- stage 9's prefill gather (rank-major paged buffer plus remapped slots).
+- stage 9's prefill gather (rank-major paged buffer plus remapped slots);
+- stage 4's two-level candidate blocks (block maxima, the pinned newest block,
+  canonical top blocks, the consumer mask, the merged token top-k) at DCP1 and
+  on a DCP rank, where the source exchanges partial maxima over GLOBAL blocks.
 
 Boundary: no vLLM import and no kernels; everything is per-rank SPMD code over a
 ``Group`` (``all_gather`` / ``reduce_scatter`` / ``all_to_all``), which is either

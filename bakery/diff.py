@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import os
 import posixpath
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -52,6 +53,10 @@ MAX_PATCH_BYTES = 64 << 20
 MAX_LINE_NUMBER = 2**63 - 1
 # GNU patch strips every line's trailing CR once a file's ``---``/``+++``
 # header lines both end in CRLF ("Stripping trailing CRs from patch").
+_ADDED, _REMOVED, _MARKER = b"+-\\"
+_KINDS = {_ADDED: "+", _REMOVED: "-"}
+# unidiff's RE_HUNK_HEADER, over bytes.
+_HUNK_HEADER = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.MULTILINE)
 _HEADERS = re.compile(rb"^--- [^\n]*\n\+\+\+ [^\n]*\n", re.MULTILINE)
 
 
@@ -76,7 +81,7 @@ def split_lines(data: bytes) -> list[bytes]:
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # millions of them for a large diff
 class HunkLine:
     kind: str  # " " context, "-" removed, "+" added
     text: bytes  # without the line ending
@@ -196,7 +201,11 @@ def parse_renames(specs: Iterable[str]) -> tuple[tuple[str, str], ...]:
 def read_patch(path: Path) -> bytes:
     """A diff file's bytes, read up to ``MAX_PATCH_BYTES`` (a device or pipe may never end)."""
     try:
-        with open(path, "rb") as handle:
+        # Opened non-blocking so a FIFO nobody writes to reads as empty instead of
+        # hanging in open(); reads then block as usual (a pipe from `<(git diff)`).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        os.set_blocking(fd, True)
+        with open(fd, "rb") as handle:
             data = handle.read(MAX_PATCH_BYTES + 1)
     except OSError as exc:
         raise PatchParseError(f"cannot read patch ({exc.strerror}): {str(path)!r}") from None
@@ -234,33 +243,66 @@ def _tree_path(raw: str, strip: int, renames: Sequence[tuple[str, str]], patch: 
     return normalized
 
 
-def _convert_hunk(number: int, hunk, patch: str) -> Hunk:
-    for value in (hunk.source_start, hunk.source_length, hunk.target_start, hunk.target_length):
+def _read_hunk(number: int, hunk, header: re.Match[bytes] | None, data: bytes, patch: str) -> Hunk:
+    """unidiff's ``hunk``, its body read from ``data`` after the ``@@`` line ``header``.
+
+    unidiff has already checked the body against the header's counts (metadata
+    only: its per-line objects cost ~400 bytes a line); this walks the same lines
+    by the same rules and keeps them as bakery's own lossless bytes."""
+    numbers = (hunk.source_start, hunk.source_length, hunk.target_start, hunk.target_length)
+    if header is None or numbers != tuple(1 if v is None else int(v) for v in header.groups()):
+        raise PatchParseError(f"{patch}: hunk #{number}: cannot find its @@ line (a bug)")
+    old_start, old_len, new_start, new_len = numbers
+    for value in (old_start, old_len, new_start, new_len):
         if value > MAX_LINE_NUMBER:
             raise PatchParseError(f"{patch}: hunk #{number}: line number is too large: {value}")
     lines: list[HunkLine] = []
-    for line in hunk:
-        kind = line.line_type
-        if kind == "\\":
+    pos = data.index(b"\n", header.end()) + 1  # past any section text on the @@ line
+    old = new = 0
+    # Per-line work is what a large diff costs: bytes compared as ints, EOL split inline.
+    while old < old_len or new < new_len or data.startswith(b"\\", pos):
+        end = data.find(b"\n", pos) + 1 or len(data)
+        if end <= pos:
+            raise PatchParseError(f"{patch}: hunk #{number} is shorter than its header says")
+        first = data[pos]
+        if first == _MARKER:  # "\ No newline at end of file": the line before has no EOL
             if not lines:
                 raise PatchParseError(f"{patch}: hunk #{number}: stray 'No newline' marker")
             lines[-1] = replace(lines[-1], eol=b"")
+            pos = end
             continue
-        raw = line.value.encode(*_CODEC)
-        if raw.endswith(b"\r\n"):
-            lines.append(HunkLine(kind or " ", raw[:-2], b"\r\n"))
-        elif raw.endswith(b"\n"):
-            lines.append(HunkLine(kind or " ", raw[:-1], b"\n"))
+        if first == _ADDED:
+            new += 1
+        elif first == _REMOVED:
+            old += 1
+        else:  # " ", or an empty line (a context line whose space was stripped): text b""
+            old, new = old + 1, new + 1
+        if data[end - 2 : end] == b"\r\n":
+            text, eol = data[pos + 1 : end - 2], b"\r\n"
+        elif data[end - 1 : end] == b"\n":
+            text, eol = data[pos + 1 : end - 1], b"\n"
         else:
-            lines.append(HunkLine(kind or " ", raw, b""))
+            text, eol = data[pos + 1 : end], b""
+        lines.append(HunkLine(_KINDS.get(first, " "), text, eol))
+        pos = end
     return Hunk(
         number=number,
-        old_start=hunk.source_start,
-        old_len=hunk.source_length,
-        new_start=hunk.target_start,
-        new_len=hunk.target_length,
+        old_start=old_start,
+        old_len=old_len,
+        new_start=new_start,
+        new_len=new_len,
         lines=tuple(lines),
     )
+
+
+def _text_lines(data: bytes) -> Iterator[str]:
+    """``data``'s lines as text, one at a time: unidiff's own ``from_string`` holds the whole
+    diff as text twice over (a 50 MB diff cost 250 MB more)."""
+    pos, size = 0, len(data)
+    while pos < size:
+        end = data.find(b"\n", pos) + 1 or size
+        yield data[pos:end].decode(*_CODEC)
+        pos = end
 
 
 def parse_patch(
@@ -278,14 +320,16 @@ def parse_patch(
     headers = _HEADERS.search(body)
     if headers and headers[0].count(b"\r\n") == 2:
         body = body.replace(b"\r\n", b"\n")
-    text = body.decode(*_CODEC)
     try:
-        patch_set = PatchSet.from_string(text)
+        patch_set = PatchSet(_text_lines(body), metadata_only=True)
     except UnidiffParseError as exc:
         raise PatchParseError(f"{name}: not a unified diff ({exc})") from None
     if b"GIT binary patch" in data or any(f.is_binary_file for f in patch_set):
         raise PatchParseError(f"{name}: binary patches are not supported (refused)")
     files = []
+    # unidiff takes every line like this outside a hunk body as a hunk header, and
+    # none inside one, so the matches pair with its hunks in order.
+    headers = _HUNK_HEADER.finditer(body)
     for patched in patch_set:
         old = _tree_path(patched.source_file, strip, renames, name)
         new = _tree_path(patched.target_file, strip, renames, name)
@@ -302,7 +346,10 @@ def parse_patch(
             FilePatch(
                 old_path=old,
                 new_path=new,
-                hunks=tuple(_convert_hunk(i, h, name) for i, h in enumerate(patched, 1)),
+                hunks=tuple(
+                    _read_hunk(i, hunk, next(headers, None), body, name)
+                    for i, hunk in enumerate(patched, 1)
+                ),
                 new_mode=int(mode[-3:], 8) if mode and new is not None else None,
             )
         )

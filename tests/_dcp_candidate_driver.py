@@ -44,6 +44,14 @@ CHECKS = (
     "candidates_eq_reference",
     "mask_eq_reference",
 )
+# patch 06's layer-build gate: (DSV41_DCP_STAGE, PCP, CUDA platform) -> refusal names
+REFUSALS = {
+    ("3", False, True): "set DSV41_DCP_STAGE=4 or higher",
+    ("4", True, True): "PCP with DCP is dcp2 port stage 6",
+    ("9", False, False): "only the CUDA sparse-indexer path",
+    ("4", False, True): None,
+    ("9", False, True): None,
+}
 
 
 def run_driver(tree: Path, timeout: float = 600) -> dict:
@@ -341,6 +349,21 @@ def check_case(report: Report, mod, case: Case, outs: list[dict]) -> None:
         )
 
 
+def check_refusals(report: Report, mod) -> None:
+    """``_dcp_candidate_refusal``: what stays refused is refused by name, the rest runs."""
+    real = mod.current_platform
+    try:
+        for (stage, pcp, cuda), want in REFUSALS.items():
+            os.environ["DSV41_DCP_STAGE"] = stage
+            mod.current_platform = SimpleNamespace(is_cuda=lambda c=cuda: c, device_name="x")
+            got = mod._dcp_candidate_refusal(2, pcp)
+            ok = got is None if want is None else (got is not None and want in got)
+            report.check("refusal", f"stage{stage}-pcp{pcp}-cuda{cuda}", ok, str(got))
+    finally:
+        mod.current_platform = real
+        os.environ.pop("DSV41_DCP_STAGE", None)
+
+
 def main(tree: str) -> None:
     torch.set_num_threads(1)
     mod = load(tree)
@@ -353,6 +376,7 @@ def main(tree: str) -> None:
             continue
         for case, outs in zip(CASES[w], per_case, strict=True):
             check_case(report, mod, case, outs)
+    check_refusals(report, mod)
     result = {"vllm_file": str(Path(mod.__file__).resolve()), "checks": report.checks}
     print(MARK + json.dumps(result), flush=True)
 

@@ -199,6 +199,13 @@ def test_dev_zero_as_the_patch_is_refused_after_a_bounded_read(tree):
     assert "larger than" in proc.stderr
 
 
+def test_a_fifo_nobody_writes_as_the_patch_is_empty_not_a_hang(tree, tmp_path):
+    os.mkfifo(tmp_path / "pipe.diff")
+    proc = run_apply(str(tree), str(tmp_path / "pipe.diff"), timeout=60)
+    clean_error(proc, 2)
+    assert "no file diffs found" in proc.stderr
+
+
 @pytest.mark.needs("patch")  # fails under CI=true when missing
 def test_absurd_start_line_places_like_gnu_patch_without_walking_to_it(tree, tmp_path):
     """An offset of -10**15 lines: the search is bounded by the file, not the distance."""

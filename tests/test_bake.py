@@ -333,7 +333,7 @@ def test_a_second_bake_in_the_same_build_folder_is_refused_clearly(tmp_path, cpu
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.splitlines() == [
         f"error: another bake is running in this build folder (pid 4242): {str(build)!r}",
-        "hint: wait for it to finish, or bake elsewhere (`bakery bake --build DIR`)",
+        "hint: wait for it to finish, or bake into another folder with `bakery bake --build DIR`",
     ]
     assert sorted(p.name for p in build.iterdir()) == [".bake.lock"]  # nothing else written
 

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from _dcp_candidate_driver import CHECKS, failed, run_driver
+from _dcp_candidate_driver import CHECKS, REFUSALS, failed, run_driver
 
 from bakery.bake import bake
 from bakery.series import load_series
@@ -85,9 +85,9 @@ def test_candidate_baked_code_and_planted_bugs(candidate_variants, name):
     bug = BUGS[name]
     if bug is None:
         ran = {c["name"] for c in result["checks"]}
-        assert ran == set(CHECKS), ran
-        # W=2: 4 cases x 2 ranks, W=4: 3 cases x 4 ranks, for each check
-        assert len(result["checks"]) == len(CHECKS) * (4 * 2 + 3 * 4)
+        assert ran == {*CHECKS, "refusal"}, ran
+        # W=2: 4 cases x 2 ranks, W=4: 3 cases x 4 ranks, for each check; the gate cases
+        assert len(result["checks"]) == len(CHECKS) * (4 * 2 + 3 * 4) + len(REFUSALS)
         assert bad == {}, (
             f"unplanted series fails: {[c for c in result['checks'] if not c['ok']][:3]}"
         )
@@ -95,3 +95,27 @@ def test_candidate_baked_code_and_planted_bugs(candidate_variants, name):
     old, new, must_fail = bug
     assert new in baked and old not in baked, "the bug did not reach the baked tree"
     assert must_fail <= bad.keys(), f"planted {new!r} but only {bad} failed"
+
+
+def test_candidate_gpu_tool_dry_run(cpu_bake, tmp_path):
+    """tools/gpu_candidate_blocks.py end to end on CPU (gloo, interpreter, fp32, W=2)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    tool = REPO / "tools" / "gpu_candidate_blocks.py"
+    args = [str(cpu_bake.tree), "--device", "cpu", "--quick", "--out", str(tmp_path)]
+    proc = subprocess.run(
+        [sys.executable, "-O", str(tool), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "gpu_candidate_blocks.json").read_text())
+    assert res["ok"] and len(res["cases"]) == 2 * 3  # 3 fp32 cases on each of 2 ranks
+    assert {c["mask_baseline"] for c in res["cases"]} == {"reference"}
+    assert all(c["eq_dcp1_kernel"] and c["same_on_every_rank"] for c in res["cases"])

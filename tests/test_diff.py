@@ -140,3 +140,25 @@ def test_patch_read_is_bounded(tmp_path):
     assert read_patch(small) == b"x" * 10
     with pytest.raises(PatchParseError, match="cannot read patch"):
         read_patch(tmp_path / "missing.diff")
+
+
+def test_an_empty_line_in_a_hunk_is_an_empty_context_line():
+    """Editors and mailers strip the lone space of an empty context line; GNU reads it back."""
+    diff = b"--- a/f\n+++ b/f\n@@ -1,4 +1,4 @@\n a\n\n\r\n-b\n+c\n"
+    hunk = parse_patch(diff, "p").files[0].hunks[0]
+    assert [(line.kind, line.text, line.eol) for line in hunk.lines] == [
+        (" ", b"a", b"\n"),
+        (" ", b"", b"\n"),
+        (" ", b"", b"\r\n"),
+        ("-", b"b", b"\n"),
+        ("+", b"c", b"\n"),
+    ]
+
+
+def test_a_blank_line_after_a_hunk_is_not_part_of_it():
+    """GNU ends a hunk at its header's counts; unidiff's full parse appended the blank line."""
+    diff = (
+        b"--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n a\n-b\n+c\n\n--- a/g\n+++ b/g\n@@ -1 +1 @@\n-x\n+y\n"
+    )
+    first, second = parse_patch(diff, "p").files
+    assert len(first.hunks[0].lines) == 3 and second.path == "g"

@@ -41,8 +41,8 @@ def test_edit_refresh_rebake_reproduces_the_edits(workspace):
     series, build, package = workspace
     patched = (package / PATCHED).read_bytes() + b"# refreshed edit\n"
     untouched = (package / UNTOUCHED).read_bytes().replace(b"\n", b"\n# new\n", 1)
-    (package / PATCHED).write_bytes(patched)
-    (package / UNTOUCHED).write_bytes(untouched)
+    edit(package / PATCHED, patched)
+    edit(package / UNTOUCHED, untouched)  # not through the hard link into the shared cache
     proc = refresh(series, build, "--stage", "2", "--summary", "quant config note")
     assert proc.returncode == 0, proc.stderr
     assert "update: 09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff" in proc.stdout
