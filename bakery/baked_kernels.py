@@ -260,12 +260,59 @@ def _def_source(ex: Extracted, name: str) -> str:
 
 
 def _interpreter_shim(ns: Mapping[str, Any]) -> None:
-    """CPU dry run only: Triton's interpreter lacks ``JITFunction.constexprs``, which
-    ``CorrectAttnCPOutKernel.__call__`` reads; derive it the way JITFunction does."""
+    """CPU dry run only, so the interpreter keeps two contracts of compiled Triton:
+    ``JITFunction.constexprs`` (``CorrectAttnCPOutKernel.__call__`` reads it), and
+    ``kernel[grid](...)`` returning a compiled kernel that can be relaunched (what
+    ``CPTritonContext`` caches), with the launcher's arity."""
+    import triton.runtime.interpreter as interpreter
+
     for fn in jit_functions(ns).values():
         if not hasattr(fn, "constexprs"):
             params = inspect.signature(fn.fn).parameters.values()
             fn.constexprs = [i for i, p in enumerate(params) if "constexpr" in str(p.annotation)]
+        if type(fn) is interpreter.InterpretedFunction:
+            fn.__class__ = _interpreted_with_handle()
+
+
+class CompiledHandle:
+    """What ``kernel[grid](...)`` returns on a GPU (a ``CompiledKernel``), for the
+    interpreter. Relaunching it, ``handle[grid](*args)``, goes through Triton's compiled
+    launcher, which takes every kernel argument positionally with a slot per constexpr
+    (the nvidia driver's ``annotate_arguments`` keeps ARG_CONSTEXPR entries); any other
+    count raises there, so it raises here."""
+
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        def launch(*args: Any) -> Any:
+            want = len(self._fn.arg_names)
+            if len(args) != want:
+                raise TypeError(
+                    f"{self._fn.__name__}: the compiled launcher takes {want} kernel "
+                    f"arguments (constexpr slots included), got {len(args)}"
+                )
+            return self._fn[grid](*args)
+
+        return launch
+
+
+def _interpreted_with_handle() -> type:
+    import triton.runtime.interpreter as interpreter
+
+    global _INTERPRETED_WITH_HANDLE
+    if _INTERPRETED_WITH_HANDLE is None:
+
+        class InterpretedWithHandle(interpreter.InterpretedFunction):
+            def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+                super().run(*args, grid=grid, warmup=warmup, **kwargs)
+                return None if warmup else CompiledHandle(self)
+
+        _INTERPRETED_WITH_HANDLE = InterpretedWithHandle
+    return _INTERPRETED_WITH_HANDLE
+
+
+_INTERPRETED_WITH_HANDLE: type | None = None
 
 
 def verify_verbatim(ex: Extracted, ns: Mapping[str, Any]) -> dict[str, bool]:

@@ -30,6 +30,7 @@ the DCP1 layer itself is checked against ``bakery.dcp_reference.dcp1_attention``
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -41,6 +42,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+
+from bakery import dcp_reference as ref
 
 REPO = Path(__file__).resolve().parents[1]
 MODULE = "vllm.models.deepseek_v41.nvidia.flashinfer_sparse"
@@ -231,8 +234,6 @@ class Step:
 
 def build_step(case: Case, kind: str) -> Step:
     """Deterministic inputs of one step (the same in every process)."""
-    from bakery import dcp_reference as ref
-
     gen = torch.Generator().manual_seed(case.seed * 10 + (kind == "mixed"))
     nd = case.num_decodes
     reqs = list(range(nd)) if kind == "decode" else list(range(len(case.n_states)))
@@ -253,10 +254,9 @@ def build_step(case: Case, kind: str) -> Step:
             for r in token_to_req
         ]
     )
-    topk[0] = edge_ids(case, 2, case.n_states[token_to_req[0]], None)
-    topk[1] = edge_ids(case, 4, case.n_states[token_to_req[1]], None)
-    if t > 2:
-        topk[2] = edge_ids(case, 2, case.n_states[token_to_req[2]], 1)  # all on rank 1 of 2
+    # edge ids for W=2 and W=4, then every id rank 1 of 2 owns
+    for row, (w, rank) in enumerate(((2, None), (4, None), (2, 1))[:t]):
+        topk[row] = edge_ids(case, w, case.n_states[token_to_req[row]], rank)
     if kind == "mixed" and t > 3:
         topk[-1] = -1  # a prefill row with no compressed candidate
     swa_slots = 4 * SWA_WIDTH
@@ -286,8 +286,6 @@ def build_step(case: Case, kind: str) -> Step:
 
 def caches(case: Case, step: Step, w: int):
     """The compressed caches of ``w`` ranks (vLLM placement, NaN where unwritten)."""
-    from bakery import dcp_reference as ref
-
     layout = ref.Layout(w, case.k if w > 1 else 1, case.bs)
     return ref.build_caches(step.states, layout, torch.Generator().manual_seed(case.seed + w))
 
@@ -322,22 +320,11 @@ def load_patched(tree: Path):
     return mod, found[0], report
 
 
-class GlooGroup:
-    """vLLM ``GroupCoordinator`` surface over the default gloo group."""
+class GlooGroup(ref.TorchGroup):
+    """``TorchGroup`` over the default gloo group, plus the ``device_group`` that
+    ``dcp_a2a_lse_reduce`` hands to ``all_to_all_single`` (None: the default group)."""
 
-    def __init__(self) -> None:
-        from bakery import dcp_reference as ref
-
-        self._group = ref.TorchGroup()
-        self.world_size = self._group.world_size
-        self.rank_in_group = self._group.rank_in_group
-        self.device_group = None  # dist.* on the default (gloo) group
-
-    def all_gather(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
-        return self._group.all_gather(x, dim)
-
-    def reduce_scatter(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
-        return self._group.reduce_scatter(x, dim)
+    device_group = None
 
 
 def make_layer(mod, cls, case: Case, step: Step, group, combine: str):
@@ -367,7 +354,6 @@ def make_layer(mod, cls, case: Case, step: Step, group, combine: str):
     layer.attn_sink = torch.nn.Parameter(local, requires_grad=False)
     layer._dcp_sink = None
     layer._dcp_empty_swa = {}
-    layer._cp_ctx = mod.CPTritonContext() if w > 1 else None
     layer._dcp_combine_a2a = combine == "a2a"
     layer._dcp_timing = False
     layer._dcp_t_acc = [0.0, 0.0, 0.0, 0]
@@ -437,22 +423,26 @@ def _gloo_rank(mod, cls, rank: int, w: int, quick: bool, store: str, outdir: str
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store, w), rank=rank, world_size=w)
+    store = dist.FileStore(store, w)
+    timeout = datetime.timedelta(seconds=120)  # a rank that fails alone must not hang
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=w, timeout=timeout)
     try:
         group = GlooGroup()
-        results = []
+        results: list[torch.Tensor | str] = []
         for case, kind, combine, stage9 in configs(quick):
             step = build_step(case, kind)
             mod._DCP_PREFILL_GATHER = stage9
-            results.append(
-                forward(mod, cls, case, step, group, combine, caches(case, step, w)[rank])
-            )
+            try:
+                out = forward(mod, cls, case, step, group, combine, caches(case, step, w)[rank])
+            except Exception as exc:  # recorded as this config's failure; every rank
+                out = f"{type(exc).__name__}: {exc}"[:400]  # raises at the same call
+            results.append(out)
         torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def run_gloo(mod, cls, w: int, quick: bool) -> list[list[torch.Tensor]]:
+def run_gloo(mod, cls, w: int, quick: bool) -> list[list[torch.Tensor | str]]:
     """``[config][rank]`` outputs from W forked processes over one gloo group."""
     ctx = torch.multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory() as tmp:
@@ -495,8 +485,6 @@ def compare(got: torch.Tensor, want: torch.Tensor, rows: tuple[str, ...]) -> dic
 
 def reference_dcp1(case: Case, step: Step, cache) -> torch.Tensor:
     """``bakery.dcp_reference.dcp1_attention`` on the same step (padding rows: sink only)."""
-    from bakery import dcp_reference as ref
-
     ref_step = ref.Step(
         q=step.q,
         states=step.states,
@@ -542,8 +530,12 @@ def main(tree: str, quick: bool) -> None:
             h = HEADS // w
             for rank, got in enumerate(outs):
                 name = f"W{w}:{combine}:{'stage9' if stage9 else 'no_stage9'}:{case.name}:{kind}"
-                mine = want[:, rank * h : (rank + 1) * h]
-                for row_kind, r in compare(got, mine, step.rows).items():
+                if isinstance(got, str):  # the forward raised
+                    failed = {"err": math.inf, "ok": False, "detail": got}
+                    res = {k: failed for k in ROW_KINDS if k in step.rows}
+                else:
+                    res = compare(got, want[:, rank * h : (rank + 1) * h], step.rows)
+                for row_kind, r in res.items():
                     checks.append({"name": row_kind, "case": f"{name}:r{rank}", **r})
     result = {"vllm_file": str(vllm_file), "class": cls.__qualname__, "kernels": kernels}
     print(MARK + json.dumps({**result, "checks": checks}), flush=True)

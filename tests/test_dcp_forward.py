@@ -169,9 +169,14 @@ def test_forward_dcp1_layer_matches_reference(forward):
     assert not bad, bad
 
 
-@pytest.mark.parametrize("stage9", ["no_stage9", "stage9"])
-@pytest.mark.parametrize("combine", COMBINES)
-@pytest.mark.parametrize("w", WORLDS)
+def _params():
+    for w in WORLDS:
+        for combine in COMBINES:
+            for stage9 in ("no_stage9", "stage9"):
+                yield pytest.param(w, combine, stage9)
+
+
+@pytest.mark.parametrize("w, combine, stage9", _params())
 def test_forward_dcp_matches_dcp1(forward, w, combine, stage9):
     prefix = f"W{w}:{combine}:{stage9}:"
     mine = [c for c in forward["checks"] if c["case"].startswith(prefix)]
@@ -213,6 +218,16 @@ BUGS = {
         "is_lse_base_on_e=True,",
         {k for k in TOUCHED if "@ag_rs@" in k},
         UNTOUCHED | {k for k in TOUCHED if "@a2a@" in k},
+    ),
+    # combine: one CPTritonContext kept per layer (the bug patch 09 had): its cached
+    # relaunch omits the constexpr arguments Triton's compiled launcher takes, so a layer's
+    # second ag_rs combine raises (2x H200: 24 of 27 arguments); only the mixed step
+    # without stage 9 combines twice in one layer
+    "kept_cp_ctx": (
+        "ctx=CPTritonContext(),",
+        'ctx=self.__dict__.setdefault("_cp_ctx", CPTritonContext()),',
+        {f"decode@W{QUICK_WORLDS[0]}@ag_rs@no_stage9"},
+        {k for k in UNTOUCHED | TOUCHED if not k.endswith("@ag_rs@no_stage9")},
     ),
     # combine: the sink is folded in on every rank, not on rank 0 only
     "sink_every_rank": (

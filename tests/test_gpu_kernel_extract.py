@@ -124,6 +124,34 @@ def test_module_level_use_of_vllm_fails_at_build(synthetic):
         bk.build_namespace(ex, bk.standins())
 
 
+def test_interpreted_kernel_relaunches_with_the_launchers_arity(synthetic):
+    """Under TRITON_INTERPRET=1 ``kernel[grid](...)`` returns a compiled-kernel handle, as
+    on a GPU: relaunching it takes every argument (the constexpr too), and fewer raise."""
+    script = textwrap.dedent(
+        f"""
+        import torch
+        from pathlib import Path
+        from bakery import baked_kernels as bk
+        ns, _ = bk.load_file(Path({str(synthetic.parent)!r}), "mod.py", ["add_kernel"])
+        x = torch.zeros(4)
+        handle = ns["add_kernel"][(1,)](x, N=4)
+        handle[(1,)](x, 4)
+        assert x.tolist() == [2.0] * 4, x
+        try:
+            handle[(1,)](x)
+        except TypeError as exc:
+            assert "takes 2 kernel arguments" in str(exc), exc
+        else:
+            raise AssertionError("relaunch without the constexpr slot passed")
+        """
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_verbatim_check_catches_a_kernel_that_is_not_the_file(synthetic):
     ex = bk.extract(synthetic, ["add_kernel"])
     ns = bk.build_namespace(ex, bk.standins())

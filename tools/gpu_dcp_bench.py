@@ -267,22 +267,15 @@ class CollectiveGroup:
         return out
 
 
-class _JitEveryCall:
-    """``CPTritonContext``'s interface without its cached compiled-kernel relaunch."""
-
-    def call_kernel(self, kernel, grid, *regular_args, **const_args):
-        kernel[grid](*regular_args, **const_args)
-
-
 def real_combines(ns: dict, group: CollectiveGroup) -> dict:
-    """The two calls exactly as patch 09's ``_run_sm120_dcp`` makes them, except the
-    launch context: on the device's Triton 3.6 the cached relaunch of vLLM's
-    ``CPTritonContext`` passes 24 of the compiled launcher's 27 arguments, so every call
-    launches through the JIT function (same kernel; host-side only, the graph hides it)."""
-    ctx = _JitEveryCall()
+    """The two calls exactly as patch 09's ``_run_sm120_dcp`` makes them (a fresh
+    ``CPTritonContext`` per ``ag_rs`` call)."""
+    context = ns["CPTritonContext"]
 
     def ag_rs(part: ref.AttnOut) -> torch.Tensor:
-        return ns["cp_lse_ag_out_rs"](part.out, part.lse, group, ctx=ctx, is_lse_base_on_e=False)
+        return ns["cp_lse_ag_out_rs"](
+            part.out, part.lse, group, ctx=context(), is_lse_base_on_e=False
+        )
 
     def a2a(part: ref.AttnOut) -> torch.Tensor:
         return ns["dcp_a2a_lse_reduce"](part.out, part.lse, group, is_lse_base_on_e=False)
