@@ -818,7 +818,7 @@ def check_prefill_timing(report: Report, cls) -> None:
         case = replace(GLOO_CASES[2][0])
         layer = make_layer(cls, CopyGroup(2), 0, case, torch.zeros(2))
         layer.head_dim, layer.scale, layer._dcp_timing = 16, 0.25, False
-        layer._dcp_combine_a2a, layer._cp_ctx, layer._dcp_t_acc = False, None, [0.0] * 4
+        layer._dcp_combine_a2a, layer._dcp_t_acc = False, [0.0] * 4
         layer._get_workspace = lambda device: torch.empty(0)
 
         def kernel(q, swa_cache, ws, swa_idx, swa_lens, kv, idx, idx_lens, out, scale, sink, lse):
