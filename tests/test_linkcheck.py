@@ -310,3 +310,45 @@ def test_allowlist_suppresses_and_flags_stale_entries(tmp_path):
 def test_allowlist_key_format_is_enforced(tmp_path, key):
     with pytest.raises(SeriesError):
         _check(tmp_path, {}, "x = 1\n", allow={key: "why"})
+
+
+POSONLY_LIB = """
+def p(a, b=1, /, c=2):
+    pass
+
+def pk(a, /, **kw):
+    pass
+
+class K:
+    def __init__(self, a, /, b):
+        self.a = a
+"""
+POSONLY_CALLS = [
+    "p(1)",
+    "p(1, 2, 3)",
+    "p(1, c=3)",
+    "p(a=1)",
+    "p(1, b=2)",
+    "p(1, 2, 3, 4)",
+    "pk(1, a=2)",
+    "pk(a=1)",
+    "K(1, b=2)",
+    "K(a=1, b=2)",
+    "K(1, 2)",
+]
+
+
+@pytest.mark.parametrize("call", POSONLY_CALLS)
+def test_positional_only_calls_agree_with_python(tmp_path, call):
+    """Python itself is the oracle: a call linkcheck flags is exactly one that raises
+    TypeError when made for real (positional-only parameters, `/`)."""
+    namespace: dict = {}
+    exec(textwrap.dedent(POSONLY_LIB), namespace)
+    try:
+        eval(call, namespace)
+        python_accepts = True
+    except TypeError:
+        python_accepts = False
+    touched = f"from vllm.lib import p, pk, K\n{call}\n"
+    findings = _check(tmp_path, {"lib.py": POSONLY_LIB}, touched)
+    assert (findings == []) == python_accepts, (call, findings)
