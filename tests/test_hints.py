@@ -19,8 +19,7 @@ from bakery.launch.cli import launch
 from tests.conftest import REPO
 
 PROGRAMS = {"bakery": cli, "run.sh": launch}
-# The launcher's own hints are its helper's; widen to the whole package once they comply.
-SCANNED = [p for p in sorted((REPO / "bakery").rglob("*.py")) if "launch" not in p.parts]
+SCANNED = sorted((REPO / "bakery").rglob("*.py"))
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 SPAN = re.compile(r"`([^`]*)`")
 

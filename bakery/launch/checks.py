@@ -214,7 +214,7 @@ def _feature_problem(
     needed = table.feature(feature)
     if needed.status == "implemented":
         why = f"stage {needed.number} ({needed.name}) serves it; --stage {stage} does not"
-        hint = f"use --stage {needed.number} or higher, or {way_out}"
+        hint = f"use `run.sh start --stage {needed.number}` or higher, or {way_out}"
     else:
         why = f"stage {needed.number} ({needed.name}) is planned: no stage serves it under DCP > 1"
         hint = f"use {way_out}"

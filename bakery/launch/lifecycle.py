@@ -297,7 +297,7 @@ def wait_ready(plan: Plan, proc: subprocess.Popen, log: Path, timeout_s: float, 
     raise LaunchError(
         f"the server was not ready within {timeout_s:g} s; last {TAIL_LINES} log lines of "
         f"{log}:\n{tail(log)}",
-        hint="raise --startup-timeout if it was still loading",
+        hint="if it was still loading, give it longer (`run.sh start --startup-timeout S`)",
     )
 
 
@@ -472,7 +472,8 @@ def latest_log(artifacts: Path, profile: str | None) -> Path:
     if not runs:
         raise LaunchError(
             f"no run recorded under {artifacts}" + (f" for {profile}" if profile else ""),
-            hint="start one with run.sh start, or pass --artifacts",
+            hint="start one with `run.sh start`, or point at the runs with "
+            "`run.sh logs --artifacts DIR`",
         )
     return runs[-1]
 
