@@ -196,7 +196,8 @@ def test_never_healthy_within_the_timeout_is_torn_down(launch_args):
     out = run_sh("start", *common, timeout=START_TIMEOUT_S)
     assert out.returncode == 1, out.stderr[-3000:]
     assert "error: the server was not ready within 3 s; last 40 log lines of" in out.stderr
-    assert "hint: if it was still loading, give it longer (`run.sh start --startup-timeout S`)" in out.stderr
+    hint = "hint: if it was still loading, give it longer (`run.sh start --startup-timeout S`)"
+    assert hint in out.stderr
     assert _pid_file(launch_args["art"]) is None
     run_dir = next(launch_args["art"].glob("cpu-tiny/*"))
     assert not marked(f"cpu-tiny/{run_dir.name}")
