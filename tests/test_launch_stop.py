@@ -98,14 +98,17 @@ def test_stop_ends_a_process_that_left_the_group(capsys, art):
     assert not record.pid_file.exists()
 
 
-def test_a_dead_leader_with_live_members_is_still_ended(capsys, art):
+@pytest.mark.parametrize("relative", [False, True], ids=["absolute", "relative-artifacts"])
+def test_a_dead_leader_with_live_members_is_still_ended(capsys, art, monkeypatch, relative):
     record, proc, run_id = run(art, "sleep 300 & sleep 300 & wait")
     assert wait_until(lambda: len(marked(run_id)) >= 4, 20)
     os.kill(proc.pid, signal.SIGKILL)  # the keeper dies without tearing down
     proc.wait(timeout=10)
     members = marked(run_id)
     assert members and all(os.getpgid(p) == proc.pid for p in members)
-    code, out = stop(capsys, art)
+    if relative:  # the markers hold the absolute run folder
+        monkeypatch.chdir(art.parent)
+    code, out = stop(capsys, Path(art.name) if relative else art)
     assert code == 0
     assert "not running" not in out, out
     assert wait_until(lambda: not marked(run_id), 10), marked(run_id)
@@ -167,6 +170,25 @@ def test_a_matching_pid_and_start_time_of_an_unrelated_process_is_left_alone(cap
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_a_run_recorded_before_the_command_line_was_kept_is_still_stopped(capsys, art):
+    """A pid file without ``cmdline`` (written by the launcher before it kept one) and a
+    server without the run marker: the leader is trusted on its start time, as then."""
+    old_server = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    _SPAWNED.append(old_server.pid)
+    try:
+        run_dir = art / "cpu-tiny" / "20261130T000000Z"
+        run_dir.mkdir(parents=True)
+        pid = {"pgid": old_server.pid, "start_ticks": lifecycle.start_ticks(old_server.pid)}
+        (run_dir / lifecycle.PID_FILE).write_text(json.dumps({**pid, "profile": "cpu-tiny"}))
+        code, out = stop(capsys, art)
+        assert code == 0
+        assert f"cpu-tiny: stopped process group {old_server.pid}" in out
+        assert wait_until(lambda: old_server.poll() is not None, 10)
+    finally:
+        old_server.kill()
+        old_server.wait()
 
 
 def test_stop_leaves_another_artifacts_folders_run_alone(capsys, art, tmp_path):

@@ -98,7 +98,8 @@ class Running:
     start_ticks: int
     url: str | None
     profile: str
-    cmdline: tuple[str, ...] = ()
+    # None: a pid file from before the command line was recorded (checked by start time alone)
+    cmdline: tuple[str, ...] | None = ()
     error: str | None = None
 
     @property
@@ -110,6 +111,8 @@ class Running:
         """The recorded leader is alive and is the process the launcher started."""
         if self.error or self.pgid <= 0 or start_ticks(self.pgid) != self.start_ticks:
             return False
+        if self.cmdline is None:
+            return True
         return tuple(cmdline(self.pgid) or ()) == self.cmdline
 
     @property
@@ -389,7 +392,8 @@ def start(
 def recorded(artifacts: Path, profile: str | None) -> list[Running]:
     """Every pid file under ``artifacts`` (``artifacts/<profile>/<stamp>/server.pid``)."""
     pattern = f"{profile or '*'}/*/{PID_FILE}"
-    return [_read_pid(path) for path in sorted(Path(artifacts).glob(pattern))]
+    # Resolved: the run marker in each process holds the absolute run folder.
+    return [_read_pid(path) for path in sorted(Path(artifacts).resolve().glob(pattern))]
 
 
 def _read_pid(path: Path) -> Running:
@@ -401,7 +405,7 @@ def _read_pid(path: Path) -> Running:
             int(data["start_ticks"] or -1),
             data.get("url"),
             str(data.get("profile", "?")),
-            tuple(str(a) for a in data["cmdline"]),
+            tuple(str(a) for a in data["cmdline"]) if "cmdline" in data else None,
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         why = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
