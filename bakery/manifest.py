@@ -103,8 +103,9 @@ def _is_sha(value) -> bool:
 
 
 def _shape_problems(data) -> list[str]:
-    """What ``check`` and ``staleness`` rely on: the two sha256s, and ``files`` mapping
-    tree-relative paths to their ``pre``/``post`` sha256 (null where absent)."""
+    """What ``check``, ``staleness`` and ``refresh`` rely on: the two sha256s, the base
+    requirement, ``patches`` (file, sha256), and ``files`` mapping tree-relative paths to
+    their ``pre``/``post`` sha256 (null where absent)."""
     if not isinstance(data, dict):
         return [f"the top level must be an object, not {type(data).__name__}"]
     problems = [
@@ -112,6 +113,18 @@ def _shape_problems(data) -> list[str]:
         for key in ("series", "base")
         if not (isinstance(data.get(key), dict) and _is_sha(data[key].get("sha256")))
     ]
+    base = data.get("base")
+    if not (isinstance(base, dict) and isinstance(base.get("requirement"), str)):
+        problems.append("base.requirement must be a string")
+    patches = data.get("patches")
+    if not (
+        isinstance(patches, list)
+        and all(
+            isinstance(p, dict) and isinstance(p.get("file"), str) and _is_sha(p.get("sha256"))
+            for p in patches
+        )
+    ):
+        problems.append("patches must be a list of {file, sha256} objects")
     files = data.get("files")
     if not isinstance(files, dict):
         return problems + [

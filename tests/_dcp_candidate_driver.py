@@ -27,13 +27,13 @@ import json
 import math
 import os
 import sys
-import tempfile
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from _gloo import fork_ranks, rank_file
 
 REPO = Path(__file__).resolve().parents[1]
 MODULE = "vllm.model_executor.layers.sparse_attn_indexer"
@@ -233,28 +233,14 @@ def _gloo_rank(mod, rank: int, w: int, store_path: str, outdir: str) -> None:
             except Exception:
                 results.append({"error": traceback.format_exc(-3)})
                 raise
-        torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
+        torch.save(results, rank_file(outdir, rank))
     finally:
         dist.destroy_process_group()
 
 
 def run_gloo(mod, w: int) -> list[list[dict]]:
     """``[case][rank]`` outputs from W forked processes over one gloo group."""
-    ctx = torch.multiprocessing.get_context("fork")
-    with tempfile.TemporaryDirectory() as tmp:
-        store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_gloo_rank, args=(mod, r, w, store, tmp)) for r in range(w)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(400)
-        bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        if bad:
-            raise RuntimeError(f"gloo ranks failed (rank, exitcode): {bad}")
-        per_rank = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(w)]
+    per_rank = fork_ranks(lambda r, store, out: _gloo_rank(mod, r, w, store, out), w, 400)
     return [[per_rank[r][i] for r in range(w)] for i in range(len(CASES[w]))]
 
 

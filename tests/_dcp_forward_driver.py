@@ -36,12 +36,12 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from _gloo import fork_ranks, rank_file
 
 from bakery import dcp_reference as ref
 
@@ -437,31 +437,16 @@ def _gloo_rank(mod, cls, rank: int, w: int, quick: bool, store: str, outdir: str
             except Exception as exc:  # recorded as this config's failure; every rank
                 out = f"{type(exc).__name__}: {exc}"[:400]  # raises at the same call
             results.append(out)
-        torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
+        torch.save(results, rank_file(outdir, rank))
     finally:
         dist.destroy_process_group()
 
 
 def run_gloo(mod, cls, w: int, quick: bool) -> list[list[torch.Tensor | str]]:
     """``[config][rank]`` outputs from W forked processes over one gloo group."""
-    ctx = torch.multiprocessing.get_context("fork")
-    with tempfile.TemporaryDirectory() as tmp:
-        store = os.path.join(tmp, "store")
-        procs = [
-            ctx.Process(target=_gloo_rank, args=(mod, cls, r, w, quick, store, tmp))
-            for r in range(w)
-        ]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(400)
-        bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        if bad:
-            raise RuntimeError(f"gloo ranks failed (rank, exitcode): {bad}")
-        per_rank = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(w)]
+    per_rank = fork_ranks(
+        lambda r, store, out: _gloo_rank(mod, cls, r, w, quick, store, out), w, 400
+    )
     return [list(outs) for outs in zip(*per_rank, strict=True)]
 
 

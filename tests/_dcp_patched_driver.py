@@ -44,7 +44,6 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 import traceback
 import weakref
 from collections.abc import Callable
@@ -53,6 +52,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from _gloo import fork_ranks, rank_file
 
 REPO = Path(__file__).resolve().parents[1]
 MODULE = "vllm.models.deepseek_v41.nvidia.flashinfer_sparse"
@@ -309,28 +309,14 @@ def _gloo_rank(cls, rank: int, w: int, store_path: str, outdir: str) -> None:
     try:
         group = ref.TorchGroup()
         results = [rank_outputs(cls, group, c) for c in GLOO_CASES[w]]
-        torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
+        torch.save(results, rank_file(outdir, rank))
     finally:
         dist.destroy_process_group()
 
 
 def run_gloo(cls, w: int) -> list[list[dict]]:
     """``[case][rank]`` outputs from W forked processes over one gloo group."""
-    ctx = torch.multiprocessing.get_context("fork")
-    with tempfile.TemporaryDirectory() as tmp:
-        store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_gloo_rank, args=(cls, r, w, store, tmp)) for r in range(w)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(120)
-        bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        if bad:
-            raise RuntimeError(f"gloo ranks failed (rank, exitcode): {bad}")
-        per_rank = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(w)]
+    per_rank = fork_ranks(lambda r, store, out: _gloo_rank(cls, r, w, store, out), w, 120)
     return [[per_rank[r][i] for r in range(w)] for i in range(len(GLOO_CASES[w]))]
 
 

@@ -14,7 +14,8 @@ from bakery.cli import main
 SHA = hashlib.sha256(b"secret\n").hexdigest()
 GOOD = {
     "series": {"sha256": "a" * 64},
-    "base": {"sha256": "b" * 64},
+    "base": {"sha256": "b" * 64, "requirement": "vllm==0.32.0"},
+    "patches": [{"file": "01-x.py.diff", "sha256": "c" * 64}],
     "files": {"vllm/x.py": {"pre": None, "post": hashlib.sha256(b"x\n").hexdigest()}},
 }
 
@@ -54,6 +55,9 @@ CASES = {
     "no-series": ({k: v for k, v in GOOD.items() if k != "series"}, "series.sha256"),
     "series-int": (_with(series={"sha256": 1}), "series.sha256"),
     "top-list": ([GOOD], "top level must be an object"),
+    "patches-str": (_with(patches=["01-x.py.diff"]), "patches must be a list"),
+    "patches-no-sha": (_with(patches=[{"file": "01-x.py.diff"}]), "patches must be a list"),
+    "no-requirement": (_with(base={"sha256": "b" * 64}), "base.requirement"),
     "not-json": ("{", "unreadable manifest"),
     "not-utf8": (b"\xff\xfe{}", "unreadable manifest"),
     "deep": ("[" * 100_000 + "]" * 100_000, "unreadable manifest"),
