@@ -51,6 +51,7 @@ __all__ = [
     "patched_version",
     "staleness",
     "pristine_edits",
+    "build_lock",
 ]
 
 
@@ -192,10 +193,18 @@ def _write_wheel(
     return out
 
 
+_HELD: set[Path] = set()  # build folders whose lock this process holds
+
+
 @contextlib.contextmanager
-def _build_lock(build: Path) -> Iterator[None]:
-    """One bake at a time per build folder: they share dist/, .trash and the staging
-    names, so a second bake would sweep the first one's staging from under it."""
+def build_lock(build: Path) -> Iterator[None]:
+    """One bake (or rebase step) at a time per build folder: they share dist/, .trash
+    and the staging names, so a second bake would sweep the first one's staging from
+    under it. Re-entrant in one process: ``rebase --continue`` bakes under its lock."""
+    key = build.resolve()
+    if key in _HELD:
+        yield
+        return
     build.mkdir(parents=True, exist_ok=True)
     with open(build / ".bake.lock", "a+") as handle:
         try:
@@ -211,7 +220,11 @@ def _build_lock(build: Path) -> Iterator[None]:
         handle.truncate(0)
         handle.write(f"{os.getpid()}\n")
         handle.flush()
-        yield  # the lock goes with the file's close, also when the process is killed
+        _HELD.add(key)
+        try:
+            yield  # the lock goes with the file's close, also when the process is killed
+        finally:
+            _HELD.discard(key)
 
 
 def bake(
@@ -238,7 +251,7 @@ def bake(
     tree = tree_dir(build, base_key)
     changed = {f"{series.package}/{p}": plan.after[p] for p in plan.changed}
     modes = {f"{series.package}/{p}": mode for p, mode in plan.modes.items()}
-    with _build_lock(build):
+    with build_lock(build):
         # Partial trees and wheels of killed bakes (only those whose process is gone);
         # the cache may sit on another filesystem than the trash.
         trash = build / ".trash"

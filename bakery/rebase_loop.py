@@ -5,9 +5,10 @@ whose patch places is patched, one whose patch is already upstream is left as
 the release has it, and the rest are 3-way merged (``git merge-file``: the old
 pristine file is the base, the release's file and the old patched file the two
 sides), with conflict markers where they clash. The series folder and the old
-tree are saved under ``build/.rebase`` first, so ``abort`` restores both byte
-for byte. ``resume`` refreshes the series from the fixed tree, moves the pins,
-re-bakes and runs linkcheck.
+tree are saved under ``build/.rebase``, which appears whole (state.json
+included) before any tree moves, so ``abort`` restores both byte for byte from
+any point. ``resume`` refreshes the series from the fixed tree, moves the pins,
+re-bakes and runs linkcheck. Each step holds the bake's build lock.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from pathlib import Path
 import tomlkit
 
 from . import refresh
-from .bake import bake, staleness, tree_dir, unpacked
+from .bake import bake, build_lock, staleness, tree_dir, unpacked
 from .engine import apply_file_patch
-from .errors import BakeryError, HunkFailed, UsageError
+from .errors import BakeryError, HunkFailed, UnreadableInput, UsageError
 from .linkcheck import format_finding, run_linkcheck
 from .rebase import (
     _dependency_pins,
@@ -37,7 +38,14 @@ from .rebase import (
     survey,
 )
 from .series import Pin, Series, load_series
-from .tree import clone_tree, empty_trash, read_file, remove_tree, write_atomic
+from .tree import (
+    clone_tree,
+    empty_trash,
+    read_file,
+    remove_tree,
+    sweep_dead,
+    write_atomic,
+)
 
 __all__ = ["STATE", "in_progress", "refuse_during_rebase", "checkout", "resume", "abort"]
 
@@ -50,9 +58,44 @@ def _state_path(build: Path) -> Path:
     return build / STATE / "state.json"
 
 
+# What state.json holds, and what each key's JSON type is.
+_STATE_KEYS = {
+    "release": str,
+    "base_key": str,
+    "series": str,
+    "had_tree": bool,
+    "pin": dict,
+    "dependencies": dict,
+    "other_bases": dict,
+    "notes": list,
+    "files": dict,
+}
+
+
 def in_progress(build: Path) -> dict | None:
+    """The rebase in progress in ``build`` (None if none); a damaged one is refused."""
     path = _state_path(build)
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.parent.exists():
+        return None
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError:
+        problem = "it has no state.json"
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        problem = f"state.json is unreadable ({exc})"
+    else:
+        if not isinstance(state, dict):
+            state = {"": state}  # reported as lacking every key
+        bad = [k for k, kind in _STATE_KEYS.items() if not isinstance(state.get(k), kind)]
+        if not bad:
+            return state
+        problem = f"state.json lacks or mistypes {', '.join(bad)}"
+    raise UnreadableInput(
+        f"the rebase state in {path.parent} is damaged ({problem})",
+        hint=f"the series as it was is in {path.parent / 'series'} and the tree, if one was "
+        f"set aside, in {path.parent / 'baked'}: put back what you need, then delete "
+        f"{path.parent}",
+    )
 
 
 def refuse_during_rebase(build: Path) -> None:
@@ -133,53 +176,82 @@ def checkout(
     series: Series, version: str, build: Path, *, base_key: str, max_fuzz: int, cache: Path
 ) -> dict:
     """Write the series onto ``version`` into the baked tree, conflicts and all."""
-    refuse_during_rebase(build)
-    tree = tree_dir(build, base_key)
-    old_pkg = unpacked(series.base(base_key), cache) / series.package
-    if tree.exists():
-        # The old tree is set aside and dropped by --continue: edits in it would be lost.
-        problems = staleness(series, base_key, build)
-        if not problems:
-            edited = refresh.differing_files(old_pkg, tree / series.package)
-            problems = [f"{c.action} {c.file}" for c in refresh.plan_refresh(series, edited)]
-        if problems:
-            raise UsageError(
-                f"{tree} is not a clean bake of the series: " + "; ".join(problems[:3]),
-                hint=f"save its edits with `bakery refresh --base {base_key}`, or re-bake "
-                f"with `bakery bake --base {base_key}`, then rebase",
-            )
-    pin = release_pin(series, base_key, version, cache)
-    deps = _dependency_pins(series, pin, cache)
-    others, notes = other_base_pins(series, base_key, version, cache)
-    new_root = unpacked(pin, cache)
-    outcomes = _place(series, old_pkg, new_root / series.package, str(pin.requirement), max_fuzz)
-
-    state_dir = build / STATE
-    staging = build / f".{tree.name}.rebase-{os.getpid()}"
-    remove_tree(staging)
-    members = {f"{series.package}/{p}" for p in outcomes}
-    clone_tree(new_root, staging, skip=frozenset(members))
-    for outcome in outcomes.values():
-        if outcome.data is not None:
-            write_atomic(staging / series.package / outcome.path, outcome.data)
-    state_dir.mkdir(parents=True)
-    shutil.copytree(series.root, state_dir / "series")
-    if tree.exists():
-        os.rename(tree, state_dir / "baked")
-    os.rename(staging, tree)
-    state = {
-        "release": str(pin.requirement),
-        "base_key": base_key,
-        "series": str(series.root.resolve()),
-        "had_tree": (state_dir / "baked").exists(),
-        "pin": pin_table(pin),
-        "dependencies": {dep.name: pin_table(dep) for dep in deps},
-        "other_bases": {key: pin_table(p) for key, p in others.items()},
-        "notes": notes,
-        "files": {p: {"patch": o.patch, "status": o.status} for p, o in sorted(outcomes.items())},
-    }
-    write_atomic(_state_path(build), (json.dumps(state, indent=2) + "\n").encode())
+    with build_lock(build):
+        refuse_during_rebase(build)
+        tree = tree_dir(build, base_key)
+        old_pkg = unpacked(series.base(base_key), cache) / series.package
+        if tree.exists():
+            # The old tree is set aside and dropped by --continue: edits in it would be lost.
+            problems = staleness(series, base_key, build)
+            if not problems:
+                edited = refresh.differing_files(old_pkg, tree / series.package)
+                problems = [f"{c.action} {c.file}" for c in refresh.plan_refresh(series, edited)]
+            if problems:
+                raise UsageError(
+                    f"{tree} is not a clean bake of the series: " + "; ".join(problems[:3]),
+                    hint=f"save its edits with `bakery refresh --base {base_key}`, or re-bake "
+                    f"with `bakery bake --base {base_key}`, then rebase",
+                )
+        pin = release_pin(series, base_key, version, cache)
+        deps = _dependency_pins(series, pin, cache)
+        others, notes = other_base_pins(series, base_key, version, cache)
+        new_root = unpacked(pin, cache)
+        outcomes = _place(
+            series, old_pkg, new_root / series.package, str(pin.requirement), max_fuzz
+        )
+        state = {
+            "release": str(pin.requirement),
+            "base_key": base_key,
+            "series": str(series.root.resolve()),
+            "had_tree": tree.exists(),
+            "pin": pin_table(pin),
+            "dependencies": {dep.name: pin_table(dep) for dep in deps},
+            "other_bases": {key: pin_table(p) for key, p in others.items()},
+            "notes": notes,
+            "files": {
+                p: {"patch": o.patch, "status": o.status} for p, o in sorted(outcomes.items())
+            },
+        }
+        _swap_in(series, build, tree, new_root, outcomes, state)
     return state
+
+
+def _swap_in(
+    series: Series, build: Path, tree: Path, new_root: Path, outcomes: dict, state: dict
+) -> None:
+    """Stage the new tree and the whole state folder, make the state appear with one
+    rename, then move the trees: a failure or kill before that rename leaves nothing
+    (the next bake or checkout sweeps a killed one's staging); after it, ``abort``
+    undoes every step."""
+    trash = build / ".trash"
+    sweep_dead(build, trash)
+    staging = build / f".{tree.name}.new-{os.getpid()}"  # tree.sweep_dead's pattern
+    staged_state = build / f"{STATE}.new-{os.getpid()}"
+    try:
+        remove_tree(staging)
+        remove_tree(staged_state)
+        members = {f"{series.package}/{p}" for p in outcomes}
+        clone_tree(new_root, staging, skip=frozenset(members))
+        for outcome in outcomes.values():
+            if outcome.data is not None:
+                write_atomic(staging / series.package / outcome.path, outcome.data)
+        shutil.copytree(series.root, staged_state / "series")
+        write_atomic(staged_state / "state.json", (json.dumps(state, indent=2) + "\n").encode())
+        os.rename(staged_state, build / STATE)
+        if state["had_tree"]:
+            os.rename(tree, build / STATE / "baked")
+        os.rename(staging, tree)
+    finally:
+        remove_tree(staging)
+        remove_tree(staged_state)
+    empty_trash(trash)
+
+
+def _checked_out(state: dict, build: Path) -> bool:
+    """Whether the tree in place is the checkout's (checkout moves the old tree into
+    the state first, then the new one in; abort moves the old one back)."""
+    saved = build / STATE / "baked"
+    return tree_dir(build, state["base_key"]).exists() and (saved.exists() or not state["had_tree"])
 
 
 def conflicts_left(state: dict, build: Path) -> list[str]:
@@ -210,7 +282,17 @@ def _load_state(build: Path) -> dict:
 
 def resume(build: Path, cache: Path) -> dict:
     """Refresh the series from the fixed tree onto the new pins, re-bake, linkcheck."""
+    with build_lock(build):
+        return _resume(build, cache)
+
+
+def _resume(build: Path, cache: Path) -> dict:
     state = _load_state(build)
+    if not _checked_out(state, build):
+        raise UsageError(
+            f"the checkout onto {state['release']} did not finish (or an abort did not)",
+            hint="undo it with `bakery rebase --abort`, then check out again",
+        )
     left = conflicts_left(state, build)
     if left:
         raise BakeryError(
@@ -250,21 +332,37 @@ def resume(build: Path, cache: Path) -> dict:
 
 
 def abort(build: Path) -> dict:
-    """Put the series folder and the baked tree back exactly as they were."""
-    state = _load_state(build)
-    root, saved = Path(state["series"]), build / STATE / "series"
-    for path in root.iterdir():
-        if path.is_file() and not (saved / path.name).exists():
-            path.unlink()
-    for path in saved.iterdir():
-        shutil.copy2(path, root / path.name)
-    tree = tree_dir(build, state["base_key"])
-    if tree.exists():
-        _to_trash(build, tree)
-    if state["had_tree"]:
-        os.rename(build / STATE / "baked", tree)
-    _discard_state(build)
+    """Put the series folder and the baked tree back exactly as they were; from any
+    point a checkout or an earlier abort stopped at, so a rerun always finishes."""
+    with build_lock(build):
+        state = _load_state(build)
+        _restore_series(Path(state["series"]), build / STATE / "series")
+        tree, saved = tree_dir(build, state["base_key"]), build / STATE / "baked"
+        if tree.exists() and _checked_out(state, build):
+            _to_trash(build, tree)
+        if saved.exists():
+            os.rename(saved, tree)
+        _discard_state(build)
     return state
+
+
+def _restore_series(root: Path, saved: Path) -> None:
+    """``root`` as ``saved`` has it: files and subfolders, nothing more."""
+    for path in root.iterdir():
+        if not (saved / path.name).exists() or path.is_dir() or path.is_symlink():
+            _remove(path)
+    for path in saved.iterdir():
+        if path.is_dir():
+            shutil.copytree(path, root / path.name)
+        else:
+            shutil.copy2(path, root / path.name)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def _to_trash(build: Path, path: Path) -> None:

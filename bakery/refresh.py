@@ -107,12 +107,16 @@ def series_changes_since_bake(series: Series, baked: dict) -> list[str]:
 
 def remembered_entries(series: Series) -> dict[str, dict]:
     """Patch file -> its series.toml table as last committed (git HEAD), so a patch
-    re-created under the same name gets its stage and summary back; {} outside git."""
-    proc = subprocess.run(
-        ["git", "-C", str(series.root), "show", "HEAD:./series.toml"],
-        capture_output=True,
-        text=True,
-    )
+    re-created under the same name gets its stage and summary back; {} outside git
+    (or where git is not installed: a tarball checkout, a slim image)."""
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(series.root), "show", "HEAD:./series.toml"],
+            capture_output=True,
+            text=True,
+        )
+    except OSError:
+        return {}
     if proc.returncode != 0:
         return {}
     try:

@@ -2,13 +2,20 @@
 (tests/_synthetic_release.py). Fast; the real 0.32.0 -> 0.33.0 pair is in test_rebase.py
 (slow)."""
 
+import fcntl
 import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
 from tests._synthetic_release import CONFLICT, NEW, make_loop
+from tests.conftest import REPO, run_cli
 
 
 @pytest.fixture
@@ -114,3 +121,221 @@ def test_in_place_moves_every_base_pin(loop):
     assert proc.returncode == 0, proc.stderr
     assert tomllib.loads((series / "series.toml").read_text())["bases"] == clean
     assert cli("refresh", "--check", "--base", "cpu").returncode == 0
+
+
+# --- a checkout stopped at any step (#2), the series' subfolders (#7), the build lock (#11) ---
+
+
+class Stop(BaseException):
+    """A Ctrl-C at one step of the checkout (a BaseException, like KeyboardInterrupt)."""
+
+
+def stop_at_step(patch, step: int, stop) -> None:
+    """Call ``stop()`` at the checkout's ``step``-th tree or state write (1-based): every
+    clone, file write, series copy and rename it makes, whatever their order."""
+    from bakery import rebase_loop
+
+    count = [0]
+
+    def counted(real):
+        def wrapper(*args, **kwargs):
+            count[0] += 1
+            if count[0] == step:
+                stop()
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    for owner, name in (
+        (rebase_loop, "clone_tree"),
+        (rebase_loop, "write_atomic"),
+        (shutil, "copytree"),
+        (os, "rename"),
+    ):
+        patch(owner, name, counted(getattr(owner, name)))
+
+
+# Run in a child: the checkout SIGKILLs itself at step argv[4] (no finally, no except runs).
+_KILLED_CHECKOUT = """
+import os, signal, sys
+from pathlib import Path
+from bakery import rebase_loop
+from bakery.series import load_series
+from tests.test_rebase_loop import stop_at_step
+
+series, build, cache, step = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+stop_at_step(setattr, int(step), lambda: os.kill(os.getpid(), signal.SIGKILL))
+rebase_loop.checkout(
+    load_series(series), "0.2.0", build, base_key="default", max_fuzz=0, cache=cache
+)
+"""
+
+
+def partials(build: Path) -> list[str]:
+    """Staging left in the build folder (the trash's own detached deleters aside)."""
+    return sorted(
+        p.name for p in build.iterdir() if re.search(r"[.-]\d+$", p.name) and ".trash" not in p.name
+    )
+
+
+def undo_whatever_is_left(build: Path, cli) -> bool:
+    """Either nothing happened, or a rebase is in progress that --abort undoes; True if
+    the checkout had got as far as a rebase in progress."""
+    from bakery import rebase_loop
+
+    if rebase_loop.in_progress(build) is None:  # a damaged state is an error, not None
+        assert not (build / ".rebase").exists()
+        return False
+    proc = cli("rebase", "--abort")
+    assert proc.returncode == 0, proc.stderr
+    return True
+
+
+def test_a_checkout_interrupted_at_any_step_leaves_nothing_or_an_abortable_rebase(
+    loop, tmp_path, monkeypatch
+):
+    from bakery import rebase_loop
+    from bakery.series import load_series
+
+    series, build, cli, _, _ = loop
+    monkeypatch.setenv("BAKERY_CACHE", str(tmp_path / "cache"))
+    before = snapshot(series, build / "baked")
+    outcomes = []
+    for step in range(1, 30):
+        with monkeypatch.context() as patched:
+            stop_at_step(patched.setattr, step, lambda: (_ for _ in ()).throw(Stop()))
+            try:
+                rebase_loop.checkout(
+                    load_series(series),
+                    "0.2.0",
+                    build,
+                    base_key="default",
+                    max_fuzz=0,
+                    cache=tmp_path / "cache",
+                )
+            except Stop:
+                pass
+            else:
+                break
+        assert partials(build) == [], f"step {step}: staging left after an interrupt"
+        outcomes.append(undo_whatever_is_left(build, cli))
+        assert snapshot(series, build / "baked") == before, f"step {step}"
+    assert False in outcomes and True in outcomes  # both sides of the state's rename were hit
+    assert rebase_loop.in_progress(build)["release"] == "vllm==0.2.0"  # the last one finished
+
+
+def test_a_checkout_killed_at_any_step_is_undone_and_its_staging_swept(loop, tmp_path):
+    series, build, cli, _, _ = loop
+    before = snapshot(series, build / "baked")
+    outcomes, left = [], set()
+    for step in range(1, 30):
+        args = [str(series), str(build), str(tmp_path / "cache"), str(step)]
+        proc = subprocess.run(
+            [sys.executable, "-c", _KILLED_CHECKOUT, *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "BAKERY_CACHE": str(tmp_path / "cache")},
+            cwd=REPO,
+        )
+        if proc.returncode == 0:  # it got through: the step count is past its last step
+            assert undo_whatever_is_left(build, cli)
+            break
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+        left |= set(partials(build))  # until the next checkout sweeps them
+        outcomes.append(undo_whatever_is_left(build, cli))
+        assert snapshot(series, build / "baked") == before, f"step {step}"
+    assert False in outcomes and True in outcomes, outcomes
+    assert any(".baked.new-" in name for name in left) and partials(build) == [], left
+
+
+def test_a_damaged_rebase_state_is_refused_clearly(loop):
+    series, build, cli, _, _ = loop
+    before = snapshot(series, build / "baked")
+    state = build / ".rebase" / "state.json"
+    state.parent.mkdir()  # as a checkout killed by the code before this fix left it
+    checkout = ["rebase", "--to", "vllm==0.2.0", "--checkout"]
+    for content, args in (
+        (None, checkout),
+        (None, ["rebase", "--abort"]),
+        (b"{not json", ["bake"]),
+        (b"[]", ["status"]),
+        (b'{"release": "vllm==0.2.0"}', ["rebase", "--continue"]),
+    ):
+        if content is not None:
+            state.write_bytes(content)
+        proc = cli(*args)
+        lines = proc.stderr.splitlines()
+        assert proc.returncode == 2 and len(lines) == 2, (args, content, proc.stderr)
+        assert lines[0].startswith(f"error: the rebase state in {build / '.rebase'} is damaged")
+        assert lines[1].startswith(f"hint: the series as it was is in {build / '.rebase'}")
+    assert snapshot(series, build / "baked") == before  # nothing was touched
+    assert "lacks or mistypes base_key, series, had_tree" in lines[0]
+
+
+def test_abort_restores_a_series_with_subfolders(loop):
+    series, build, cli, _, _ = loop
+    (series / "notes").mkdir()
+    (series / "notes" / "why.md").write_bytes(b"kept\n")
+    before = snapshot(series, build / "baked")
+    assert cli("rebase", "--to", "vllm==0.2.0", "--checkout").returncode == 1
+    (series / "notes" / "why.md").write_bytes(b"edited during the rebase\n")
+    (series / "notes" / "new.md").write_bytes(b"new\n")
+    (series / "scratch").mkdir()
+    proc = cli("rebase", "--abort")
+    assert proc.returncode == 0, proc.stderr
+    assert snapshot(series, build / "baked") == before
+    assert sorted(p.name for p in series.iterdir() if p.is_dir()) == ["notes"]
+
+
+def test_the_rebase_steps_take_the_bakes_lock(loop, tmp_path, monkeypatch):
+    from bakery import rebase_loop
+    from bakery.series import load_series
+
+    series, build, cli, _, _ = loop
+    monkeypatch.setenv("BAKERY_CACHE", str(tmp_path / "cache"))
+    seen = []
+    real_place = rebase_loop._place
+
+    def place_while_a_bake_starts(*args, **kwargs):
+        seen.append(cli("bake"))  # a second terminal, mid-checkout
+        return real_place(*args, **kwargs)
+
+    monkeypatch.setattr(rebase_loop, "_place", place_while_a_bake_starts)
+    rebase_loop.checkout(
+        load_series(series),
+        "0.2.0",
+        build,
+        base_key="default",
+        max_fuzz=0,
+        cache=tmp_path / "cache",
+    )
+    assert seen[0].returncode == 1, seen[0].stderr
+    assert seen[0].stderr.startswith(
+        f"error: another bake is running in this build folder (pid {os.getpid()})"
+    )
+    with open(build / ".bake.lock", "a+") as held:  # as a running bake holds it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        for args in (["--continue"], ["--abort"]):
+            proc = cli("rebase", *args)
+            assert proc.returncode == 1 and "another bake is running" in proc.stderr, proc.stderr
+        assert rebase_loop.in_progress(build)["release"] == "vllm==0.2.0"  # untouched
+    (build / "baked" / "vllm" / "b.py").write_bytes(b"B = 1\nLIMIT = 24\nNAME = 'b'\n")
+    proc = cli("rebase", "--continue")  # its bake runs under its own lock
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_refresh_works_where_git_is_not_installed(loop, tmp_path):
+    series, build, _, _, _ = loop
+    (build / "baked" / "vllm" / "a.py").write_bytes(b"A = 3\n")
+    empty = tmp_path / "no-git"
+    empty.mkdir()
+    proc = run_cli(
+        "refresh",
+        "--series",
+        str(series),
+        "--build",
+        str(build),
+        env={"BAKERY_CACHE": str(tmp_path / "cache"), "PATH": str(empty)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "A = 3" in (series / "01-a.py.diff").read_text()
