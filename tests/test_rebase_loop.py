@@ -195,6 +195,7 @@ def test_a_checkout_interrupted_at_any_step_leaves_nothing_or_an_abortable_rebas
     loop, tmp_path, monkeypatch
 ):
     from bakery import rebase_loop
+    from bakery.errors import UsageError
     from bakery.series import load_series
 
     series, build, cli, _, _ = loop
@@ -218,6 +219,9 @@ def test_a_checkout_interrupted_at_any_step_leaves_nothing_or_an_abortable_rebas
             else:
                 break
         assert partials(build) == [], f"step {step}: staging left after an interrupt"
+        if rebase_loop.in_progress(build):  # the trees are not swapped yet: nothing to continue
+            with pytest.raises(UsageError, match="the checkout onto vllm==0.2.0 did not finish"):
+                rebase_loop.resume(build, tmp_path / "cache")
         outcomes.append(undo_whatever_is_left(build, cli))
         assert snapshot(series, build / "baked") == before, f"step {step}"
     assert False in outcomes and True in outcomes  # both sides of the state's rename were hit
