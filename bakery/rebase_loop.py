@@ -38,14 +38,7 @@ from .rebase import (
     survey,
 )
 from .series import Pin, Series, load_series
-from .tree import (
-    clone_tree,
-    empty_trash,
-    read_file,
-    remove_tree,
-    sweep_dead,
-    write_atomic,
-)
+from .tree import clone_tree, empty_trash, read_file, remove_tree, sweep_dead, write_atomic
 
 __all__ = ["STATE", "in_progress", "refuse_during_rebase", "checkout", "resume", "abort"]
 
@@ -81,12 +74,11 @@ def in_progress(build: Path) -> dict | None:
         state = json.loads(path.read_text())
     except FileNotFoundError:
         problem = "it has no state.json"
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # a bad byte, bad JSON, no permission
         problem = f"state.json is unreadable ({exc})"
     else:
-        if not isinstance(state, dict):
-            state = {"": state}  # reported as lacking every key
-        bad = [k for k, kind in _STATE_KEYS.items() if not isinstance(state.get(k), kind)]
+        fields = state if isinstance(state, dict) else {}
+        bad = [k for k, kind in _STATE_KEYS.items() if not isinstance(fields.get(k), kind)]
         if not bad:
             return state
         problem = f"state.json lacks or mistypes {', '.join(bad)}"
