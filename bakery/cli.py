@@ -225,7 +225,7 @@ def bake_cmd(series_dir, base_key, wheel, build_dir, check_only) -> None:
     series = load_series(series_dir)
     if check_only:
         problems = staleness(series, base_key, build_dir)
-        problems += _linked_edits(series.base(base_key).sha256)
+        problems += pristine_edits(series.base(base_key).sha256)
         for problem in problems:
             click.echo(problem)
         if problems:
@@ -244,15 +244,6 @@ def bake_cmd(series_dir, base_key, wheel, build_dir, check_only) -> None:
     click.echo(f"wheel {result.wheel}")
 
 
-def _linked_edits(base_sha256: str) -> list[str]:
-    """A baked tree shares its untouched files with the pristine cache (hard links):
-    an edit of one is an edit of the other, invisible to per-file hashes of the tree."""
-    return [
-        f"modified through a hard link into the pristine cache: {rel}"
-        for rel in pristine_edits(base_sha256)
-    ]
-
-
 @cli.command("check")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
 def check_cmd(directory: Path) -> None:
@@ -267,7 +258,8 @@ def check_cmd(directory: Path) -> None:
     ):
         for rel in paths:
             click.echo(f"{label}: {rel}")
-    linked = _linked_edits(data["base"]["sha256"]) if path.parent == directory else []
+    # Only a baked tree shares its untouched files with the pristine cache (hard links).
+    linked = pristine_edits(data["base"]["sha256"]) if path.parent == directory else []
     for line in linked:
         click.echo(line)
     if not drift.clean or linked:

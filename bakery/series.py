@@ -24,11 +24,19 @@ from .diff import Patch, parse_patch
 from .errors import SeriesError, UnsafePathError
 from .tree import relative
 
-__all__ = ["Pin", "PatchEntry", "Series", "load_series", "validate", "DEFAULT_SERIES"]
+__all__ = [
+    "Pin",
+    "PatchEntry",
+    "Series",
+    "load_series",
+    "validate",
+    "is_sha256",
+    "DEFAULT_SERIES",
+]
 
 DEFAULT_SERIES = Path("patches/dcp2")
 _PATCH_NAME = re.compile(r"^(?P<number>\d{2,})-(?P<slug>[^/\\\0]+)\.diff$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 # The package is a folder of the wheel (import names joined by '/'); the series
 # name becomes part of a PEP 440 local version (+<name>.<sha>).
 _PACKAGE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -101,6 +109,11 @@ def _schema_problems(value, spec, at: str) -> list[str]:
     for key, sub in items:
         problems += _schema_problems(value[key], sub, f"{prefix}{key}")
     return problems
+
+
+def is_sha256(value) -> bool:
+    """A sha256 as pins and BAKED.json spell it: exactly 64 lowercase hex digits."""
+    return isinstance(value, str) and _SHA256.fullmatch(value) is not None
 
 
 def _typed(value, kind) -> bool:
@@ -194,7 +207,7 @@ class Pin:
         specs = list(requirement.specifier)
         if len(specs) != 1 or specs[0].operator != "==":
             raise SeriesError(f"{where}: pin {key!r} must be name==version: {str(requirement)!r}")
-        if not _SHA256.match(sha256):
+        if not is_sha256(sha256):
             raise SeriesError(f"{where}: pin {key!r} (sha256 is not 64 hex digits): {sha256!r}")
         try:
             name, version, _, _ = parse_wheel_filename(wheel)
