@@ -274,10 +274,16 @@ class Series:
 
     @cached_property
     def sha256(self) -> str:
-        """Identity of what a bake applies: the apply settings, then every patch's
-        name and bytes in order (length-framed, so boundaries cannot shift)."""
+        """Identity of what a bake applies: every apply setting (where, with which path
+        renames, strip and fuzz), then every patch's name and bytes in order
+        (length-framed, so boundaries cannot shift)."""
         digest = hashlib.sha256()
-        settings = {"renames": self.renames, "max_fuzz": self.max_fuzz, "strip": self.strip}
+        settings = {
+            "package": self.package,
+            "renames": self.renames,
+            "max_fuzz": self.max_fuzz,
+            "strip": self.strip,
+        }
         digest.update(json.dumps(settings, sort_keys=True).encode() + b"\0")
         for entry in self.entries:
             data = self.patch_bytes(entry)
