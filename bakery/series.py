@@ -185,6 +185,7 @@ class Pin:
     requirement: Requirement
     wheel: str
     sha256: str
+    is_base: bool = False  # one of the series' [bases] (`bakery bake --base KEY` bakes it)
 
     @property
     def name(self) -> str:
@@ -196,7 +197,7 @@ class Pin:
         return spec.version
 
     @classmethod
-    def parse(cls, key: str, table: dict, where: str) -> Pin:
+    def parse(cls, key: str, table: dict, where: str, *, is_base: bool = False) -> Pin:
         try:
             requirement = Requirement(table["requirement"])
             wheel, sha256 = table["wheel"], table["sha256"]
@@ -215,7 +216,7 @@ class Pin:
             raise SeriesError(f"{where}: pin {key!r} (bad wheel name): {exc}") from None
         if name != canonicalize_name(requirement.name) or version != Version(specs[0].version):
             raise SeriesError(f"{where}: pin {key!r}: wheel {wheel!r} is not {requirement}")
-        return cls(key, requirement, wheel, sha256)
+        return cls(key, requirement, wheel, sha256, is_base)
 
 
 @dataclass(frozen=True)
@@ -326,7 +327,7 @@ def load_series(root: Path = DEFAULT_SERIES) -> Series:
         raise SeriesError(f"{where}: not valid TOML ({exc})") from None
     data.setdefault("name", root.name)  # validated like a written name: it goes into versions
     validate(data, where)
-    bases = {k: Pin.parse(k, v, where) for k, v in data.get("bases", {}).items()}
+    bases = {k: Pin.parse(k, v, where, is_base=True) for k, v in data.get("bases", {}).items()}
     deps = {k: Pin.parse(k, v, where) for k, v in data.get("dependencies", {}).items()}
     policy = data.get("policy", {})
     return Series(
