@@ -19,6 +19,7 @@ from bakery.fetch import fetch, fetch_release
 from bakery.series import Pin
 from tests._synthetic_release import OLD, wheel
 from tests.conftest import run_cli
+from tests.test_offline import OFFLINE
 
 WHEEL = b"not really a wheel, but these are its pinned bytes"
 
@@ -82,7 +83,7 @@ def test_each_pin_fetch_hint_is_a_way_that_works(tmp_path):
     flashinfer too, and `bake --wheel` checks its file against a base pin)."""
     series, files = _pinned_series(tmp_path)
     build, cache = tmp_path / "build", tmp_path / "cache"
-    env = {"BAKERY_CACHE": str(cache), "PIP_NO_INDEX": "1"}  # pip cannot download anything
+    env = {"BAKERY_CACHE": str(cache), **OFFLINE}  # pip cannot download anything
 
     def bakery(*args):
         return run_cli(*args, "--series", str(series), env=env)
