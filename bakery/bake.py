@@ -71,16 +71,31 @@ def patched_version(series: Series, base_version: str) -> Version:
     return Version(f"{base_version}+{series.name}.{series.sha256[:8]}")
 
 
+def _stamp_path(root: Path) -> Path:
+    return root.with_name(f"{root.name}.stamp.json")
+
+
+def _moved_since_extraction(root: Path) -> list[str] | None:
+    """Files of a cached pristine tree whose size or mtime differ from its stamp, taken at
+    extraction ([] if none); None if the tree or its stamp is missing (never trusted)."""
+    stamp_path = _stamp_path(root)
+    if not (root.is_dir() and stamp_path.is_file()):
+        return None
+    then, now = json.loads(stamp_path.read_text()), stamp(root)
+    return sorted(rel for rel in set(then) | set(now) if then.get(rel) != now.get(rel))
+
+
 def pristine(wheel: WheelInfo, sha256: str, cache: Path) -> Path:
     """The wheel extracted once per sha256, shared by every bake through hard links.
 
     Its stamp (size + mtime of every file) is checked on each use; a pristine
     tree that was written through a link from a baked tree is re-extracted."""
     root = cache / "pristine" / sha256
-    stamp_path = root.with_name(f"{sha256}.stamp.json")
-    if root.is_dir() and stamp_path.is_file():
-        if json.loads(stamp_path.read_text()) == stamp(root):
-            return root
+    stamp_path = _stamp_path(root)
+    moved = _moved_since_extraction(root)
+    if moved == []:
+        return root
+    if moved:
         warn(f"pristine cache {root} was modified (an edit through a hard link?); re-extracting")
     remove_tree(root)
     stamp_path.unlink(missing_ok=True)
@@ -101,15 +116,12 @@ def pristine(wheel: WheelInfo, sha256: str, cache: Path) -> Path:
 
 
 def pristine_edits(sha256: str, cache: Path | None = None) -> list[str]:
-    """Files of the cached pristine tree whose size or mtime moved since extraction:
-    an append (``>>``) to an untouched file of a baked tree lands here, through the
-    hard link, and changes every tree linked to it ([] if none, or nothing cached)."""
-    root = (cache or cache_dir()) / "pristine" / sha256
-    stamp_path = root.with_name(f"{sha256}.stamp.json")
-    if not (root.is_dir() and stamp_path.is_file()):
-        return []
-    then, now = json.loads(stamp_path.read_text()), stamp(root)
-    return sorted(rel for rel in set(then) | set(now) if then.get(rel) != now.get(rel))
+    """One line per file of the cached pristine tree modified since extraction: an append
+    (``>>``) to an untouched file of a baked tree lands there, through the hard link, and
+    changes every tree linked to it, unseen by per-file hashes of the tree ([] if none,
+    or nothing cached)."""
+    moved = _moved_since_extraction((cache or cache_dir()) / "pristine" / sha256)
+    return [f"modified through a hard link into the pristine cache: {rel}" for rel in moved or []]
 
 
 def unpacked(pin: Pin, cache: Path | None = None, wheel: Path | None = None) -> Path:

@@ -225,7 +225,7 @@ def bake_cmd(series_dir, base_key, wheel, build_dir, check_only) -> None:
     series = load_series(series_dir)
     if check_only:
         problems = staleness(series, base_key, build_dir)
-        problems += _linked_edits(series.base(base_key).sha256)
+        problems += pristine_edits(series.base(base_key).sha256)
         for problem in problems:
             click.echo(problem)
         if problems:
@@ -244,15 +244,6 @@ def bake_cmd(series_dir, base_key, wheel, build_dir, check_only) -> None:
     click.echo(f"wheel {result.wheel}")
 
 
-def _linked_edits(base_sha256: str) -> list[str]:
-    """A baked tree shares its untouched files with the pristine cache (hard links):
-    an edit of one is an edit of the other, invisible to per-file hashes of the tree."""
-    return [
-        f"modified through a hard link into the pristine cache: {rel}"
-        for rel in pristine_edits(base_sha256)
-    ]
-
-
 @cli.command("check")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
 def check_cmd(directory: Path) -> None:
@@ -267,7 +258,8 @@ def check_cmd(directory: Path) -> None:
     ):
         for rel in paths:
             click.echo(f"{label}: {rel}")
-    linked = _linked_edits(data["base"]["sha256"]) if path.parent == directory else []
+    # Only a baked tree shares its untouched files with the pristine cache (hard links).
+    linked = pristine_edits(data["base"]["sha256"]) if path.parent == directory else []
     for line in linked:
         click.echo(line)
     if not drift.clean or linked:
@@ -361,7 +353,12 @@ def linkcheck_cmd(series_dir, base_key, only) -> None:
     "the same patch file].",
 )
 @click.option("--yes", is_flag=True, help="Remove patches of files that no longer differ.")
-@click.option("--no-bake", is_flag=True, help="Do not re-bake after writing the patches.")
+@click.option(
+    "--no-bake",
+    is_flag=True,
+    help="Do not re-bake after writing the patches: record them in the tree's BAKED.json "
+    "(checked against the tree); `bakery bake` builds the wheel later.",
+)
 @click.option(
     "--dry-run", is_flag=True, help="Show what refresh would write (a diff per patch file)."
 )
@@ -389,7 +386,7 @@ def refresh_cmd(
             f"no baked tree to refresh from: {str(tree)!r}",
             hint=f"run `bakery bake --base {base_key}`",
         )
-    _refuse_if_series_moved(series, base_key, tree)
+    _refuse_if_series_moved(series, base_key, tree, build_dir)
     pristine_pkg = unpacked(series.base(base_key)) / series.package
     strays: list[str] = []
     edited = refresh.differing_files(pristine_pkg, tree / series.package, strays)
@@ -416,6 +413,8 @@ def refresh_cmd(
     for change in changes:
         click.echo(f"{change.action}: {change.file}")
     if no_bake:
+        refresh.record(load_series(series_dir), base_key, tree)
+        click.echo(f"recorded in {tree / manifest.MANIFEST}: the tree is a bake of the series")
         return
     result = run_bake(load_series(series_dir), base_key, build=build_dir)
     lost = [
@@ -426,7 +425,7 @@ def refresh_cmd(
     click.echo(f"re-baked {result.tree}: the series reproduces every edit")
 
 
-def _refuse_if_series_moved(series, base_key: str, tree: Path) -> None:
+def _refuse_if_series_moved(series, base_key: str, tree: Path, build: Path) -> None:
     """Refresh rewrites patches from the tree: if the series changed after the bake,
     that would silently undo the change (a hand edit of a patch), so refuse."""
     baked = manifest.load(tree / manifest.MANIFEST)
@@ -436,11 +435,14 @@ def _refuse_if_series_moved(series, base_key: str, tree: Path) -> None:
     if moved:
         for line in moved:
             click.echo(line, err=True)
+        # The way out names this series and build folder, wherever they are.
+        where = "" if series.root == repo_root() / DEFAULT_SERIES else f" --series {series.root}"
+        where += "" if build == repo_root() / "build" else f" --build {build}"
         raise BakeryError(
             f"the series changed after {tree} was baked: refresh would undo that change",
-            hint=f"to keep the series as it is, re-bake (`bakery bake --base {base_key}`, "
+            hint=f"to keep the series as it is, re-bake (`bakery bake --base {base_key}{where}`, "
             f"which replaces edits in {tree}); to keep the tree's edits, restore the "
-            "series (e.g. `git checkout -- patches/`) and refresh again",
+            f"series (e.g. `git checkout -- {series.root}`) and refresh again",
         )
 
 

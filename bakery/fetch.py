@@ -39,11 +39,24 @@ def sha256_file(path: Path) -> str:
 
 # pip's failure, for a release fetched by version: once downloaded, it is read from the cache.
 _RELEASE_HINT = "check the network (a release is downloaded once, then read from the cache)"
-# For a pinned wheel: `bake --wheel` puts a local copy in the cache for every later command.
-_PIN_HINT = (
-    "check the network, or put a local copy of the pinned wheel in the cache once with "
-    "`bakery bake --wheel PATH`"
-)
+
+
+def _pin_hint(pin: Pin, cached: Path) -> str:
+    """pip's failure, for a pinned wheel: the way to put a local copy in the cache once,
+    for every later command. `bake --wheel` checks its file against the base pin it bakes,
+    so it can take only a base; any other pin (a dependency, a release being rebased
+    onto) is taken from its cache path, where ``fetch`` checks its sha256 before use."""
+    if pin.is_base:
+        hint = (
+            "check the network, or put a local copy of the pinned wheel in the cache once "
+            f"with `bakery bake --base {pin.key} --wheel PATH`"
+        )
+    else:
+        hint = (
+            f"check the network, or copy the pinned wheel (sha256 {pin.sha256}) "
+            f"to {str(cached)!r} once"
+        )
+    return hint
 
 
 def _pip_download(
@@ -136,7 +149,8 @@ def fetch(
         requirements = Path(tmp) / "requirements.txt"
         requirements.write_text(f"{pin.requirement} --hash=sha256:{pin.sha256}\n")
         args = ["--require-hashes", "-r", str(requirements)]
-        _pip_download(args, Path(tmp), wheel_platform(pin.wheel), verbose, _PIN_HINT)
+        platform = wheel_platform(pin.wheel)
+        _pip_download(args, Path(tmp), platform, verbose, _pin_hint(pin, cached))
         downloaded = Path(tmp) / pin.wheel
         if not downloaded.is_file():
             raise FetchError(f"pip fetched another file than the pinned wheel: {pin.wheel!r}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,13 +18,12 @@ from pathlib import Path
 from . import __version__
 from .apply import Plan
 from .errors import ManifestError, UnsafePathError
-from .series import Pin, Series
+from .series import Pin, Series, is_sha256
 from .tree import inside, relative
 
 __all__ = ["MANIFEST", "build", "dumps", "write", "load", "find", "Drift", "check"]
 
 MANIFEST = "BAKED.json"
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _sha(data: bytes | None) -> str | None:
@@ -98,10 +96,6 @@ def find(root: Path) -> Path:
     )
 
 
-def _is_sha(value) -> bool:
-    return isinstance(value, str) and bool(_SHA256.match(value))
-
-
 def _shape_problems(data) -> list[str]:
     """What ``check``, ``staleness`` and ``refresh`` rely on: the two sha256s, the base
     requirement, ``patches`` (file, sha256), and ``files`` mapping tree-relative paths to
@@ -111,7 +105,7 @@ def _shape_problems(data) -> list[str]:
     problems = [
         f"{key}.sha256 must be 64 hex digits"
         for key in ("series", "base")
-        if not (isinstance(data.get(key), dict) and _is_sha(data[key].get("sha256")))
+        if not (isinstance(data.get(key), dict) and is_sha256(data[key].get("sha256")))
     ]
     base = data.get("base")
     if not (isinstance(base, dict) and isinstance(base.get("requirement"), str)):
@@ -120,7 +114,7 @@ def _shape_problems(data) -> list[str]:
     if not (
         isinstance(patches, list)
         and all(
-            isinstance(p, dict) and isinstance(p.get("file"), str) and _is_sha(p.get("sha256"))
+            isinstance(p, dict) and isinstance(p.get("file"), str) and is_sha256(p.get("sha256"))
             for p in patches
         )
     ):
@@ -139,7 +133,7 @@ def _shape_problems(data) -> list[str]:
         if not (
             isinstance(hashes, dict)
             and set(hashes) == {"pre", "post"}
-            and all(h is None or _is_sha(h) for h in hashes.values())
+            and all(h is None or is_sha256(h) for h in hashes.values())
         ):
             problems.append(f"files[{rel!r}] must be {{pre, post}} sha256 or null, not {hashes!r}")
     return problems

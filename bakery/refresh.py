@@ -8,7 +8,8 @@ its patch's number and name; a new file gets the next free number (or
 a tree baked from another series than the one on disk is refused, so a hand
 edit of a patch is never overwritten. ``check`` is the "patches are up to
 date" lint: every patch must apply cleanly in order and be byte-identical to
-what refresh would write.
+what refresh would write. ``record`` is ``refresh --no-bake``'s BAKED.json: the
+tree is then a bake of the written series, proven and recorded without re-baking.
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ from pathlib import Path
 
 import tomlkit
 
-from . import apply
+from . import apply, manifest
+from .bake import patched_version, pristine
 from .diff import render_file_diff
-from .errors import HunkFailed, SeriesError
+from .errors import BakeryError, HunkFailed, SeriesError
+from .fetch import cache_dir, fetch
 from .series import Series
-from .tree import write_atomic
+from .tree import read_file, write_atomic
+from .wheel import patched_wheel_name, read_wheel
 
 __all__ = [
     "PatchChange",
@@ -35,6 +39,7 @@ __all__ = [
     "remembered_entries",
     "plan_refresh",
     "write_refresh",
+    "record",
     "check",
 ]
 
@@ -203,6 +208,30 @@ def write_refresh(
             )
             patches.append(table)
     write_atomic(toml_path, tomlkit.dumps(doc).encode())
+
+
+def record(series: Series, base_key: str, tree: Path, cache: Path | None = None) -> None:
+    """Rewrite ``tree``'s BAKED.json as a bake of ``series`` writes it, without re-baking.
+
+    After ``write_refresh`` the tree is the series applied to the pristine base, by
+    construction (the patches were made from it): this proves it (the series is applied
+    to the pristine in memory, and every file it touches must be the tree's, byte for
+    byte) before recording it, so the next refresh sees a bake of the series on disk.
+    The patched wheel is not built; `bakery bake` builds it."""
+    pin = series.base(base_key)
+    cache = cache or cache_dir()
+    base = read_wheel(fetch(pin, cache=cache))
+    package = pristine(base, pin.sha256, cache) / series.package
+    result = apply.plan(package, series.patches, max_fuzz=series.max_fuzz)
+    edited = differing_files(package, tree / series.package)
+    unlike = sorted(
+        {p for p in edited if p not in result.after}
+        | {p for p, data in result.after.items() if read_file(tree / series.package, p) != data}
+    )
+    if unlike:
+        raise BakeryError(f"the written series does not reproduce the tree (a bug): {unlike!r}")
+    wheel_name = patched_wheel_name(base, patched_version(series, pin.version))
+    manifest.write(tree / manifest.MANIFEST, manifest.build(series, pin, result, wheel_name))
 
 
 def _placement_problems(outcome: apply.PatchOutcome) -> list[str]:

@@ -24,11 +24,19 @@ from .diff import Patch, parse_patch
 from .errors import SeriesError, UnsafePathError
 from .tree import relative
 
-__all__ = ["Pin", "PatchEntry", "Series", "load_series", "validate", "DEFAULT_SERIES"]
+__all__ = [
+    "Pin",
+    "PatchEntry",
+    "Series",
+    "load_series",
+    "validate",
+    "is_sha256",
+    "DEFAULT_SERIES",
+]
 
 DEFAULT_SERIES = Path("patches/dcp2")
 _PATCH_NAME = re.compile(r"^(?P<number>\d{2,})-(?P<slug>[^/\\\0]+)\.diff$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 # The package is a folder of the wheel (import names joined by '/'); the series
 # name becomes part of a PEP 440 local version (+<name>.<sha>).
 _PACKAGE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -103,6 +111,11 @@ def _schema_problems(value, spec, at: str) -> list[str]:
     return problems
 
 
+def is_sha256(value) -> bool:
+    """A sha256 as pins and BAKED.json spell it: exactly 64 lowercase hex digits."""
+    return isinstance(value, str) and _SHA256.fullmatch(value) is not None
+
+
 def _typed(value, kind) -> bool:
     return isinstance(value, kind) and not isinstance(value, bool)
 
@@ -172,6 +185,7 @@ class Pin:
     requirement: Requirement
     wheel: str
     sha256: str
+    is_base: bool = False  # one of the series' [bases] (`bakery bake --base KEY` bakes it)
 
     @property
     def name(self) -> str:
@@ -183,7 +197,7 @@ class Pin:
         return spec.version
 
     @classmethod
-    def parse(cls, key: str, table: dict, where: str) -> Pin:
+    def parse(cls, key: str, table: dict, where: str, *, is_base: bool = False) -> Pin:
         try:
             requirement = Requirement(table["requirement"])
             wheel, sha256 = table["wheel"], table["sha256"]
@@ -194,7 +208,7 @@ class Pin:
         specs = list(requirement.specifier)
         if len(specs) != 1 or specs[0].operator != "==":
             raise SeriesError(f"{where}: pin {key!r} must be name==version: {str(requirement)!r}")
-        if not _SHA256.match(sha256):
+        if not is_sha256(sha256):
             raise SeriesError(f"{where}: pin {key!r} (sha256 is not 64 hex digits): {sha256!r}")
         try:
             name, version, _, _ = parse_wheel_filename(wheel)
@@ -202,7 +216,7 @@ class Pin:
             raise SeriesError(f"{where}: pin {key!r} (bad wheel name): {exc}") from None
         if name != canonicalize_name(requirement.name) or version != Version(specs[0].version):
             raise SeriesError(f"{where}: pin {key!r}: wheel {wheel!r} is not {requirement}")
-        return cls(key, requirement, wheel, sha256)
+        return cls(key, requirement, wheel, sha256, is_base)
 
 
 @dataclass(frozen=True)
@@ -261,10 +275,16 @@ class Series:
 
     @cached_property
     def sha256(self) -> str:
-        """Identity of what a bake applies: the apply settings, then every patch's
-        name and bytes in order (length-framed, so boundaries cannot shift)."""
+        """Identity of what a bake applies: every apply setting (where, with which path
+        renames, strip and fuzz), then every patch's name and bytes in order
+        (length-framed, so boundaries cannot shift)."""
         digest = hashlib.sha256()
-        settings = {"renames": self.renames, "max_fuzz": self.max_fuzz, "strip": self.strip}
+        settings = {
+            "package": self.package,
+            "renames": self.renames,
+            "max_fuzz": self.max_fuzz,
+            "strip": self.strip,
+        }
         digest.update(json.dumps(settings, sort_keys=True).encode() + b"\0")
         for entry in self.entries:
             data = self.patch_bytes(entry)
@@ -307,7 +327,7 @@ def load_series(root: Path = DEFAULT_SERIES) -> Series:
         raise SeriesError(f"{where}: not valid TOML ({exc})") from None
     data.setdefault("name", root.name)  # validated like a written name: it goes into versions
     validate(data, where)
-    bases = {k: Pin.parse(k, v, where) for k, v in data.get("bases", {}).items()}
+    bases = {k: Pin.parse(k, v, where, is_base=True) for k, v in data.get("bases", {}).items()}
     deps = {k: Pin.parse(k, v, where) for k, v in data.get("dependencies", {}).items()}
     policy = data.get("policy", {})
     return Series(

@@ -40,10 +40,7 @@ def _base(series: Series, key: str, build: Path, cache: Path, rebasing: bool) ->
     if not path.is_file():
         return {**row, "baked": False, "baked_series": None, "stale": [], "pending": None}
     baked = manifest.load(path)
-    stale = staleness(series, key, build) + [
-        f"modified through a hard link into the pristine cache: {rel}"
-        for rel in pristine_edits(pin.sha256, cache)
-    ]
+    stale = staleness(series, key, build) + pristine_edits(pin.sha256, cache)
     row |= {"baked": True, "baked_series": baked["series"]["sha256"], "stale": stale}
     if rebasing or refresh.series_changes_since_bake(series, baked):
         return {**row, "pending": None, "why": "the tree is not a bake of this series"}

@@ -24,12 +24,14 @@ sha256 = "{sha}"
 """
 
 
-def _series(root: Path, patches: dict[str, bytes], *, fuzz=0, strip=1, renames=None) -> Path:
+def _series(
+    root: Path, patches: dict[str, bytes], *, fuzz=0, strip=1, renames=None, package="pkg"
+) -> Path:
     """A series folder: series.toml plus the given patch files (bytes as they are)."""
     root.mkdir(parents=True, exist_ok=True)
     for old in root.glob("*.diff"):
         old.unlink()
-    toml = f'name = "syn"\npackage = "pkg"\n[policy]\nstrip = {strip}\nmax_fuzz = {fuzz}\n'
+    toml = f'name = "syn"\npackage = "{package}"\n[policy]\nstrip = {strip}\nmax_fuzz = {fuzz}\n'
     if renames:
         toml += "[renames]\n" + "".join(f'"{a}" = "{b}"\n' for a, b in renames.items())
     toml += PIN.format(sha="0" * 64)
@@ -54,6 +56,7 @@ FRAMED = {"01-a.py.diff": b"A", "02-b.py.diff": b"02-c.py.diff\0B"}
         {"settings": {"fuzz": 1}},
         {"settings": {"strip": 2}},
         {"settings": {"renames": {"x/": "y/"}}},
+        {"settings": {"package": "pkg/sub"}},  # the same diffs land in another folder
         {"patches": {"01-c.py.diff": b"AAAA", "02-b.py.diff": b"BBBB"}},  # a renamed patch
         {"patches": {"01-a.py.diff": b"AAA", "02-b.py.diff": b"ABBBB"}},  # a byte moved across
         {"patches": {"01-a.py.diff": b"AAAAB", "02-b.py.diff": b"BBB"}},  # ... either way
@@ -63,8 +66,8 @@ FRAMED = {"01-a.py.diff": b"A", "02-b.py.diff": b"02-c.py.diff\0B"}
         {"patches": {"01-a.py.diff": b"A02-b.py.diff\0", "02-c.py.diff": b"B"}},
     ],
     ids=[
-        "fuzz", "strip", "renames", "renamed", "moved-left", "moved-right", "reorder", "edit",
-        "framing",
+        "fuzz", "strip", "renames", "package", "renamed", "moved-left", "moved-right", "reorder",
+        "edit", "framing",
     ],
 )
 def test_series_sha_changes(tmp_path, change):

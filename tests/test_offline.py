@@ -25,7 +25,7 @@ def test_bake_with_a_local_wheel_makes_later_commands_work_offline(
     assert before.returncode == 1 and "pip could not download" in before.stderr
     assert (
         "hint: check the network, or put a local copy of the pinned wheel in the cache once "
-        "with `bakery bake --wheel PATH`" in before.stderr
+        "with `bakery bake --base cpu --wheel PATH`" in before.stderr
     )
     bake = run_cli(
         "bake", "--base", "cpu", "--wheel", str(given), "--build", str(tmp_path / "b"), env=env

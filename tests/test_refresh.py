@@ -166,7 +166,9 @@ def test_refresh_refuses_a_patch_edited_after_the_bake(workspace):
     assert proc.returncode == 1, proc.stdout
     assert f"changed: {FIVE}" in proc.stderr
     assert "refresh would undo that change" in proc.stderr
-    assert "hint: to keep the series as it is, re-bake (`bakery bake --base cpu`" in proc.stderr
+    bake = f"`bakery bake --base cpu --series {series} --build {build}`"  # this series, here
+    assert f"hint: to keep the series as it is, re-bake ({bake}" in proc.stderr
+    assert f"`git checkout -- {series}`" in proc.stderr
     assert patch.read_bytes() == edited  # the hand edit survives
     assert "update:" not in proc.stdout
 
@@ -190,7 +192,8 @@ def test_refresh_ignores_stray_files(workspace):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("ignored (stray file): ") == len(strays)
     assert [line for line in proc.stdout.splitlines() if not line.startswith("ignored")] == [
-        "update: 09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff"
+        "update: 09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff",
+        f"recorded in {build / 'baked-cpu' / 'BAKED.json'}: the tree is a bake of the series",
     ]
     assert sorted(p.name for p in series.iterdir()) == before
     assert b"leftover" not in b"".join(p.read_bytes() for p in series.iterdir())
