@@ -14,4 +14,4 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bakery.bench import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    main()
