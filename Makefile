@@ -61,9 +61,12 @@ verify: $(VENV)/.tool
 	launcher/dcp2/run.sh matrix --matrix $(MATRIX) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(GATES),--gates $(GATES))
 
 # GPU numbers come from the device machine (see docs/gpu-dcp.md); CI has no GPU.
-# On a 2-GPU host (torch only, no vLLM); results and dates are in docs/gpu-dcp.md.
+# On a host of W GPUs (torch + Triton, no vLLM; W=2 default, W=4 for issue 16's tables);
+# results and dates are in docs/gpu-dcp.md.
+W ?= 2
 bench-gpu:
-	python3 tools/gpu_dcp_bench.py --baked build/baked-cpu --out $${OUT:-artifacts/gpu-dcp}
+	python3 tools/gpu_dcp_bench.py --baked build/baked-cpu --world-size $(W) --out $${OUT:-artifacts/gpu-dcp}
+	python3 tools/gpu_candidate_blocks.py build/baked-cpu --world-size $(W) --out $${OUT:-artifacts/gpu-dcp}
 	python3 tools/gpu_triton_kernels.py build/baked-cpu --out $${OUT:-artifacts/gpu-dcp}
 
 clean:
