@@ -10,15 +10,12 @@ driver; the unplanted series goes through the same steps and must pass.
 
 from __future__ import annotations
 
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from _dcp_candidate_driver import CHECKS, REFUSALS, failed, run_driver
-
-from bakery.bake import bake
-from bakery.series import load_series
+from _planting import bake_planted
 
 pytestmark = pytest.mark.slow
 
@@ -52,25 +49,12 @@ BUGS = {
 }
 
 
-def plant(series_dir: Path, old: str, new: str) -> None:
-    diff = series_dir / PATCH
-    lines = diff.read_text().splitlines(keepends=True)
-    hits = [i for i, ln in enumerate(lines) if ln.startswith("+") and ln.strip("+ \n") == old]
-    assert len(hits) == 1, f"{old!r} is on {len(hits)} '+' lines of {PATCH}"
-    lines[hits[0]] = lines[hits[0]].replace(old, new)
-    diff.write_text("".join(lines))
-
-
 @pytest.fixture(scope="module")
 def candidate_variants(tmp_path_factory, cache) -> dict[str, tuple[Path, dict]]:
     trees = {}
     for name, bug in BUGS.items():
-        tmp = tmp_path_factory.mktemp(name)
-        series_dir = tmp / "dcp2"
-        shutil.copytree(REPO / "patches" / "dcp2", series_dir)
-        if bug:
-            plant(series_dir, bug[0], bug[1])
-        trees[name] = bake(load_series(series_dir), "cpu", build=tmp / "build", cache=cache).tree
+        old, new = bug[:2] if bug else (None, None)
+        trees[name] = bake_planted(tmp_path_factory.mktemp(name), cache, PATCH, old, new)
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = dict(zip(trees, pool.map(run_driver, trees.values()), strict=True))
     return {name: (trees[name], results[name]) for name in trees}

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,15 +26,13 @@ from _dcp_forward_driver import (
     run_forward,
     sm120_attention_with_lse,
 )
-from test_dcp_sensitivity import TARGET, plant
+from _planting import bake_planted
+from test_dcp_sensitivity import PATCH, TARGET
 
 from bakery import dcp_reference as ref
-from bakery.bake import bake
-from bakery.series import load_series
 
 pytestmark = pytest.mark.needs("triton")  # fails under CI=true when missing
 
-REPO = Path(__file__).resolve().parents[1]
 KERNELS = {
     "vllm/v1/attention/backends/mla/sparse_utils.py": {
         "ConvertReqIndexToGlobalIndexKernel.sparse_mla_index_remap_kernel"
@@ -243,11 +240,7 @@ BUGS = {
 def planted(tmp_path_factory, cache) -> dict[str, tuple[Path, dict]]:
     trees = {}
     for name, (old, new, _, _) in BUGS.items():
-        tmp = tmp_path_factory.mktemp(name)
-        series_dir = tmp / "dcp2"
-        shutil.copytree(REPO / "patches" / "dcp2", series_dir)
-        plant(series_dir, old, new)
-        trees[name] = bake(load_series(series_dir), "cpu", build=tmp / "build", cache=cache).tree
+        trees[name] = bake_planted(tmp_path_factory.mktemp(name), cache, PATCH, old, new)
     with ThreadPoolExecutor(max_workers=min(len(trees), os.cpu_count() or 1)) as pool:
         runs = pool.map(lambda tree: run_forward(tree, quick=True), trees.values())
         results = dict(zip(trees, runs, strict=True))

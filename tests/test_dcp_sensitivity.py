@@ -9,19 +9,15 @@ that tree. The unplanted copy goes through the same steps and must pass.
 from __future__ import annotations
 
 import os
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from _dcp_patched_driver import INDEX_CHECKS, OTHER_CHECKS, SERIES_CHECKS, failed, run_driver
-
-from bakery.bake import bake
-from bakery.series import load_series
+from _planting import bake_planted
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
 PATCH = "09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff"
 TARGET = "vllm/models/deepseek_v41/nvidia/flashinfer_sparse.py"
 OWNER = "owner = (off // K) % W"
@@ -37,25 +33,12 @@ MUST_FAIL = {"gather_slots", "gather_lookup", "gather_attention", "two_layer_slo
 MUST_PASS = {"gather_kv", "gather_lens", *OTHER_CHECKS, *(set(SERIES_CHECKS) - set(INDEX_CHECKS))}
 
 
-def plant(series_dir: Path, old: str, new: str) -> None:
-    diff = series_dir / PATCH
-    lines = diff.read_text().splitlines(keepends=True)
-    hits = [i for i, ln in enumerate(lines) if ln.startswith("+") and ln.strip("+ \n") == old]
-    assert len(hits) == 1, f"{old!r} is on {len(hits)} '+' lines of {PATCH}"
-    lines[hits[0]] = lines[hits[0]].replace(old, new)
-    diff.write_text("".join(lines))
-
-
 @pytest.fixture(scope="module")
 def variants(tmp_path_factory, cache) -> dict[str, tuple[Path, dict]]:
     trees = {}
     for name, bug in BUGS.items():
-        tmp = tmp_path_factory.mktemp(name)
-        series_dir = tmp / "dcp2"
-        shutil.copytree(REPO / "patches" / "dcp2", series_dir)
-        if bug:
-            plant(series_dir, *bug)
-        trees[name] = bake(load_series(series_dir), "cpu", build=tmp / "build", cache=cache).tree
+        old, new = bug or (None, None)
+        trees[name] = bake_planted(tmp_path_factory.mktemp(name), cache, PATCH, old, new)
     # the three children are independent: overlap their 20 s vLLM imports
     with ThreadPoolExecutor(max_workers=min(len(trees), os.cpu_count() or 1)) as pool:
         results = dict(zip(trees, pool.map(run_driver, trees.values()), strict=True))
