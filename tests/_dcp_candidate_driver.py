@@ -33,11 +33,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from _gloo import fork_ranks, rank_file
+from _dcp_child import MARK, fork_ranks, rank_file, run_child
 
 REPO = Path(__file__).resolve().parents[1]
 MODULE = "vllm.model_executor.layers.sparse_attn_indexer"
-MARK = "RESULT "
 CHECKS = (
     "candidates_same_on_every_rank",
     "candidates_eq_dcp1_kernel",
@@ -55,30 +54,10 @@ REFUSALS = {
 
 
 def run_driver(tree: Path, timeout: float = 600) -> dict:
-    """Run this file in a child with ``tree`` first on PYTHONPATH; its parsed result."""
-    import subprocess
-
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tree), str(REPO)]),
-        "OMP_NUM_THREADS": "1",
-        "TRITON_INTERPRET": "1",
-        "VLLM_LOGGING_LEVEL": "WARNING",
-    }
-    proc = subprocess.run(
-        [sys.executable, "-O", __file__, str(tree)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
+    """This file in a child over ``tree`` (-O: DCP1's wrappers assert ``logits.is_cuda``)."""
+    return run_child(
+        __file__, tree, env={"TRITON_INTERPRET": "1"}, timeout=timeout, python_flags=["-O"]
     )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
-    if proc.returncode or not lines:
-        raise RuntimeError(
-            f"driver failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-        )
-    return json.loads(lines[-1][len(MARK) :])
 
 
 def failed(result: dict) -> dict[str, int]:

@@ -33,21 +33,18 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from _gloo import fork_ranks, rank_file
+from _dcp_child import MARK, fork_ranks, rank_file, run_child
 
 from bakery import dcp_reference as ref
 
 REPO = Path(__file__).resolve().parents[1]
 MODULE = "vllm.models.deepseek_v41.nvidia.flashinfer_sparse"
-MARK = "RESULT "
 LOG2E = math.log2(math.e)
 EMPTY_LSE = -1e30
 # bf16 output: per-rank partials are rounded to bf16 before the combine (as in the
@@ -62,21 +59,8 @@ def run_forward(tree: Path, quick: bool = False, timeout: float = 600) -> dict:
     """Run this file in a child with ``tree`` first on PYTHONPATH; its parsed result.
 
     ``quick``: the first case at W=2 only (what the planted-bug variants run)."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tree), str(REPO)]),
-        "TRITON_INTERPRET": "1",
-        "OMP_NUM_THREADS": "1",
-        "VLLM_LOGGING_LEVEL": "WARNING",
-    }
-    args = [sys.executable, __file__, str(tree), *(["--quick"] if quick else [])]
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
-    if proc.returncode or not lines:
-        raise RuntimeError(
-            f"driver failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-        )
-    return json.loads(lines[-1][len(MARK) :])
+    args = ["--quick"] if quick else []
+    return run_child(__file__, tree, args, env={"TRITON_INTERPRET": "1"}, timeout=timeout)
 
 
 # ---- the FlashInfer SM120 stand-in ------------------------------------------

@@ -41,8 +41,6 @@ import gc
 import json
 import logging
 import math
-import os
-import subprocess
 import sys
 import traceback
 import weakref
@@ -52,11 +50,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from _gloo import fork_ranks, rank_file
+from _dcp_child import MARK, fork_ranks, rank_file, run_child
 
 REPO = Path(__file__).resolve().parents[1]
 MODULE = "vllm.models.deepseek_v41.nvidia.flashinfer_sparse"
-MARK = "RESULT "
 TOL, LSE_TOL = 1e-5, 1e-4  # fp32, as in vLLM's DCP combine tests
 
 # Check names, so the tests can tell a planted index bug from broken plumbing.
@@ -71,26 +68,7 @@ INDEX_CHECKS = GATHER_CHECKS + ("two_layer_slots", "two_layer_lookup")
 
 def run_driver(tree: Path, timeout: float = 300) -> dict:
     """Run this file in a child with ``tree`` first on PYTHONPATH; its parsed result."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tree), str(REPO)]),
-        "OMP_NUM_THREADS": "1",
-        "VLLM_LOGGING_LEVEL": "WARNING",
-    }
-    proc = subprocess.run(
-        [sys.executable, __file__, str(tree)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
-    if proc.returncode or not lines:
-        raise RuntimeError(
-            f"driver failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-        )
-    return json.loads(lines[-1][len(MARK) :])
+    return run_child(__file__, tree, timeout=timeout)
 
 
 # ---- cases ------------------------------------------------------------------
