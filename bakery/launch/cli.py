@@ -52,6 +52,18 @@ def _say(message: str) -> None:
     click.echo(message, err=True)
 
 
+def _python_option(help_text: str):
+    """--python: the interpreter whose environment serves (start) or is checked (doctor)."""
+    return click.option(
+        "--python",
+        "python",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=Path(sys.executable),
+        show_default=True,
+        help=help_text,
+    )
+
+
 def _paths(f):
     f = click.option(
         "--artifacts",
@@ -160,14 +172,7 @@ def launch() -> None:
     show_default=True,
     help="Seconds between SIGTERM and SIGKILL when tearing down.",
 )
-@click.option(
-    "--python",
-    "python",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=Path(sys.executable),
-    show_default=True,
-    help="The Python that runs vLLM.",
-)
+@_python_option("The Python that runs vLLM.")
 @_sources
 @_paths
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- VLLM ARGS...]")
@@ -246,14 +251,7 @@ def status_cmd(profile, as_json, artifacts) -> None:
 
 @click.command("doctor")
 @click.option("--base", default="default", show_default=True, help="Series base: default or cpu.")
-@click.option(
-    "--python",
-    "python",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=Path(sys.executable),
-    show_default=True,
-    help="The Python that would run vLLM.",
-)
+@_python_option("The Python that would run vLLM.")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
 @click.option("--series", "series_dir", type=_DIR, default=ROOT / "patches" / "dcp2")
 @click.option("--build", type=_DIR, default=ROOT / "build", help="Build folder (baked trees).")
