@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from bakery.cli.root import main
 
 sys.exit(main())

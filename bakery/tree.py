@@ -18,7 +18,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from .errors import UnsafePathError
+from bakery.errors import UnsafePathError
 
 __all__ = [
     "relative",

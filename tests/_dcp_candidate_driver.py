@@ -228,7 +228,7 @@ def run_gloo(mod, w: int) -> list[list[dict]]:
 
 def reference_rows(case: Case):
     """Reference DCP1 candidates (canonical ties), block scores and masks per row."""
-    from bakery import dcp_reference as ref
+    from bakery.dcp import reference as ref
 
     logits, rows = global_logits(case)
     ends = torch.tensor([e for _, e in rows], dtype=torch.int32)
@@ -262,7 +262,7 @@ class Report:
 
 
 def check_case(report: Report, mod, case: Case, outs: list[dict]) -> None:
-    from bakery import dcp_reference as ref
+    from bakery.dcp import reference as ref
 
     dcp1 = run_case(mod, case, 0, 1)
     logits, ends, pinned, want = reference_rows(case)

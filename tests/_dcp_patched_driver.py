@@ -134,7 +134,7 @@ def edge_ids(case: Case, n: int, topk: int, rank: int | None) -> torch.Tensor:
 
 def build(case: Case):
     """The step, reference caches and seq_lens; deterministic in every process."""
-    from bakery import dcp_reference as ref
+    from bakery.dcp import reference as ref
 
     assert all(t == 0 for t in case.tokens[: case.num_decodes])
     gen = torch.Generator().manual_seed(case.seed)
@@ -280,7 +280,7 @@ def run_sequential(cls, case: Case) -> list[dict]:
 def _gloo_rank(cls, rank: int, w: int, store_path: str, outdir: str) -> None:
     import torch.distributed as dist
 
-    from bakery import dcp_reference as ref
+    from bakery.dcp import reference as ref
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, w), rank=rank, world_size=w)
@@ -356,7 +356,7 @@ def fill_pool(states, layout, table: torch.Tensor, n_pages: int) -> torch.Tensor
 
 
 def ref_placement(n: int, layout):
-    from bakery import dcp_reference as ref
+    from bakery.dcp import reference as ref
 
     return ref.placement(torch.arange(n), layout.world_size, layout.interleave, layout.page_size)
 
@@ -364,7 +364,7 @@ def ref_placement(n: int, layout):
 def build_two_layer(tc: TwoLayerCase):
     """Per layer, in ``tc.ratios`` order: (case, step, layout, per-rank pools);
     plus the per-rank block tables of the one metadata object."""
-    from bakery import dcp_reference as ref
+    from bakery.dcp import reference as ref
 
     gen = torch.Generator().manual_seed(tc.seed)
     layers, tables = [], None
@@ -436,7 +436,7 @@ def run_two_layer_sequential(cls, tc: TwoLayerCase) -> list[dict]:
 
 
 def check_two_layers(report: Report, tc: TwoLayerCase, outs: list[dict]) -> None:
-    from bakery import dcp_reference as ref
+    from bakery.dcp import reference as ref
 
     layers, tables = build_two_layer(tc)
     nd = tc.num_decodes
@@ -893,7 +893,7 @@ def lookup(step, kv: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor) -> i
 
 
 def check_case(report: Report, case: Case, outs: list[dict], how: str) -> None:
-    from bakery import dcp_reference as ref
+    from bakery.dcp import reference as ref
 
     name = f"{how}:{case.name}"
     step, layout, caches, seq_lens = build(case)
@@ -947,7 +947,7 @@ def _equal(a: torch.Tensor, b: torch.Tensor) -> None:
 
 def check_state(report: Report, cls) -> None:
     """``_dcp_neutral_swa`` and patch 02's state-unit interleave on the class."""
-    from bakery import dcp_reference as ref
+    from bakery.dcp import reference as ref
 
     case = GLOO_CASES[2][0]
     layer = make_layer(cls, None, 1, case, torch.zeros(2), max_tokens=8)

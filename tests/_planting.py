@@ -9,8 +9,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from bakery.bake import bake
-from bakery.series import load_series
+from bakery.bake.bake import bake
+from bakery.series.series import load_series
 
 REPO = Path(__file__).resolve().parents[1]
 

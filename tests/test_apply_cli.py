@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bakery.cli import main
-from bakery.diff import render_file_diff
+from bakery.cli.root import main
+from bakery.series.diff import render_file_diff
 from tests.conftest import REPO, run_tool
 
 

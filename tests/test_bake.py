@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from bakery.bake import bake, tree_dir
-from bakery.fetch import fetch
-from bakery.manifest import MANIFEST
-from bakery.series import load_series
+from bakery.bake.bake import bake, tree_dir
+from bakery.bake.fetch import fetch
+from bakery.bake.manifest import MANIFEST
+from bakery.bake.wheel import record_hash
+from bakery.series.series import load_series
 from bakery.tree import clone_tree
-from bakery.wheel import record_hash
 from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow

@@ -4,7 +4,7 @@ missing bake is a clear error, a missing release is a matrix row, --strict fails
 import json
 import shutil
 
-from bakery.diff import render_file_diff
+from bakery.series.diff import render_file_diff
 from tests._synthetic_release import make_loop
 from tests._verify_support import MTP, NOMTP, require_fixtures
 from tests.conftest import REPO, run_cli

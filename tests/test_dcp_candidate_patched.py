@@ -3,7 +3,7 @@
 tests/_dcp_candidate_driver.py runs patch 06's ``_candidate_step`` with patch 01's
 Triton kernels (TRITON_INTERPRET=1, the real triton 3.9.0) and the real
 ``dist.all_reduce(MAX)`` on W=2 and W=4 forked gloo ranks, against the baked DCP1
-selection and ``bakery.dcp_reference``. Each bug variant copies patches/dcp2,
+selection and ``bakery.dcp.reference``. Each bug variant copies patches/dcp2,
 rewrites one '+' line of patch 01, bakes the copy (cpu base) and runs the same
 driver; the unplanted series goes through the same steps and must pass.
 """

@@ -3,7 +3,7 @@
 tests/_dcp_forward_driver.py imports the patched SM120 attention class from the bake,
 runs the baked Triton kernels under ``TRITON_INTERPRET=1`` and substitutes only the
 FlashInfer kernels (a torch implementation of their contract, checked here against
-``bakery.dcp_reference`` first). Then each DCP 2 / DCP 4 rank's layer output over real
+``bakery.dcp.reference`` first). Then each DCP 2 / DCP 4 rank's layer output over real
 gloo groups must equal the DCP1 layer's, for decode, prefill and padding rows, both
 combines, stage 9 on and off. Planting an index or combine bug in patch 09 (a re-baked
 copy of the series) must make exactly the affected checks fail.
@@ -29,7 +29,7 @@ from _dcp_forward_driver import (
 from _planting import bake_planted
 from test_dcp_sensitivity import PATCH, TARGET
 
-from bakery import dcp_reference as ref
+from bakery.dcp import reference as ref
 
 pytestmark = pytest.mark.needs("triton")  # fails under CI=true when missing
 

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bakery import dcp_reference as ref
+from bakery.dcp import reference as ref
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 SEED = 11

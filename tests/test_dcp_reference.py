@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bakery import dcp_reference as ref
+from bakery.dcp import reference as ref
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 LSE_TOL = 1e-4

@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from bakery import dcp_reference as ref
+from bakery.dcp import reference as ref
 from tests.test_dcp_reference import assert_parity, cases, run_dcp, run_dcp1
 
 ATOL = 2e-5  # fp32 reference against a float64 loop

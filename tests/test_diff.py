@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from bakery.diff import parse_patch, read_patch, render_file_diff, split_lines
 from bakery.errors import PatchParseError, UnsafePathError
+from bakery.series.diff import parse_patch, read_patch, render_file_diff, split_lines
 from tests.conftest import SEED
 
 RENAME = (("models/deepseek_v4_1/", "models/deepseek_v41/"),)

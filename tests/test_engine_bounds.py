@@ -5,10 +5,10 @@ import re
 
 import pytest
 
-from bakery import engine
-from bakery.diff import parse_patch, render_file_diff
-from bakery.engine import apply_file_patch
 from bakery.errors import HunkFailed
+from bakery.series import engine
+from bakery.series.diff import parse_patch, render_file_diff
+from bakery.series.engine import apply_file_patch
 from tests.test_gnu_parity import gnu_patch, ours
 
 WORDS = [b"a = 1", b"b = 2", b"", b"return x", b"pass", b"x += 1"]

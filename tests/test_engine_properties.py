@@ -4,8 +4,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from bakery.diff import parse_patch, render_file_diff
-from bakery.engine import apply_file_patch
+from bakery.series.diff import parse_patch, render_file_diff
+from bakery.series.engine import apply_file_patch
 
 pytestmark = pytest.mark.property
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

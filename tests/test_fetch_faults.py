@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from bakery.bake.fetch import fetch, fetch_release
 from bakery.errors import FetchError
-from bakery.fetch import fetch, fetch_release
-from bakery.series import Pin
+from bakery.series.series import Pin
 from tests._synthetic_release import OLD, wheel
 from tests.conftest import run_cli
 from tests.test_offline import OFFLINE

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bakery import engine
-from bakery.apply import ALREADY_APPLIED, plan
-from bakery.diff import parse_patch, render_file_diff, split_lines
+from bakery.series import engine
+from bakery.series.apply import ALREADY_APPLIED, plan
+from bakery.series.diff import parse_patch, render_file_diff, split_lines
 from tests.conftest import run_tool
 from tests.test_gnu_parity import gnu_patch, ours
 

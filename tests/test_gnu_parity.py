@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bakery.diff import parse_patch, render_file_diff
-from bakery.engine import apply_file_patch
 from bakery.errors import HunkFailed
+from bakery.series.diff import parse_patch, render_file_diff
+from bakery.series.engine import apply_file_patch
 from tests.conftest import SEED
 
 pytestmark = pytest.mark.needs("patch")  # fails under CI=true when missing

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bakery import dcp_reference as ref
+from bakery.dcp import reference as ref
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "gpu_dcp_bench.py"
 

@@ -1,4 +1,4 @@
-"""bakery/baked_kernels.py and tools/gpu_triton_kernels.py on CPU: the ast extraction, the
+"""bakery/dcp/baked_kernels.py and tools/gpu_triton_kernels.py on CPU: the ast extraction, the
 namespace, the loud failures.
 
 The kernels themselves run on the GPU (docs/gpu-dcp.md); here Triton only builds the
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bakery import baked_kernels as bk
-from bakery import dcp_reference as ref
+from bakery.dcp import baked_kernels as bk
+from bakery.dcp import reference as ref
 
 REPO = Path(__file__).resolve().parents[1]
 TOOL = REPO / "tools" / "gpu_triton_kernels.py"
@@ -131,7 +131,7 @@ def test_interpreted_kernel_relaunches_with_the_launchers_arity(synthetic):
         f"""
         import torch
         from pathlib import Path
-        from bakery import baked_kernels as bk
+        from bakery.dcp import baked_kernels as bk
         ns, _ = bk.load_file(Path({str(synthetic.parent)!r}), "mod.py", ["add_kernel"])
         x = torch.zeros(4)
         handle = ns["add_kernel"][(1,)](x, N=4)

@@ -14,8 +14,8 @@ from pathlib import Path
 import click
 import pytest
 
-from bakery.cli import cli
-from bakery.launch.cli import launch
+from bakery.cli.launch import launch
+from bakery.cli.root import cli
 from tests.conftest import REPO
 
 PROGRAMS = {"bakery": cli, "run.sh": launch}

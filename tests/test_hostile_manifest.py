@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from bakery.cli import main
+from bakery.cli.root import main
 
 SHA = hashlib.sha256(b"secret\n").hexdigest()
 GOOD = {

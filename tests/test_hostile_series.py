@@ -13,11 +13,11 @@ import pytest
 import tomlkit
 from packaging.version import Version
 
-from bakery.bake import bake
-from bakery.cli import main
+from bakery.bake.bake import bake
+from bakery.bake.wheel import read_wheel, write_patched_wheel
+from bakery.cli.root import main
 from bakery.errors import SeriesError, UnsafePathError
-from bakery.series import load_series
-from bakery.wheel import read_wheel, write_patched_wheel
+from bakery.series.series import load_series
 from tests.conftest import REPO
 
 REAL = REPO / "patches" / "dcp2"

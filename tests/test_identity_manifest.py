@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from bakery import manifest
-from bakery.apply import plan, write
-from bakery.diff import render_file_diff
-from bakery.series import load_series
+from bakery.bake import manifest
+from bakery.series.apply import plan, write
+from bakery.series.diff import render_file_diff
+from bakery.series.series import load_series
 
 PIN = """
 [bases.default]

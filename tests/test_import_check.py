@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from bakery.importcheck import import_check, touched_modules
+from bakery.check.importcheck import import_check, touched_modules
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow

@@ -23,9 +23,9 @@ from _launch_support import (
     tiny_model_dir,
 )
 
-from bakery.cli import main as bakery_main
+from bakery.cli.launch import main
+from bakery.cli.root import main as bakery_main
 from bakery.launch import doctor, lifecycle, preflight
-from bakery.launch.cli import main
 from bakery.launch.errors import LaunchError
 from bakery.launch.gates import load_gate_table
 from bakery.launch.plan import make_plan

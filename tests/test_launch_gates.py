@@ -28,9 +28,9 @@ from _launch_support import (
     tiny_model_dir,
 )
 
+from bakery.cli.launch import launch as launch_group
+from bakery.cli.launch import main
 from bakery.launch import checks, preflight
-from bakery.launch.cli import launch as launch_group
-from bakery.launch.cli import main
 from bakery.launch.gates import CANDIDATES, FEATURES, PCP, SPECULATIVE, load_gate_table
 from bakery.launch.plan import make_plan
 from bakery.launch.profiles import load_profile, override, profile_names

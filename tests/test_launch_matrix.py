@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from _launch_support import REPO, free_port, marked, run_sh
 
-from bakery import tiny_model
+from bakery.verify import tiny_model
 
 pytestmark = pytest.mark.slow
 

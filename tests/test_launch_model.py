@@ -27,8 +27,8 @@ from _launch_support import (
     tiny_model_dir,
 )
 
+from bakery.cli.launch import main
 from bakery.launch import preflight
-from bakery.launch.cli import main
 from bakery.launch.model_config import find_config, hub_cache
 from bakery.launch.vllm_args import read_args
 
@@ -58,7 +58,7 @@ def parser_unavailable(plan) -> dict:
 @pytest.fixture(scope="module")
 def default_bake(tmp_path_factory, series, cache):
     """A real bake of the default (GPU) vLLM base: the done-when runs against it."""
-    from bakery.bake import bake
+    from bakery.bake.bake import bake
 
     return bake(series, "default", build=tmp_path_factory.mktemp("build-default"), cache=cache)
 

@@ -1,6 +1,6 @@
 """Every preflight refusal: its exact message, exit code 3, no traceback, nothing started.
 
-The launcher runs in-process through ``bakery.launch.cli.main`` against a real
+The launcher runs in-process through ``bakery.cli.launch.main`` against a real
 cpu bake (the session ``cpu_bake`` fixture), so the baked-tree checks pass and
 each test sees exactly the refusal it provokes. The probe (a subprocess that
 imports the real vLLM, ~20 s) is replaced by a canned answer in these tests;
@@ -28,8 +28,8 @@ from _launch_support import (
     tiny_model_dir,
 )
 
+from bakery.cli.launch import main
 from bakery.launch import preflight
-from bakery.launch.cli import main
 from bakery.launch.gates import load_gate_table
 
 H100 = "0, NVIDIA H100 80GB HBM3, 81559, 9.0, 580.82\n1, NVIDIA H100 80GB HBM3, 81559, 9.0, 580.82"

@@ -20,9 +20,15 @@ import httpx
 import pytest
 from _launch_support import REPO, RUN_SH, free_port, marked, run_sh, wait_until
 
-from bakery import tiny_model
 from bakery.launch.lifecycle import group_members
-from bakery.verify import CaptureSettings, Gates, capture_bundle, compare_bundles, load_suite
+from bakery.verify import (
+    CaptureSettings,
+    Gates,
+    capture_bundle,
+    compare_bundles,
+    load_suite,
+    tiny_model,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from _launch_support import PROFILES, PYTHON, REPO, SERIES, marked, wait_until
 
+from bakery.cli.launch import main
 from bakery.launch import lifecycle
-from bakery.launch.cli import main
 from bakery.launch.gates import load_gate_table
 from bakery.launch.plan import make_plan
 from bakery.launch.profiles import load_profile

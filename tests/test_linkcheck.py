@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from bakery.bake.fetch import fetch, sha256_file
+from bakery.check.linkcheck import Finding, SourceTree, check, format_finding, run_linkcheck
 from bakery.errors import SeriesError
-from bakery.fetch import fetch, sha256_file
-from bakery.linkcheck import Finding, SourceTree, check, format_finding, run_linkcheck
-from bakery.series import Pin
+from bakery.series.series import Pin
 
 REPO = Path(__file__).resolve().parents[1]
 SEED_PATCH = "09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff"
@@ -28,7 +28,7 @@ PINS_033 = REPO / "tests" / "data" / "pins-0.33.0.toml"
 
 
 def _wheel(pin: Pin, cache: Path) -> Path:
-    """The pinned wheel, hash-verified: a flat cache copy if present, else bakery.fetch."""
+    """The pinned wheel, hash-verified: a flat cache copy if present, else bakery.bake.fetch."""
     flat = cache / "wheels" / pin.wheel
     if flat.is_file() and sha256_file(flat) == pin.sha256:
         return flat

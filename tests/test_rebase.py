@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
-from bakery.fetch import cache_dir
-from bakery.rebase import release_files, release_pin, survey
-from bakery.series import load_series
+from bakery.bake.fetch import cache_dir
+from bakery.maintain.rebase import release_files, release_pin, survey
+from bakery.series.series import load_series
 from tests.conftest import REPO, run_cli
 
 pytestmark = [
@@ -95,7 +95,7 @@ def test_rebase_refuses_another_project():
 
 
 def test_matrix_table(tmp_path):
-    proc = run_cli("matrix", "--releases", "0.32.0,0.33.0", "--out", str(tmp_path))
+    proc = run_cli("rebase-matrix", "--releases", "0.32.0,0.33.0", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     rows = {line.split(" | ")[0].strip("| "): line for line in proc.stdout.splitlines()}
     assert rows["09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff"].endswith(

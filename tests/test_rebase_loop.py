@@ -133,7 +133,7 @@ class Stop(BaseException):
 def stop_at_step(patch, step: int, stop) -> None:
     """Call ``stop()`` at the checkout's ``step``-th tree or state write (1-based): every
     clone, file write, series copy and rename it makes, whatever their order."""
-    from bakery import rebase_loop
+    from bakery.maintain import rebase_loop
 
     count = [0]
 
@@ -159,8 +159,8 @@ def stop_at_step(patch, step: int, stop) -> None:
 _KILLED_CHECKOUT = """
 import os, signal, sys
 from pathlib import Path
-from bakery import rebase_loop
-from bakery.series import load_series
+from bakery.maintain import rebase_loop
+from bakery.series.series import load_series
 from tests.test_rebase_loop import stop_at_step
 
 series, build, cache, step = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
@@ -181,7 +181,7 @@ def partials(build: Path) -> list[str]:
 def undo_whatever_is_left(build: Path, cli) -> bool:
     """Either nothing happened, or a rebase is in progress that --abort undoes; True if
     the checkout had got as far as a rebase in progress."""
-    from bakery import rebase_loop
+    from bakery.maintain import rebase_loop
 
     if rebase_loop.in_progress(build) is None:  # a damaged state is an error, not None
         assert not (build / ".rebase").exists()
@@ -194,9 +194,9 @@ def undo_whatever_is_left(build: Path, cli) -> bool:
 def test_a_checkout_interrupted_at_any_step_leaves_nothing_or_an_abortable_rebase(
     loop, tmp_path, monkeypatch
 ):
-    from bakery import rebase_loop
     from bakery.errors import UsageError
-    from bakery.series import load_series
+    from bakery.maintain import rebase_loop
+    from bakery.series.series import load_series
 
     series, build, cli, _, _ = loop
     monkeypatch.setenv("BAKERY_CACHE", str(tmp_path / "cache"))
@@ -292,8 +292,8 @@ def test_abort_restores_a_series_with_subfolders(loop):
 
 
 def test_the_rebase_steps_take_the_bakes_lock(loop, tmp_path, monkeypatch):
-    from bakery import rebase_loop
-    from bakery.series import load_series
+    from bakery.maintain import rebase_loop
+    from bakery.series.series import load_series
 
     series, build, cli, _, _ = loop
     monkeypatch.setenv("BAKERY_CACHE", str(tmp_path / "cache"))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import tomlkit
 
-from bakery.diff import render_file_diff
+from bakery.series.diff import render_file_diff
 from tests.conftest import REPO, SEED, run_cli
 
 pytestmark = pytest.mark.slow

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bakery.diff import render_file_diff
-from bakery.refresh import check
-from bakery.series import load_series
+from bakery.maintain.refresh import check
+from bakery.series.diff import render_file_diff
+from bakery.series.series import load_series
 from tests.test_identity_manifest import _series
 
 BASE = b"".join(b"line %d\n" % i for i in range(40))

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from bakery import refresh
 from bakery.errors import BakeryError
-from bakery.series import load_series
+from bakery.maintain import refresh
+from bakery.series.series import load_series
 from tests._synthetic_release import PATCHED, make_loop
 from tests.conftest import run_cli
 

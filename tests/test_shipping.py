@@ -54,7 +54,7 @@ def test_dockerfile_starts_from_the_series_pin():
 def test_dockerfile_install_step_installs_the_patched_wheel_without_warnings(
     tmp_path, series, cache
 ):
-    from bakery.bake import bake
+    from bakery.bake.bake import bake
 
     result = bake(series, "default", build=tmp_path / "build", cache=cache)
     dist = tmp_path / "dist"

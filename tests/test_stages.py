@@ -4,8 +4,8 @@ import shutil
 import tomllib
 from pathlib import Path
 
-from bakery.series import DEFAULT_SERIES, load_series
-from bakery.stages import check, load_stages, plan_table, render_table
+from bakery.series.series import DEFAULT_SERIES, load_series
+from bakery.series.stages import check, load_stages, plan_table, render_table
 
 ROOT = Path(__file__).resolve().parents[1] / DEFAULT_SERIES
 

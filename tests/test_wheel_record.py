@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
+from bakery.bake.wheel import read_wheel, record_hash, write_patched_wheel
 from bakery.errors import WheelError
-from bakery.wheel import read_wheel, record_hash, write_patched_wheel
 
 # The shapes vLLM ships (fused_moe configs) plus a quote, which csv must double.
 ODD_NAMES = [

@@ -1,17 +1,152 @@
 #!/usr/bin/env python3
-"""Benchmarks, as ratios against baselines measured in the same run (see `make bench`).
+"""Benchmarks, as ratios against baselines measured in the same run (`make bench`).
 
 - cold bake (wheel cached, pristine not) vs `unzip -q` + GNU `patch -p1` of the series;
 - warm rebake (pristine cached) vs the same baseline, and its absolute time;
 - the hunk engine (in process) vs GNU `patch` (a process) on the same series.
+
+This machine is noisy, so every number is a median of repeated runs.
 """
 
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bakery.bench import main  # noqa: E402
+from bakery.bake.bake import bake  # noqa: E402
+from bakery.bake.fetch import cache_dir, fetch  # noqa: E402
+from bakery.maintain.rebase import matrix, release_pin  # noqa: E402
+from bakery.series import apply  # noqa: E402
+from bakery.series.series import Series, load_series  # noqa: E402
+
+__all__ = ["main"]
+
+
+def _median(fn: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _gnu_baseline(series: Series, wheel: Path, work: Path) -> None:
+    """What a shell script would do: unzip the wheel, then GNU patch each diff."""
+    out = work / "unzipped"
+    shutil.rmtree(out, ignore_errors=True)
+    subprocess.run(["unzip", "-q", str(wheel), "-d", str(out)], check=True)
+    _gnu_patch_series(series, out / series.package)
+
+
+def _gnu_patch_series(series: Series, tree: Path, dry_run: bool = False) -> None:
+    for entry in series.entries:
+        cmd = [
+            "patch",
+            "-s",
+            "-p1",
+            "-d",
+            str(tree),
+            "-i",
+            str((series.root / entry.file).resolve()),
+        ]
+        subprocess.run(cmd + (["--dry-run"] if dry_run else []), check=True)
+
+
+def _row(name: str, ours: float, base: float, base_name: str, target: str) -> str:
+    return f"| {name} | {ours:.3f} s | {base_name} {base:.3f} s | {ours / base:.2f}x | {target} |"
+
+
+def _matrix_row(series: Series, version: str, work: Path) -> str:
+    """One release's matrix column (wheel cached) vs unzip of its touched members + GNU patch."""
+    pin = release_pin(series, "default", version, cache_dir())
+    wheel = fetch(pin, cache=cache_dir())
+    members = [f"{series.package}/{p}" for p in series.touched]
+    out = work / f"members-{version}"
+
+    def baseline() -> None:
+        shutil.rmtree(out, ignore_errors=True)
+        subprocess.run(["unzip", "-q", "-o", str(wheel), *members, "-d", str(out)], check=False)
+        for entry in series.entries:
+            patch = (series.root / entry.file).resolve()
+            cmd = ["patch", "-s", "--dry-run", "-p1", "-F3", "-d", str(out / series.package)]
+            subprocess.run([*cmd, "-i", str(patch)], capture_output=True, check=False)
+
+    base = _median(baseline, 3)
+    ours = _median(lambda: matrix(series, [version], linkcheck=False), 3)
+    return _row(
+        f"matrix, one release ({version}, no linkcheck)",
+        ours,
+        base,
+        "unzip members+patch",
+        "report",
+    )
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--base", "base_key", type=click.Choice(["default", "cpu"]), default="default")
+@click.option("--engine-only", is_flag=True, help="Only the engine rows (seconds, not minutes).")
+def main(base_key: str, engine_only: bool) -> int:
+    """Benchmarks as ratios against baselines measured in the same run (`make bench`)."""
+    series = load_series()
+    pin = series.base(base_key)
+    wheel = fetch(pin, cache=cache_dir())
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bakery-bench-") as tmp:
+        work = Path(tmp)
+        cold_cache = work / "cache"
+
+        def cold() -> None:
+            shutil.rmtree(cold_cache, ignore_errors=True)
+            (cold_cache / "wheels" / pin.sha256).mkdir(parents=True)
+            os.symlink(wheel, cold_cache / "wheels" / pin.sha256 / pin.wheel)
+            bake(series, base_key, build=work / "build", cache=cold_cache)
+
+        if engine_only:
+            cold()
+        else:
+            baseline = _median(lambda: _gnu_baseline(series, wheel, work), 3)
+            cold_time = _median(cold, 3)
+            warm_time = _median(
+                lambda: bake(series, base_key, build=work / "build", cache=cold_cache), 5
+            )
+            rows.append(
+                _row("cold bake (wheel cached)", cold_time, baseline, "unzip+patch", "<= 1.0x")
+            )
+            rows.append(_row("warm rebake", warm_time, baseline, "unzip+patch", "<= 2 s"))
+
+        tree = cold_cache / "pristine" / pin.sha256 / series.package
+        gnu = _median(lambda: _gnu_patch_series(series, tree, dry_run=True), 20)
+        engine = _median(
+            lambda: apply.plan(tree, load_series(series.root).patches, max_fuzz=series.max_fuzz), 20
+        )
+        parsed = series.patches
+        placing = _median(lambda: apply.plan(tree, parsed, max_fuzz=series.max_fuzz), 20)
+        rows.append(
+            _row("engine: parse + place series", engine, gnu, "GNU patch --dry-run", "<= 1.0x")
+        )
+        rows.append(
+            _row("engine: place only (parsed)", placing, gnu, "GNU patch --dry-run", "report")
+        )
+        if not engine_only:
+            for version in ("0.31.0", "0.32.0", "0.33.0"):
+                rows.append(_matrix_row(series, version, work))
+    print(f"# bakery bench ({base_key} base, {len(series.entries)} patches)\n")
+    print("| what | ours | baseline | ratio | target |\n|---|---|---|---|---|")
+    print("\n".join(rows))
+    return 0
+
 
 if __name__ == "__main__":
     main()

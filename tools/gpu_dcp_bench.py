@@ -15,7 +15,7 @@ Two ranks by default, started with torch.multiprocessing:
    ``bound_fraction = t_allgather / t_combine``;
 3. ``--baked TREE``: the REAL combine patch 09 calls, ``cp_lse_ag_out_rs`` and
    ``dcp_a2a_lse_reduce`` with ``is_lse_base_on_e=False``, loaded from
-   ``TREE/vllm/v1/attention/ops/dcp.py`` by ``bakery.baked_kernels`` (its Triton kernels,
+   ``TREE/vllm/v1/attention/ops/dcp.py`` by ``bakery.dcp.baked_kernels`` (its Triton kernels,
    verbatim) over vLLM's collective calls (``all_gather_into_tensor``,
    ``reduce_scatter_tensor``, ``all_to_all_single``), each checked against the
    reference combine on every rank, then 20 calls captured in one CUDA graph; next to
@@ -41,8 +41,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bakery import dcp_reference as ref  # noqa: E402
-from bakery.baked_kernels import DCP_OPS, load_file  # noqa: E402
+from bakery.dcp import reference as ref  # noqa: E402
+from bakery.dcp.baked_kernels import DCP_OPS, load_file  # noqa: E402
 
 # Multicast off: KINDS.md, it can take the host's shared GPUs down.
 SAFE_ENV = {
@@ -414,7 +414,7 @@ def kernel_markdown(result: dict) -> list[str]:
         "## The baked tree's combine (its Triton kernels + collectives)",
         "",
         f"us per call, slowest rank, median; {timing}. real: `cp_lse_ag_out_rs` / "
-        "`dcp_a2a_lse_reduce` from the baked `dcp.py`; ref: `bakery.dcp_reference`; "
+        "`dcp_a2a_lse_reduce` from the baked `dcp.py`; ref: `bakery.dcp.reference`; "
         "bound: `all_gather_into_tensor` of the flavour's bytes per rank; "
         "fraction = bound / combine. parity: real vs ref output, bf16 3e-2, every rank.",
         "",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build the tiny random Llama used by the smoke test (a door onto bakery.tiny_model).
+"""Build the tiny random Llama used by the smoke test (a door onto bakery.verify.tiny_model).
 
 usage: tools/tiny_model.py [OUT_DIR] [--force]    (default OUT_DIR: build/tiny-llama)
 """
@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bakery import tiny_model  # noqa: E402
+from bakery.verify import tiny_model  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

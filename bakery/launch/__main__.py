@@ -2,6 +2,6 @@
 
 import sys
 
-from bakery.launch.cli import main
+from bakery.cli.launch import main
 
 sys.exit(main())

@@ -15,12 +15,12 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from bakery.bake import staleness, tree_dir
+from bakery.bake.bake import staleness, tree_dir
 from bakery.errors import BakeryError
 from bakery.launch.host import gpu_inventory, probe_python
 from bakery.launch.installed import installed_problems
 from bakery.launch.plan import SERVER_MODULE
-from bakery.series import Series
+from bakery.series.series import Series
 
 __all__ = ["Check", "diagnose"]
 

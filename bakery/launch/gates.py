@@ -1,6 +1,6 @@
 """The DCP gate table as the launcher needs it, read from the series' stages.toml.
 
-stages.toml is the single source of truth (``bakery.stages`` owns its stage
+stages.toml is the single source of truth (``bakery.series.stages`` owns its stage
 list and PLAN.md rendering); this module only adds the ``[gates]`` and
 ``[env.*]`` tables the launcher checks against: the stage range, the lowest
 stage that serves DCP > 1, every DSV41_* variable with its values, default and
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bakery.errors import SeriesError
-from bakery.stages import Stage, load_stages
+from bakery.series.stages import Stage, load_stages
 
 __all__ = [
     "EnvGate",

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bakery import manifest
+from bakery.bake import manifest
 from bakery.errors import BakeryError
 from bakery.launch.errors import Problem
-from bakery.series import Series
+from bakery.series.series import Series
 
 __all__ = ["installed_problems"]
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 
 from bakery import __version__
+from bakery.bake.manifest import MANIFEST
 from bakery.launch import keeper as keeper_module
 from bakery.launch.errors import LaunchError, LaunchInterrupted
 from bakery.launch.model_config import candidate_blocks
@@ -46,7 +47,6 @@ from bakery.launch.processes import (
     launched_runs,
     start_ticks,
 )
-from bakery.manifest import MANIFEST
 
 __all__ = [
     "Record",

@@ -22,14 +22,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bakery.bake import tree_dir
+from bakery.bake.bake import tree_dir
+from bakery.bake.manifest import MANIFEST
 from bakery.launch import lifecycle, preflight
 from bakery.launch.errors import PreflightError, Problem, ProfileError
 from bakery.launch.gates import GateTable
 from bakery.launch.plan import Plan, make_plan
 from bakery.launch.profiles import load_profile, override, read_toml
-from bakery.manifest import MANIFEST
-from bakery.series import Series
+from bakery.series.series import Series
 from bakery.verify import (
     CaptureSettings,
     Gates,

@@ -4,7 +4,7 @@ Two kinds of check. Config checks are pure (``checks``: gates against the stage
 table, TP/DCP/PP and the multi-node shape, heads, candidate blocks, speculative
 decoding, PCP and the interleave against the model config and the vLLM args).
 Environment checks look at this machine (facts from ``host``): the GPU inventory
-(``nvidia-smi``), the baked tree's freshness (``bakery.bake.staleness``, which
+(``nvidia-smi``), the baked tree's freshness (``bakery.bake.bake.staleness``, which
 includes drift), a probe run by the serving Python with the serving env (where
 ``vllm`` imports from; do vLLM's own parser and the baked tree accept the
 args), the model folder and the port. Nothing here writes a file or starts a
@@ -19,7 +19,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bakery.bake import staleness
+from bakery.bake.bake import staleness
+from bakery.bake.manifest import MANIFEST
 from bakery.errors import BakeryError
 from bakery.launch.checks import SERIES_MODEL_TYPE, config_problems, model_notes, stage_notes
 from bakery.launch.errors import PreflightError, Problem
@@ -29,8 +30,7 @@ from bakery.launch.installed import installed_problems
 from bakery.launch.model_config import find_config
 from bakery.launch.plan import Plan, server_args
 from bakery.launch.vllm_args import ArgValueError, read_args
-from bakery.manifest import MANIFEST
-from bakery.series import Series
+from bakery.series.series import Series
 
 __all__ = [
     "Gpu",

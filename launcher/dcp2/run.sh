@@ -15,4 +15,5 @@ if [[ ! -x "$py" ]]; then
     exit 2
 fi
 # bakery may or may not be installed in that Python: import it from this checkout.
-exec "$py" -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from bakery.launch.cli import main; sys.exit(main(sys.argv[1:]))' "$repo" "$@"
+export BAKERY_ROOT="$repo"
+exec "$py" -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from bakery.cli.launch import main; sys.exit(main(sys.argv[1:]))' "$repo" "$@"

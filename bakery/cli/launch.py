@@ -2,7 +2,7 @@
 
 ``launch`` is a click group the core CLI registers (``cli.add_command(launch)``);
 ``main(argv)`` runs it standalone (``python -m bakery.launch``) with the same
-contract as ``bakery.cli.main``: a BakeryError is one ``error:`` block, an
+contract as ``bakery.cli.root.main``: a BakeryError is one ``error:`` block, an
 optional ``hint:`` line and its exit code (2 usage, 3 preflight refusal, 1 a
 started server that failed, 128+N interrupted by signal N).
 """
@@ -16,16 +16,17 @@ from pathlib import Path
 
 import click
 
-from bakery.bake import tree_dir
+from bakery import project
+from bakery.bake.bake import tree_dir
+from bakery.cli.boundary import run_command
 from bakery.launch import lifecycle, preflight
 from bakery.launch.gates import load_gate_table
 from bakery.launch.plan import make_plan, render_plan
 from bakery.launch.profiles import BACKENDS, load_profile, override
-from bakery.series import load_series
+from bakery.series.series import load_series
 
-__all__ = ["launch", "doctor_cmd", "main", "ROOT"]
+__all__ = ["launch", "doctor_cmd", "main"]
 
-ROOT = Path(__file__).resolve().parents[2]
 _DIR = click.Path(file_okay=False, path_type=Path, resolve_path=True)
 PORT = click.IntRange(1, 65535)
 
@@ -64,36 +65,42 @@ def _python_option(help_text: str):
     )
 
 
-def _paths(f):
-    f = click.option(
-        "--artifacts",
+def _root() -> Path:
+    return project.root().resolve()
+
+
+def _under_root(default: Path):
+    """A click callback: an option left out means ``default`` under the project root."""
+
+    def resolve(ctx, param, value):
+        return value if value is not None else _root() / default
+
+    return resolve
+
+
+def _dir_option(name: str, dest: str, default: Path, **kwargs):
+    return click.option(
+        name,
+        dest,
         type=_DIR,
-        default=ROOT / "artifacts" / "dcp2",
-        show_default=True,
-        help="Where runs are recorded.",
+        callback=_under_root(default),
+        show_default=f"{default} in the project root",
+        **kwargs,
+    )
+
+
+def _paths(f):
+    return _dir_option(
+        "--artifacts", "artifacts", project.ARTIFACTS, help="Where runs are recorded."
     )(f)
-    return f
 
 
 def _sources(f):
     """Where the baked trees, the profiles and the series are (start and matrix)."""
-    f = click.option(
-        "--series", "series_dir", type=_DIR, default=ROOT / "patches" / "dcp2", show_default=True
-    )(f)
-    f = click.option(
-        "--profiles",
-        "profiles_dir",
-        type=_DIR,
-        default=ROOT / "launcher" / "dcp2" / "profiles",
-        show_default=True,
-    )(f)
-    return click.option(
-        "--build",
-        "build",
-        type=_DIR,
-        default=ROOT / "build",
-        show_default=True,
-        help="Build folder holding the baked trees.",
+    f = _dir_option("--series", "series_dir", project.SERIES)(f)
+    f = _dir_option("--profiles", "profiles_dir", project.PROFILES)(f)
+    return _dir_option(
+        "--build", "build", project.BUILD, help="Build folder holding the baked trees."
     )(f)
 
 
@@ -197,7 +204,7 @@ def start_cmd(
     profile = override(profile, vllm_args=vllm_args, **flags)
     python = python if python.is_absolute() else Path.cwd() / python
     tree = None if installed else tree_dir(build, profile.base)
-    plan = make_plan(profile, python=python, tree=tree, root=ROOT, artifacts=artifacts)
+    plan = make_plan(profile, python=python, tree=tree, root=_root(), artifacts=artifacts)
     if dry_run:
         click.echo(json.dumps(render_plan(plan), indent=2))
     report = preflight.run_preflight(plan, table, series, build)
@@ -253,14 +260,14 @@ def status_cmd(profile, as_json, artifacts) -> None:
 @click.option("--base", default="default", show_default=True, help="Series base: default or cpu.")
 @_python_option("The Python that would run vLLM.")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
-@click.option("--series", "series_dir", type=_DIR, default=ROOT / "patches" / "dcp2")
-@click.option("--build", type=_DIR, default=ROOT / "build", help="Build folder (baked trees).")
+@_dir_option("--series", "series_dir", project.SERIES)
+@_dir_option("--build", "build", project.BUILD, help="Build folder (baked trees).")
 def doctor_cmd(base, python, as_json, build, series_dir) -> None:
     """Can this host serve the series? GPUs, driver, baked tree, where vllm imports from."""
     from bakery.launch.doctor import diagnose
 
     python = python if python.is_absolute() else Path.cwd() / python
-    checks = diagnose(load_series(series_dir), base, build, python, ROOT)
+    checks = diagnose(load_series(series_dir), base, build, python, _root())
     if as_json:
         click.echo(json.dumps([c.__dict__ for c in checks], indent=2))
     else:
@@ -295,8 +302,8 @@ def logs_cmd(profile, follow, lines, artifacts) -> None:
     "--matrix",
     "matrix_file",
     type=click.Path(dir_okay=False, path_type=Path),
-    default=ROOT / "launcher" / "dcp2" / "matrix.toml",
-    show_default=True,
+    callback=_under_root(project.MATRIX),
+    show_default=f"{project.MATRIX} in the project root",
     help="Baseline and candidate entries (profiles plus flag overrides).",
 )
 @click.option(
@@ -345,7 +352,7 @@ def matrix_cmd(
     ctx = matrix_mod.Context(
         python=python if python.is_absolute() else Path.cwd() / python,
         build=build,
-        root=ROOT,
+        root=_root(),
         profiles=profiles_dir,
         artifacts=artifacts,
         series=load_series(series_dir),
@@ -374,7 +381,4 @@ def _profile_name(ref: str | None) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Imported here: bakery.cli registers this group, so a top-level import would cycle.
-    from bakery.cli import run_command
-
     return run_command(launch, argv, "run.sh")

@@ -18,12 +18,21 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from . import apply, manifest
-from .errors import BakeryError, PreimageMismatch
-from .fetch import cache_dir, fetch
-from .progress import interactive, step, warn
-from .series import Pin, Series
-from .tree import (
+from bakery.bake import manifest
+from bakery.bake.fetch import cache_dir, fetch
+from bakery.bake.wheel import (
+    WheelInfo,
+    extract,
+    patched_wheel_name,
+    read_wheel,
+    record_hash,
+    write_patched_wheel,
+)
+from bakery.errors import BakeryError, PreimageMismatch
+from bakery.progress import interactive, step, warn
+from bakery.series import apply
+from bakery.series.series import Pin, Series
+from bakery.tree import (
     clone_tree,
     empty_trash,
     inside,
@@ -32,14 +41,6 @@ from .tree import (
     swap_into_place,
     sweep_dead,
     write_atomic,
-)
-from .wheel import (
-    WheelInfo,
-    extract,
-    patched_wheel_name,
-    read_wheel,
-    record_hash,
-    write_patched_wheel,
 )
 
 __all__ = [

@@ -20,9 +20,9 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from .diff import Patch, parse_patch
-from .errors import SeriesError, UnsafePathError
-from .tree import relative
+from bakery.errors import SeriesError, UnsafePathError
+from bakery.series.diff import Patch, parse_patch
+from bakery.tree import relative
 
 __all__ = [
     "Pin",

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import tomlkit
 
-from .diff import render_file_diff
-from .engine import apply_file_patch, survey_file_patch
-from .errors import FetchError, UsageError
-from .fetch import cache_dir, fetch, fetch_release, wheel_platform
-from .linkcheck import format_finding, run_linkcheck
-from .progress import step
-from .series import Pin, Series, load_series
-from .tree import write_atomic
-from .wheel import extract_sources, pinned_requirement, read_members, read_wheel
+from bakery.bake.fetch import cache_dir, fetch, fetch_release, wheel_platform
+from bakery.bake.wheel import extract_sources, pinned_requirement, read_members, read_wheel
+from bakery.check.linkcheck import format_finding, run_linkcheck
+from bakery.errors import FetchError, UsageError
+from bakery.progress import step
+from bakery.series.diff import render_file_diff
+from bakery.series.engine import apply_file_patch, survey_file_patch
+from bakery.series.series import Pin, Series, load_series
+from bakery.tree import write_atomic
 
 __all__ = [
     "HunkStatus",

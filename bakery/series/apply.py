@@ -19,10 +19,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .diff import Patch
-from .engine import FileResult, apply_file_patch
-from .errors import HunkFailed, UnreadableInput, UnsafePathError, WriteFailed
-from .tree import inside
+from bakery.errors import HunkFailed, UnreadableInput, UnsafePathError, WriteFailed
+from bakery.series.diff import Patch
+from bakery.series.engine import FileResult, apply_file_patch
+from bakery.tree import inside
 
 __all__ = ["PatchOutcome", "Plan", "plan", "write", "APPLIED", "ALREADY_APPLIED"]
 

@@ -26,7 +26,7 @@ from pathlib import Path, PurePosixPath
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from .errors import UnsafePathError, WheelError
+from bakery.errors import UnsafePathError, WheelError
 
 __all__ = [
     "record_hash",

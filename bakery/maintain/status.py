@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import __version__, manifest, refresh
-from .bake import pristine_edits, staleness, tree_dir
-from .fetch import cache_dir
-from .launch import lifecycle
-from .rebase_loop import conflicts_left, in_progress
-from .series import Series
+from bakery import __version__
+from bakery.bake import manifest
+from bakery.bake.bake import pristine_edits, staleness, tree_dir
+from bakery.bake.fetch import cache_dir
+from bakery.launch import lifecycle
+from bakery.maintain import refresh
+from bakery.maintain.rebase_loop import conflicts_left, in_progress
+from bakery.series.series import Series
 
 __all__ = ["collect", "lines"]
 

@@ -15,11 +15,11 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import __version__
-from .apply import Plan
-from .errors import ManifestError, UnsafePathError
-from .series import Pin, Series, is_sha256
-from .tree import inside, relative
+from bakery import __version__
+from bakery.errors import ManifestError, UnsafePathError
+from bakery.series.apply import Plan
+from bakery.series.series import Pin, Series, is_sha256
+from bakery.tree import inside, relative
 
 __all__ = ["MANIFEST", "build", "dumps", "write", "load", "find", "Drift", "check"]
 

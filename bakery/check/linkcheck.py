@@ -32,9 +32,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Union
 
-from .apply import plan
-from .errors import BakeryError, SeriesError
-from .series import Series
+from bakery.errors import BakeryError, SeriesError
+from bakery.series.apply import plan
+from bakery.series.series import Series
 
 __all__ = [
     "Finding",

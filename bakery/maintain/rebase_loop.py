@@ -24,12 +24,11 @@ from pathlib import Path
 
 import tomlkit
 
-from . import refresh
-from .bake import bake, build_lock, staleness, tree_dir, unpacked
-from .engine import apply_file_patch
-from .errors import BakeryError, HunkFailed, UnreadableInput, UsageError
-from .linkcheck import format_finding, run_linkcheck
-from .rebase import (
+from bakery.bake.bake import bake, build_lock, staleness, tree_dir, unpacked
+from bakery.check.linkcheck import format_finding, run_linkcheck
+from bakery.errors import BakeryError, HunkFailed, UnreadableInput, UsageError
+from bakery.maintain import refresh
+from bakery.maintain.rebase import (
     _dependency_pins,
     other_base_pins,
     patch_status,
@@ -37,8 +36,9 @@ from .rebase import (
     release_pin,
     survey,
 )
-from .series import Pin, Series, load_series
-from .tree import clone_tree, empty_trash, read_file, remove_tree, sweep_dead, write_atomic
+from bakery.series.engine import apply_file_patch
+from bakery.series.series import Pin, Series, load_series
+from bakery.tree import clone_tree, empty_trash, read_file, remove_tree, sweep_dead, write_atomic
 
 __all__ = ["STATE", "in_progress", "refuse_during_rebase", "checkout", "resume", "abort"]
 

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .series import Series
+from bakery.series.series import Series
 
 __all__ = ["ImportResult", "touched_modules", "import_check"]
 

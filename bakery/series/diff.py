@@ -21,7 +21,7 @@ from pathlib import Path
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
-from .errors import PatchParseError, UnsafePathError
+from bakery.errors import PatchParseError, UnsafePathError
 
 __all__ = [
     "HunkLine",

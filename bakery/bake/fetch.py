@@ -18,9 +18,9 @@ from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
-from .errors import FetchError, HashMismatch
-from .series import Pin
-from .tree import sweep_dead, write_atomic
+from bakery.errors import FetchError, HashMismatch
+from bakery.series.series import Pin
+from bakery.tree import sweep_dead, write_atomic
 
 __all__ = ["cache_dir", "sha256_file", "fetch", "fetch_release", "wheel_platform"]
 

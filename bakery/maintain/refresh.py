@@ -22,14 +22,15 @@ from pathlib import Path
 
 import tomlkit
 
-from . import apply, manifest
-from .bake import patched_version, pristine
-from .diff import render_file_diff
-from .errors import BakeryError, HunkFailed, SeriesError
-from .fetch import cache_dir, fetch
-from .series import Series
-from .tree import read_file, write_atomic
-from .wheel import patched_wheel_name, read_wheel
+from bakery.bake import manifest
+from bakery.bake.bake import patched_version, pristine
+from bakery.bake.fetch import cache_dir, fetch
+from bakery.bake.wheel import patched_wheel_name, read_wheel
+from bakery.errors import BakeryError, HunkFailed, SeriesError
+from bakery.series import apply
+from bakery.series.diff import render_file_diff
+from bakery.series.series import Series
+from bakery.tree import read_file, write_atomic
 
 __all__ = [
     "PatchChange",

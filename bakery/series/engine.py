@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, count
 
-from .diff import FilePatch, Hunk, HunkLine, split_lines
-from .errors import HunkFailed
+from bakery.errors import HunkFailed
+from bakery.series.diff import FilePatch, Hunk, HunkLine, split_lines
 
 __all__ = ["Placement", "FileResult", "apply_file_patch", "survey_file_patch"]
 

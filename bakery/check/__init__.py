@@ -1,0 +1,1 @@
+"""Static and import checks of the patched files."""
