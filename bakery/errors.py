@@ -6,6 +6,8 @@ exit code; anything else escaping is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 __all__ = [
     "BakeryError",
     "UsageError",
@@ -13,6 +15,7 @@ __all__ = [
     "UnsafePathError",
     "UnreadableInput",
     "HunkFailed",
+    "NearMatch",
     "WriteFailed",
     "SeriesError",
     "HashMismatch",
@@ -63,8 +66,41 @@ class SeriesError(BakeryError):
     exit_code = 2
 
 
+@dataclass(frozen=True)
+class NearMatch:
+    """Where a failed hunk came closest: the window sharing the most lines with its old side."""
+
+    line: int  # 1-based file line the window starts at
+    offset: int  # line - where the diff header put the hunk
+    differing: int  # lines of the window that are not the hunk's
+
+
 class HunkFailed(BakeryError):
-    """A hunk could not be placed; the message carries the nearest near-match."""
+    """A hunk (or a whole file's patch) could not be placed.
+
+    The fields say what failed, so no caller parses the message: ``patch`` and
+    ``path`` name the patch and its file, ``hunk`` the 1-based hunk number (None
+    when the file itself is wrong: missing, already there, or not what a deletion
+    expects), ``expected`` the line the hunk was looked for near, and ``nearest``
+    its nearest near-match (None when no line of the hunk is in the file)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        patch: str,
+        path: str,
+        hunk: int | None = None,
+        expected: int | None = None,
+        nearest: NearMatch | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.patch = patch
+        self.path = path
+        self.hunk = hunk
+        self.expected = expected
+        self.nearest = nearest
 
 
 class WriteFailed(BakeryError):

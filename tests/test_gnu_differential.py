@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bakery.series import engine
-from bakery.series.apply import ALREADY_APPLIED, plan
+from bakery.series.apply import ApplyStatus, plan
 from bakery.series.diff import parse_patch, render_file_diff, split_lines
 from tests.conftest import run_tool
 from tests.test_gnu_parity import gnu_patch, ours
@@ -188,7 +188,7 @@ def test_first_hunk_whose_reverse_places_first_is_refused_like_gnu(tmp_path):
     assert _gnu(REVERSED_TARGET, REVERSED_DIFF, 1) == (None, {})
     assert ours(REVERSED_TARGET, REVERSED_DIFF, 1) == (None, {})
     result = plan(tmp_path, [parse_patch(REVERSED_DIFF, "p")], max_fuzz=1)
-    assert [o.status for o in result.outcomes] == [ALREADY_APPLIED]
+    assert [o.status for o in result.outcomes] == [ApplyStatus.ALREADY_APPLIED]
     assert result.after["f"] == REVERSED_TARGET
 
 

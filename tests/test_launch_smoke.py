@@ -23,7 +23,7 @@ from _launch_support import REPO, RUN_SH, free_port, marked, run_sh, wait_until
 from bakery.launch.lifecycle import group_members
 from bakery.verify import (
     CaptureSettings,
-    Gates,
+    ParityGates,
     capture_bundle,
     compare_bundles,
     load_suite,
@@ -134,7 +134,7 @@ def _teacher_forced_parity_against_the_real_server(url: str, tmp: Path) -> None:
     cand = capture_bundle(
         url, tmp / "tf-cand", suite, settings=settings, teacher_forced=True, reference=base
     )
-    report = compare_bundles(base, cand, Gates(max_tf_kl=1e-6), teacher_forced=True)
+    report = compare_bundles(base, cand, ParityGates(max_tf_kl=1e-6), teacher_forced=True)
     assert report["passed"], report
     for case in report["cases"].values():
         assert case["tf_positions"] > case["tf_completion_start"] > 0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bakery.maintain.refresh import check
+from bakery.maintain.refresh import patches_out_of_date
 from bakery.series.diff import render_file_diff
 from bakery.series.series import load_series
 from tests.test_identity_manifest import _series
@@ -31,7 +31,7 @@ def pristine(tmp_path) -> Path:
 
 
 def findings(tmp_path: Path, pristine: Path, patches: dict[str, bytes]) -> list[str]:
-    return check(load_series(_series(tmp_path / "series", patches)), pristine)
+    return patches_out_of_date(load_series(_series(tmp_path / "series", patches)), pristine)
 
 
 def test_up_to_date_series_has_no_finding(tmp_path, pristine):

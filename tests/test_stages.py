@@ -5,7 +5,7 @@ import tomllib
 from pathlib import Path
 
 from bakery.series.series import DEFAULT_SERIES, load_series
-from bakery.series.stages import check, load_stages, plan_table, render_table
+from bakery.series.stages import load_stages, plan_table, render_table, stage_table_problems
 
 ROOT = Path(__file__).resolve().parents[1] / DEFAULT_SERIES
 
@@ -27,7 +27,7 @@ def test_stages_one_to_nine_and_each_named_patch_is_in_the_series():
 
 
 def test_consistent():
-    assert check(ROOT) == []
+    assert stage_table_problems(ROOT) == []
 
 
 def test_check_reports_a_stale_table_and_an_unknown_patch(tmp_path):
@@ -42,6 +42,6 @@ def test_check_reports_a_stale_table_and_an_unknown_patch(tmp_path):
             'patches = ["02-models_deepseek_v41_attention.py.diff", "07-missing.diff"]',
         )
     )
-    problems = check(copy)
+    problems = stage_table_problems(copy)
     assert any("PLAN.md: stage table differs" in p for p in problems)
     assert any("'07-missing.diff'" in p for p in problems)

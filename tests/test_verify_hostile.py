@@ -10,7 +10,7 @@ import pytest
 from _verify_support import NOMTP, copy_bundle, edit_case, logprobs_of, run_cli
 
 from bakery.verify.bundle import teacher_from_document
-from bakery.verify.compare import Gates, evaluate_gates
+from bakery.verify.compare import ParityGates, evaluate_gates
 from bakery.verify.errors import BundleError
 from bakery.verify.report import write_reports
 
@@ -77,7 +77,7 @@ def test_steps_that_do_not_line_up_are_bad_input(tmp_path):
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 def test_a_non_finite_metric_fails_every_bound_even_zero(value):
     """Behind the border: a NaN that reached the gates still fails them (NaN > 0 is False)."""
-    gates = Gates(require_prompt_ids_equal=False).with_values(
+    gates = ParityGates(require_prompt_ids_equal=False).with_values(
         "test", max_chosen_token_logprob_abs_error=0.0, min_topk_overlap_mean=0.0
     )
     case = {

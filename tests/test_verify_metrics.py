@@ -186,15 +186,15 @@ def test_a_run_compared_with_itself_is_perfect(steps: list[dict[str, float]]) ->
 
 
 def test_a_bound_whose_metric_could_not_be_computed_fails_the_gate():
-    from bakery.verify.compare import BOUND_GATES, Gates, evaluate_gates
+    from bakery.verify.compare import BOUND_GATES, ParityGates, evaluate_gates
 
     for name, (key, _kind) in BOUND_GATES.items():
         # A low-margin fork at step 0 leaves the trajectory empty: nothing was compared.
         case = {"prompt_token_ids_match": True, "tokens_match": False,
                 "first_token_mismatch_low_margin": True, "first_token_mismatch": {"step": 0},
                 key: None}
-        assert evaluate_gates(case, Gates()) == []
-        (failure,) = evaluate_gates(case, Gates(**{name: 1.0}))
+        assert evaluate_gates(case, ParityGates()) == []
+        (failure,) = evaluate_gates(case, ParityGates(**{name: 1.0}))
         assert "could not be computed" in failure and name in failure
 
 

@@ -61,7 +61,7 @@ class BakeResult:
     tree: Path
     manifest: Path
     wheel: Path
-    plan: apply.Plan
+    plan: apply.ApplyPlan
 
 
 def tree_dir(build: Path, base_key: str) -> Path:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bakery import __version__
 from bakery.errors import ManifestError, UnsafePathError
-from bakery.series.apply import Plan
+from bakery.series.apply import ApplyPlan
 from bakery.series.series import Pin, Series, is_sha256
 from bakery.tree import inside, relative
 
@@ -30,7 +30,7 @@ def _sha(data: bytes | None) -> str | None:
     return None if data is None else hashlib.sha256(data).hexdigest()
 
 
-def build(series: Series, base: Pin, plan: Plan, wheel_name: str) -> dict:
+def build(series: Series, base: Pin, plan: ApplyPlan, wheel_name: str) -> dict:
     package = series.package
     return {
         "tool": {"name": "bakery", "version": __version__},

@@ -46,7 +46,7 @@ def bake_cmd(series_dir, base_key, wheel, build_dir, check_only) -> None:
     refuse_during_rebase(build_dir)
     result = run_bake(series, base_key, build=build_dir, wheel=wheel)
     for outcome in result.plan.outcomes:
-        if outcome.status == apply_mod.ALREADY_APPLIED:
+        if outcome.status is apply_mod.ApplyStatus.ALREADY_APPLIED:
             click.echo(f"warning: {outcome.patch.name} is already in the base", err=True)
     click.echo(
         f"baked {result.tree} (series {series.name} {series.sha256[:8]}, "

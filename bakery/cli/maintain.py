@@ -67,7 +67,7 @@ def refresh_cmd(
     series = load_series(series_dir)
     if check_only:
         pristine_pkg = unpacked(series.base(base_key)) / series.package
-        problems = refresh.check(series, pristine_pkg)
+        problems = refresh.patches_out_of_date(series, pristine_pkg)
         for problem in problems:
             click.echo(problem)
         if problems:
@@ -185,7 +185,7 @@ def _refuse_if_series_moved(series, base_key: str, tree: Path, build: Path) -> N
 )
 def rebase_cmd(
     series_dir, base_key, build_dir, target, out, fuzz, in_place, checkout, resume, abort
-) -> None:
+) -> int | None:
     """Try the series on another release: per-hunk report, refreshed series, linkcheck.
 
     With --checkout, --continue and --abort it is the conflict loop of `git rebase`."""
@@ -208,7 +208,8 @@ def rebase_cmd(
     if not (resume or abort) and not target:
         raise UsageError("missing --to NAME==X.Y.Z", hint="e.g. `bakery rebase --to vllm==0.33.0`")
     if resume:
-        return _rebase_continue(build_dir)
+        _rebase_continue(build_dir)
+        return None
     if abort:
         state = rebase_loop.abort(build_dir)
         click.echo(f"aborted the rebase onto {state['release']}: series and tree restored")
@@ -231,10 +232,10 @@ def rebase_cmd(
     for note in report["kept_bases"]:
         click.echo(f"warning: {note}", err=True)
     click.echo(f"refreshed series and report: {out}")
-    problems = counts["failed"] + len(report["linkcheck"])
-    if problems:
+    failed = counts[rebase_mod.HunkVerdict.FAILED]
+    if failed + len(report["linkcheck"]):
         raise BakeryError(
-            f"{counts['failed']} hunk(s) failed and {len(report['linkcheck'])} "
+            f"{failed} hunk(s) failed and {len(report['linkcheck'])} "
             f"linkcheck finding(s) on {report['release']}",
             hint=f"see {out / 'rebase.md'}; `bakery rebase --checkout` writes the conflicts "
             "into the baked tree to fix them",

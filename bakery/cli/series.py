@@ -24,7 +24,7 @@ def _placement_text(placement) -> str:
     return f"#{placement.hunk} at {placement.line}" + (f" ({', '.join(notes)})" if notes else "")
 
 
-def _plan_json(plan: apply_mod.Plan, dry_run: bool) -> dict:
+def _plan_json(plan: apply_mod.ApplyPlan, dry_run: bool) -> dict:
     return {
         "tree": str(plan.tree),
         "dry_run": dry_run,
@@ -47,9 +47,9 @@ def _plan_json(plan: apply_mod.Plan, dry_run: bool) -> dict:
     }
 
 
-def _print_plan(plan: apply_mod.Plan, dry_run: bool) -> None:
+def _print_plan(plan: apply_mod.ApplyPlan, dry_run: bool) -> None:
     for outcome in plan.outcomes:
-        if outcome.status == apply_mod.ALREADY_APPLIED:
+        if outcome.status is apply_mod.ApplyStatus.ALREADY_APPLIED:
             click.echo(
                 f"{outcome.patch.name}: already applied (it reverse-applies cleanly), skipped"
             )
@@ -116,7 +116,7 @@ def stages_cmd(series_dir: Path, write: bool) -> None:
         stages.write_plan(series_dir)
     else:
         click.echo(stages.render_table(stages.load_stages(series_dir)))
-    problems = stages.check(series_dir)
+    problems = stages.stage_table_problems(series_dir)
     for problem in problems:
         click.echo(problem, err=True)
     if problems:

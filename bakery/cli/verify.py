@@ -18,7 +18,7 @@ import click
 from bakery.errors import UsageError
 from bakery.verify.calibrate import CalibrationPolicy, calibrate_bundles, write_calibration
 from bakery.verify.capture import CaptureSettings, ServerInfo, capture_bundle
-from bakery.verify.compare import Gates, compare_bundles, load_gates
+from bakery.verify.compare import ParityGates, compare_bundles, load_gates
 from bakery.verify.errors import ParityFailure
 from bakery.verify.report import format_value, write_reports
 from bakery.verify.suite import load_suite
@@ -225,7 +225,7 @@ def compare(
     **bounds: float | None,
 ) -> None:
     """Compare a candidate bundle against a baseline bundle; exit 1 on parity failure."""
-    gates = load_gates(gates_path) if gates_path is not None else Gates()
+    gates = load_gates(gates_path) if gates_path is not None else ParityGates()
     gates = gates.with_values(
         "cli",
         fail_on_high_margin_mismatch=False if allow_high_margin_mismatch else None,

@@ -16,7 +16,7 @@ import os
 from bakery.launch.errors import Problem
 from bakery.launch.gates import CANDIDATES, COMBINE, GATHER, PCP, SPECULATIVE, STAGE, GateTable
 from bakery.launch.model_config import candidate_blocks, text_config
-from bakery.launch.plan import Plan, server_args
+from bakery.launch.plan import LaunchPlan, server_args
 from bakery.launch.vllm_args import ArgValueError, read_args
 
 __all__ = ["config_problems", "model_notes", "stage_notes", "SERIES_MODEL_TYPE"]
@@ -25,7 +25,7 @@ __all__ = ["config_problems", "model_notes", "stage_notes", "SERIES_MODEL_TYPE"]
 SERIES_MODEL_TYPE = "deepseek_v41"
 
 
-def _stage_problems(plan: Plan, table: GateTable) -> list[Problem]:
+def _stage_problems(plan: LaunchPlan, table: GateTable) -> list[Problem]:
     g, dcp = plan.profile.gates, plan.profile.layout.dcp
     out = []
     if not table.stage_min <= g.stage <= table.stage_max:
@@ -49,7 +49,7 @@ def _stage_problems(plan: Plan, table: GateTable) -> list[Problem]:
     return out
 
 
-def _env_problems(plan: Plan, table: GateTable) -> list[Problem]:
+def _env_problems(plan: LaunchPlan, table: GateTable) -> list[Problem]:
     """Every DSV41_* variable the server would see: known, a legal value, stage high enough."""
     env = {**{k: v for k, v in os.environ.items() if k.startswith("DSV41_")}, **dict(plan.env)}
     stage = plan.profile.gates.stage
@@ -86,7 +86,7 @@ def _env_problems(plan: Plan, table: GateTable) -> list[Problem]:
     return out
 
 
-def _layout_problems(plan: Plan) -> list[Problem]:
+def _layout_problems(plan: LaunchPlan) -> list[Problem]:
     p, lay = plan.profile, plan.profile.layout
     out = []
     for name, value in (("tp", lay.tp), ("pp", lay.pp), ("dcp", lay.dcp), ("nnodes", lay.nnodes)):
@@ -175,7 +175,7 @@ def _node_problems(base: str, lay) -> list[Problem]:
     return out
 
 
-def _head_problems(plan: Plan, heads: tuple[int, ...], config: dict) -> list[Problem]:
+def _head_problems(plan: LaunchPlan, heads: tuple[int, ...], config: dict) -> list[Problem]:
     n = text_config(config).get("num_attention_heads", config.get("num_attention_heads"))
     lay = plan.profile.layout
     if not isinstance(n, int) or lay.tp < 1 or lay.dcp < 1:
@@ -205,7 +205,12 @@ def _head_problems(plan: Plan, heads: tuple[int, ...], config: dict) -> list[Pro
 
 
 def _feature_problem(
-    plan: Plan, table: GateTable, feature: str, what: str, value: str, way_out: str = "--dcp 1"
+    plan: LaunchPlan,
+    table: GateTable,
+    feature: str,
+    what: str,
+    value: str,
+    way_out: str = "--dcp 1",
 ) -> Problem | None:
     """``what`` under DCP > 1 at a stage that does not serve ``feature``, or None."""
     stage, dcp = plan.profile.gates.stage, plan.profile.layout.dcp
@@ -221,7 +226,7 @@ def _feature_problem(
     return Problem(what, why, f"{value} with --dcp {dcp} --stage {stage}", hint)
 
 
-def _candidate_problems(plan: Plan, table: GateTable, config: dict) -> list[Problem]:
+def _candidate_problems(plan: LaunchPlan, table: GateTable, config: dict) -> list[Problem]:
     layer = candidate_blocks(config)
     if layer is None:
         return []
@@ -233,9 +238,9 @@ def _candidate_problems(plan: Plan, table: GateTable, config: dict) -> list[Prob
     return [problem] if problem else []
 
 
-def _arg_problems(plan: Plan, table: GateTable, parsed: dict) -> list[Problem]:
+def _arg_problems(plan: LaunchPlan, table: GateTable, parsed: dict) -> list[Problem]:
     """The vLLM args (parsed by vLLM's parser, or ``vllm_args``) against the launcher's layout."""
-    out = _contradictions(plan, parsed)
+    out: list[Problem | None] = [*_contradictions(plan, parsed)]  # a feature may be allowed
     speculative = [
         f"--{k.replace('_', '-')}"
         for k in ("speculative_config", "spec_method", "spec_model", "spec_tokens")
@@ -255,7 +260,7 @@ def _arg_problems(plan: Plan, table: GateTable, parsed: dict) -> list[Problem]:
 
 
 def config_problems(
-    plan: Plan,
+    plan: LaunchPlan,
     table: GateTable,
     heads: tuple[int, ...] | None,
     config: dict | None,
@@ -294,7 +299,7 @@ def model_notes(config: dict | None) -> list[str]:
     ]
 
 
-def stage_notes(plan: Plan, table: GateTable) -> list[str]:
+def stage_notes(plan: LaunchPlan, table: GateTable) -> list[str]:
     stage = plan.profile.gates.stage
     notes = []
     if plan.profile.layout.dcp == 1:
@@ -307,7 +312,7 @@ def stage_notes(plan: Plan, table: GateTable) -> list[str]:
     return notes
 
 
-def _contradictions(plan: Plan, parsed: dict) -> list[Problem]:
+def _contradictions(plan: LaunchPlan, parsed: dict) -> list[Problem]:
     lay = plan.profile.layout
     out = []
     for key, mine, flag in (
@@ -327,7 +332,7 @@ def _contradictions(plan: Plan, parsed: dict) -> list[Problem]:
     return out
 
 
-def _interleave_problems(plan: Plan, parsed: dict, config: dict | None) -> list[Problem]:
+def _interleave_problems(plan: LaunchPlan, parsed: dict, config: dict | None) -> list[Problem]:
     if plan.profile.layout.dcp <= 1:
         return []
     cp = parsed.get("cp_kv_cache_interleave_size") or 1

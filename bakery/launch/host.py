@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bakery.launch import probe as probe_module
 from bakery.launch.gates import GateTable
-from bakery.launch.plan import Plan, server_args
+from bakery.launch.plan import LaunchPlan, server_args
 
 __all__ = ["Gpu", "read_heads", "gpu_inventory", "visible", "run_probe", "probe_python"]
 
@@ -97,7 +97,7 @@ def visible(gpus: tuple[Gpu, ...], env: dict[str, str]) -> tuple[tuple[Gpu, ...]
     return tuple(shown), None
 
 
-def run_probe(plan: Plan) -> dict:
+def run_probe(plan: LaunchPlan) -> dict:
     """Run the probe with the serving Python, env and cwd. Raises OSError on failure."""
     env = {**os.environ, **dict(plan.env)}
     return probe_python(plan.python, env, plan.cwd, plan.command[2], server_args(plan.profile))

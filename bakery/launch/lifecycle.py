@@ -36,7 +36,7 @@ from bakery.bake.manifest import MANIFEST
 from bakery.launch import keeper as keeper_module
 from bakery.launch.errors import LaunchError, LaunchInterrupted
 from bakery.launch.model_config import candidate_blocks
-from bakery.launch.plan import Plan
+from bakery.launch.plan import LaunchPlan
 from bakery.launch.preflight import Facts
 from bakery.launch.processes import (
     MARK,
@@ -138,7 +138,7 @@ def _utc_stamp() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
-def new_record(plan: Plan) -> Record:
+def new_record(plan: LaunchPlan) -> Record:
     stamp = _utc_stamp()
     for n in range(1, 100):
         run_dir = plan.artifacts / (stamp if n == 1 else f"{stamp}-{n}")
@@ -159,14 +159,14 @@ def inherited_env() -> dict[str, str]:
     }
 
 
-def serve_env(plan: Plan, record: Record) -> dict[str, str]:
+def serve_env(plan: LaunchPlan, record: Record) -> dict[str, str]:
     run_id = f"{plan.profile.name}/{record.run_dir.name}"
     # MARK is how stop finds every process of this run; it is left out of
     # serve_command.sh, so a hand re-run is not this run's.
     return {**os.environ, **dict(plan.env), "BAKERY_LAUNCH_RUN": run_id, MARK: str(record.run_dir)}
 
 
-def command_script(plan: Plan, run_id: str) -> str:
+def command_script(plan: LaunchPlan, run_id: str) -> str:
     q = shlex.quote
     lines = [
         "#!/usr/bin/env bash",
@@ -182,7 +182,7 @@ def command_script(plan: Plan, run_id: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _baked(plan: Plan, facts: Facts) -> dict:
+def _baked(plan: LaunchPlan, facts: Facts) -> dict:
     path = facts.manifest or (plan.tree / MANIFEST if plan.tree else None)
     if path is None:
         return {"path": None, "error": "no BAKED.json found"}
@@ -200,7 +200,7 @@ def _baked(plan: Plan, facts: Facts) -> dict:
     }
 
 
-def environment(plan: Plan, facts: Facts, argv: list[str]) -> dict:
+def environment(plan: LaunchPlan, facts: Facts, argv: list[str]) -> dict:
     probe = facts.probe or {}
     server_env = {**os.environ, **dict(plan.env)}
     return {
@@ -232,7 +232,7 @@ def environment(plan: Plan, facts: Facts, argv: list[str]) -> dict:
     }
 
 
-def write_record(record: Record, plan: Plan, facts: Facts, argv: list[str]) -> None:
+def write_record(record: Record, plan: LaunchPlan, facts: Facts, argv: list[str]) -> None:
     run_id = f"{plan.profile.name}/{record.run_dir.name}"
     script = record.run_dir / "serve_command.sh"
     script.write_text(command_script(plan, run_id))
@@ -244,7 +244,7 @@ def write_record(record: Record, plan: Plan, facts: Facts, argv: list[str]) -> N
 # ---- readiness --------------------------------------------------------------------------
 
 
-def _ready_once(client: httpx.Client, plan: Plan) -> bool:
+def _ready_once(client: httpx.Client, plan: LaunchPlan) -> bool:
     try:
         if client.get(f"{plan.url}/health", timeout=5.0).status_code != 200:
             return False
@@ -271,7 +271,9 @@ def last_line(path: Path) -> str:
     return line.strip()[:PROGRESS_WIDTH]
 
 
-def wait_ready(plan: Plan, proc: subprocess.Popen, log: Path, timeout_s: float, say=None) -> float:
+def wait_ready(
+    plan: LaunchPlan, proc: subprocess.Popen, log: Path, timeout_s: float, say=None
+) -> float:
     """Seconds until /health and a 1-token completion answer; raises LaunchError.
 
     Every ``PROGRESS_S`` seconds ``say`` gets the elapsed time and the log's last
@@ -317,7 +319,7 @@ def _raise_interrupted(signum, _frame):
     raise _Interrupted(signum)
 
 
-def _spawn(plan: Plan, record: Record, grace_s: float) -> tuple[subprocess.Popen, int]:
+def _spawn(plan: LaunchPlan, record: Record, grace_s: float) -> tuple[subprocess.Popen, int]:
     read_fd, write_fd = os.pipe()
     keeper = [str(plan.python), "-I", keeper_module.__file__, str(grace_s), str(read_fd), "--"]
     with open(record.log, "ab") as log:
@@ -337,7 +339,7 @@ def _spawn(plan: Plan, record: Record, grace_s: float) -> tuple[subprocess.Popen
     return proc, write_fd
 
 
-def _write_pid(record: Record, plan: Plan, proc: subprocess.Popen) -> None:
+def _write_pid(record: Record, plan: LaunchPlan, proc: subprocess.Popen) -> None:
     data = {
         "pgid": proc.pid,
         "start_ticks": start_ticks(proc.pid),
@@ -361,7 +363,7 @@ def _abort(proc: subprocess.Popen, record: Record, grace_s: float) -> None:
 
 
 def start(
-    plan: Plan, facts: Facts, argv: list[str], *, grace_s: float = 30.0, say=print
+    plan: LaunchPlan, facts: Facts, argv: list[str], *, grace_s: float = 30.0, say=print
 ) -> tuple[Record, float]:
     """Record, spawn, wait until ready; on any failure nothing of the group is left."""
     record = new_record(plan)

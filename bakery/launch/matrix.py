@@ -27,12 +27,12 @@ from bakery.bake.manifest import MANIFEST
 from bakery.launch import lifecycle, preflight
 from bakery.launch.errors import PreflightError, Problem, ProfileError
 from bakery.launch.gates import GateTable
-from bakery.launch.plan import Plan, make_plan
+from bakery.launch.plan import LaunchPlan, make_plan
 from bakery.launch.profiles import load_profile, override, read_toml
 from bakery.series.series import Series
 from bakery.verify import (
     CaptureSettings,
-    Gates,
+    ParityGates,
     ServerInfo,
     capture_bundle,
     compare_bundles,
@@ -144,7 +144,7 @@ def load_matrix(path: Path) -> Matrix:
     )
 
 
-def _plan(entry: Entry, ctx: Context) -> Plan:
+def _plan(entry: Entry, ctx: Context) -> LaunchPlan:
     profile = override(load_profile(entry.profile, ctx.profiles, ctx.table), **dict(entry.flags))
     return make_plan(
         profile,
@@ -155,7 +155,7 @@ def _plan(entry: Entry, ctx: Context) -> Plan:
     )
 
 
-def _preflight_all(entries: list[Entry], ctx: Context, say) -> dict[str, tuple[Plan, Any]]:
+def _preflight_all(entries: list[Entry], ctx: Context, say) -> dict[str, tuple[LaunchPlan, Any]]:
     """Every entry checked before any server boots; all problems in one refusal."""
     checked, problems = {}, []
     for entry in entries:
@@ -172,8 +172,8 @@ def _preflight_all(entries: list[Entry], ctx: Context, say) -> dict[str, tuple[P
     return checked
 
 
-def _gates(matrix: Matrix, gates_file: Path | None) -> Gates:
-    base = load_gates(gates_file) if gates_file else Gates()
+def _gates(matrix: Matrix, gates_file: Path | None) -> ParityGates:
+    base = load_gates(gates_file) if gates_file else ParityGates()
     values = dict(matrix.gates)
     return base.with_values(f"matrix {matrix.source.name}", **values) if values else base
 

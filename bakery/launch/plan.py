@@ -19,7 +19,7 @@ from pathlib import Path
 from bakery.launch.gates import COMBINE, GATHER, STAGE, TIMING
 from bakery.launch.profiles import Layout, Profile
 
-__all__ = ["Plan", "make_plan", "render_plan", "ARTIFACTS_PATTERN", "SERVER_MODULE"]
+__all__ = ["LaunchPlan", "make_plan", "render_plan", "ARTIFACTS_PATTERN", "SERVER_MODULE"]
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 HEADLESS_MODULE = "vllm.entrypoints.cli.main"
@@ -27,7 +27,7 @@ ARTIFACTS_PATTERN = "<UTC timestamp>"
 
 
 @dataclass(frozen=True)
-class Plan:
+class LaunchPlan:
     profile: Profile
     python: Path
     tree: Path | None  # the baked tree that must provide `vllm`; None: the installed wheel
@@ -100,14 +100,14 @@ def server_args(profile: Profile) -> list[str]:
 
 def make_plan(
     profile: Profile, *, python: Path, tree: Path | None, root: Path, artifacts: Path
-) -> Plan:
+) -> LaunchPlan:
     module = HEADLESS_MODULE if profile.layout.headless else SERVER_MODULE
     command = (str(python), "-m", module, *server_args(profile))
     env = {**dict(profile.env), **gate_env(profile)}
     if tree is not None:
         inherited = os.environ.get("PYTHONPATH")
         env = {"PYTHONPATH": str(tree) + (os.pathsep + inherited if inherited else ""), **env}
-    return Plan(
+    return LaunchPlan(
         profile=profile,
         python=python,
         tree=tree,
@@ -124,7 +124,7 @@ def _shown(value: str, root: Path) -> str:
     return value.replace(prefix, "") if prefix in value else value
 
 
-def render_plan(plan: Plan) -> dict:
+def render_plan(plan: LaunchPlan) -> dict:
     """The dry-run view: profile, layout, gates, env and command, repo paths relative."""
     p, root = plan.profile, plan.cwd
     return {

@@ -28,7 +28,7 @@ from bakery.launch.gates import GateTable
 from bakery.launch.host import Gpu, gpu_inventory, probe_python, read_heads, run_probe, visible
 from bakery.launch.installed import installed_problems
 from bakery.launch.model_config import find_config
-from bakery.launch.plan import Plan, server_args
+from bakery.launch.plan import LaunchPlan, server_args
 from bakery.launch.vllm_args import ArgValueError, read_args
 from bakery.series.series import Series
 
@@ -71,7 +71,9 @@ class Report:
 # ---- environment checks ---------------------------------------------------------------
 
 
-def _gpu_problems(plan: Plan, gpus: tuple[Gpu, ...] | None, error: str | None) -> list[Problem]:
+def _gpu_problems(
+    plan: LaunchPlan, gpus: tuple[Gpu, ...] | None, error: str | None
+) -> list[Problem]:
     lay, p = plan.profile.layout, plan.profile
     need = lay.world // lay.nnodes if lay.nnodes > 0 and lay.backend == "mp" else lay.world
     if error is not None:
@@ -119,7 +121,7 @@ def _gpu_problems(plan: Plan, gpus: tuple[Gpu, ...] | None, error: str | None) -
     return out
 
 
-def _probe_problems(plan: Plan, probe: dict | None, error: str | None) -> list[Problem]:
+def _probe_problems(plan: LaunchPlan, probe: dict | None, error: str | None) -> list[Problem]:
     if error is not None:
         return [
             Problem(
@@ -172,7 +174,7 @@ def _probe_problems(plan: Plan, probe: dict | None, error: str | None) -> list[P
     return out
 
 
-def _port_problems(plan: Plan) -> list[Problem]:
+def _port_problems(plan: LaunchPlan) -> list[Problem]:
     if plan.headless:
         return []
     p = plan.profile
@@ -192,7 +194,7 @@ def _port_problems(plan: Plan) -> list[Problem]:
     return []
 
 
-def _tree_problems(plan: Plan, series: Series, build: Path) -> list[Problem]:
+def _tree_problems(plan: LaunchPlan, series: Series, build: Path) -> list[Problem]:
     try:
         stale = staleness(series, plan.profile.base, build)
     except BakeryError as exc:
@@ -203,7 +205,7 @@ def _tree_problems(plan: Plan, series: Series, build: Path) -> list[Problem]:
     return [Problem("baked tree missing or stale", stale[0] + more, str(plan.tree), _BAKE_HINT)]
 
 
-def _gather_gpus(plan: Plan) -> tuple[tuple[Gpu, ...] | None, str | None, list[str]]:
+def _gather_gpus(plan: LaunchPlan) -> tuple[tuple[Gpu, ...] | None, str | None, list[str]]:
     if plan.profile.base == "cpu":
         return None, None, ["cpu base: GPU check skipped"]
     if plan.profile.layout.backend == "ray":
@@ -232,7 +234,7 @@ def _heads(
         ]
 
 
-def _read_own_args(plan: Plan) -> tuple[dict, list[Problem]]:
+def _read_own_args(plan: LaunchPlan) -> tuple[dict, list[Problem]]:
     try:
         return read_args(server_args(plan.profile)), []
     except ArgValueError as exc:
@@ -254,7 +256,7 @@ def _parsed(probe: dict | None, own: dict) -> tuple[dict, list[str]]:
     return own, ["vLLM flags read by the launcher (the pinned vLLM parser gave no answer)"]
 
 
-def run_preflight(plan: Plan, table: GateTable, series: Series, build: Path) -> Report:
+def run_preflight(plan: LaunchPlan, table: GateTable, series: Series, build: Path) -> Report:
     """Every check, all reported; raises nothing itself (see ``enforce``)."""
     own, arg_problems = _read_own_args(plan)
     serving_env = {**os.environ, **dict(plan.env)}

@@ -14,6 +14,7 @@ import json
 import shutil
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
+from enum import StrEnum
 from pathlib import Path
 
 import tomlkit
@@ -24,11 +25,13 @@ from bakery.check.linkcheck import format_finding, run_linkcheck
 from bakery.errors import FetchError, UsageError
 from bakery.progress import step
 from bakery.series.diff import render_file_diff
-from bakery.series.engine import apply_file_patch, survey_file_patch
+from bakery.series.engine import Placement, apply_file_patch, survey_file_patch
 from bakery.series.series import Pin, Series, load_series
 from bakery.tree import write_atomic
 
 __all__ = [
+    "HunkVerdict",
+    "PatchVerdict",
     "HunkStatus",
     "survey",
     "patch_status",
@@ -43,7 +46,29 @@ __all__ = [
     "other_base_pins",
 ]
 
-_SEVERITY = ["clean", "offset", "fuzz", "upstream", "failed"]
+
+class HunkVerdict(StrEnum):
+    """One hunk on a release, mildest first (the order ranks a patch's worst hunk)."""
+
+    CLEAN = "clean"
+    OFFSET = "offset"
+    FUZZ = "fuzz"
+    UPSTREAM = "upstream"  # not placed, but its reverse is: the release already has it
+    FAILED = "failed"
+
+
+class PatchVerdict(StrEnum):
+    """One patch on a release: its worst hunk, summed up."""
+
+    CLEAN = "clean"
+    OFFSET = "offset"
+    FUZZ = "fuzz"
+    UPSTREAM = "upstream"  # every hunk is upstream: the patch can be dropped
+    FAILS = "fails"  # a hunk failed, or only some hunks are upstream: needs a hand
+    MISSING = "missing"  # (matrix) the release could not be fetched
+
+
+_SEVERITY = list(HunkVerdict)
 
 
 @dataclass(frozen=True)
@@ -51,14 +76,16 @@ class HunkStatus:
     patch: str
     path: str
     hunk: int
-    status: str  # one of _SEVERITY
+    status: HunkVerdict
     offset: int | None = None
     fuzz: int | None = None
     detail: str = ""  # the near-match report of a failed hunk
 
 
-def _label(placement) -> str:
-    return "fuzz" if placement.fuzz else "offset" if placement.offset else "clean"
+def _label(placement: Placement) -> HunkVerdict:
+    if placement.fuzz:
+        return HunkVerdict.FUZZ
+    return HunkVerdict.OFFSET if placement.offset else HunkVerdict.CLEAN
 
 
 def survey(series: Series, files: Mapping[str, bytes | None], max_fuzz: int) -> list[HunkStatus]:
@@ -79,25 +106,28 @@ def survey(series: Series, files: Mapping[str, bytes | None], max_fuzz: int) -> 
                     continue
                 single = replace(fp, hunks=(hunk,)).reversed()
                 back, _ = survey_file_patch(patch.name, single, before, 0)
-                failure = next((str(f) for f in failures if f"hunk #{hunk.number} " in str(f)), "")
-                status = "upstream" if back else "failed"
+                if back:
+                    out.append(HunkStatus(patch.name, fp.path, hunk.number, HunkVerdict.UPSTREAM))
+                    continue
+                failure = next((str(f) for f in failures if f.hunk == hunk.number), "")
                 out.append(
-                    HunkStatus(
-                        patch.name, fp.path, hunk.number, status, detail="" if back else failure
-                    )
+                    HunkStatus(patch.name, fp.path, hunk.number, HunkVerdict.FAILED, detail=failure)
                 )
             if not failures:
                 state[fp.path] = apply_file_patch(patch.name, fp, before, max_fuzz).after
     return out
 
 
-def patch_status(statuses: list[HunkStatus], patch: str) -> str:
+def patch_status(statuses: list[HunkStatus], patch: str) -> PatchVerdict:
     """A patch's worst hunk (upstream only when every hunk is upstream)."""
     mine = [s.status for s in statuses if s.patch == patch]
-    if mine and all(s == "upstream" for s in mine):
-        return "upstream"
-    worst = max((s for s in mine if s != "upstream"), key=_SEVERITY.index, default="clean")
-    return "fails" if worst == "failed" or "upstream" in mine else worst
+    if mine and all(s is HunkVerdict.UPSTREAM for s in mine):
+        return PatchVerdict.UPSTREAM
+    others = (s for s in mine if s is not HunkVerdict.UPSTREAM)
+    worst = max(others, key=_SEVERITY.index, default=HunkVerdict.CLEAN)
+    if worst is HunkVerdict.FAILED or HunkVerdict.UPSTREAM in mine:
+        return PatchVerdict.FAILS
+    return PatchVerdict(worst.value)  # clean, offset or fuzz: the same word for both
 
 
 def release_pin(series: Series, base_key: str, version: str, cache: Path) -> Pin:
@@ -182,10 +212,10 @@ def _write_series(
     state = dict(files)
     for entry, patch in zip(series.entries, series.patches, strict=True):
         status = patch_status(statuses, patch.name)
-        if status == "upstream":
+        if status is PatchVerdict.UPSTREAM:
             dropped.append(entry.file)
             continue
-        if status == "fails":
+        if status is PatchVerdict.FAILS:
             shutil.copyfile(series.root / entry.file, out / entry.file)
             kept.append(entry.file)
             continue
@@ -253,7 +283,7 @@ def _rebase_markdown(report: dict) -> str:
     ]
     for h in report["hunks"]:
         status = h["status"]
-        if status in ("offset", "fuzz"):
+        if status in (HunkVerdict.OFFSET, HunkVerdict.FUZZ):
             status = f"{status} (offset {h['offset']:+d}, fuzz {h['fuzz']})"
         lines.append(f"| {h['patch']} | {h['path']} | {h['hunk']} | {status} |")
     for h in report["hunks"]:
@@ -288,14 +318,14 @@ def matrix(
                 "wheel": None,
                 "sha256": None,
                 "error": str(exc),
-                "patches": {e.file: "missing" for e in series.entries},
+                "patches": {e.file: PatchVerdict.MISSING for e in series.entries},
                 "linkcheck": None,
             }
             continue
         with step(f"{base.name}=={version}: placing {len(series.entries)} patch(es)"):
             statuses = survey(series, release_files(series, pin, cache), max_fuzz)
         statuses_by_patch = {e.file: patch_status(statuses, e.file) for e in series.entries}
-        applicable = tuple(p for p, s in statuses_by_patch.items() if s != "fails")
+        applicable = tuple(p for p, s in statuses_by_patch.items() if s is not PatchVerdict.FAILS)
         findings = (
             _linkcheck(series, pin, applicable, cache, max_fuzz) if linkcheck and applicable else []
         )
@@ -333,7 +363,8 @@ def matrix_failures(table: dict) -> list[str]:
         if row.get("error"):
             out.append(f"{version}: release missing")
             continue
-        out += [f"{version}: {p} fails" for p, s in row["patches"].items() if s == "fails"]
+        failing = [p for p, s in row["patches"].items() if s == PatchVerdict.FAILS]
+        out += [f"{version}: {p} fails" for p in failing]
         if row["linkcheck"]:
             out.append(f"{version}: {len(row['linkcheck'])} linkcheck finding(s)")
     return out

@@ -6,8 +6,8 @@ its patch's number and name; a new file gets the next free number (or
 ``--at NN``); a patch whose file no longer differs is removed. Stray files
 (``*.orig``, ``*.rej``, editor swap and backup files) never become patches, and
 a tree baked from another series than the one on disk is refused, so a hand
-edit of a patch is never overwritten. ``check`` is the "patches are up to
-date" lint: every patch must apply cleanly in order and be byte-identical to
+edit of a patch is never overwritten. ``patches_out_of_date`` is the "patches
+are up to date" lint: every patch must apply cleanly in order and be byte-identical to
 what refresh would write. ``record`` is ``refresh --no-bake``'s BAKED.json: the
 tree is then a bake of the written series, proven and recorded without re-baking.
 """
@@ -18,6 +18,7 @@ import fnmatch
 import os
 import subprocess
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 import tomlkit
@@ -33,6 +34,7 @@ from bakery.series.series import Series
 from bakery.tree import read_file, write_atomic
 
 __all__ = [
+    "ChangeAction",
     "PatchChange",
     "is_stray",
     "differing_files",
@@ -41,7 +43,7 @@ __all__ = [
     "plan_refresh",
     "write_refresh",
     "record",
-    "check",
+    "patches_out_of_date",
 ]
 
 # Left behind by GNU patch (.orig, .rej), vim (.swp...), emacs (~, #x#, .#x) and
@@ -54,11 +56,19 @@ def is_stray(rel: str) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in _STRAY)
 
 
+class ChangeAction(StrEnum):
+    """What refresh does to one patch file."""
+
+    ADD = "add"  # a newly edited file gets a new patch
+    UPDATE = "update"  # the patch's bytes change
+    REMOVE = "remove"  # its files no longer differ from the base
+
+
 @dataclass(frozen=True)
 class PatchChange:
     file: str  # patch file name
     paths: tuple[str, ...]  # tree-relative files it covers
-    action: str  # "add", "update", "remove"
+    action: ChangeAction
     data: bytes | None  # the new patch bytes (None for remove)
 
 
@@ -158,17 +168,16 @@ def plan_refresh(
     for file, paths in covers.items():
         data = _render(paths, differing)
         if not data:
-            changes.append(PatchChange(file, paths, "remove", None))
+            changes.append(PatchChange(file, paths, ChangeAction.REMOVE, None))
         elif data != (series.root / file).read_bytes():
-            changes.append(PatchChange(file, paths, "update", data))
+            changes.append(PatchChange(file, paths, ChangeAction.UPDATE, data))
     numbers = {e.number for e in series.entries}
     next_number = at if at is not None else max(numbers, default=0) + 1
     for path in sorted(p for p in differing if p not in owner):
         if next_number in numbers:
             raise SeriesError(f"patch number already taken (choose another --at): {next_number}")
-        changes.append(
-            PatchChange(_patch_name(next_number, path), (path,), "add", _render((path,), differing))
-        )
+        name = _patch_name(next_number, path)
+        changes.append(PatchChange(name, (path,), ChangeAction.ADD, _render((path,), differing)))
         numbers.add(next_number)
         next_number += 1
     return changes
@@ -190,13 +199,14 @@ def write_refresh(
     patches = doc.setdefault("patches", tomlkit.aot())
     for change in changes:
         target = series.root / change.file
-        if change.action == "remove":
+        if change.action is ChangeAction.REMOVE:
             target.unlink()
             index = next(i for i, t in enumerate(patches) if t["file"] == change.file)
             del patches[index]
             continue
+        assert change.data is not None  # only a remove comes without bytes
         write_atomic(target, change.data)
-        if change.action == "add":
+        if change.action is ChangeAction.ADD:
             old = (remembered or {}).get(change.file, {})
             default_summary = f"refreshed from the baked tree: {change.paths[0]}"
             table = tomlkit.table()
@@ -259,7 +269,7 @@ def _applies(package: Path, patches: list, max_fuzz: int) -> bool:
     return True
 
 
-def check(series: Series, pristine_package: Path) -> list[str]:
+def patches_out_of_date(series: Series, pristine_package: Path) -> list[str]:
     """Problems that make the series' patches out of date ([] when up to date)."""
     patches = list(series.patches)
     problems: list[str] = []
@@ -272,7 +282,7 @@ def check(series: Series, pristine_package: Path) -> list[str]:
             return [f"{patch.name}: does not apply, even with fuzz {_REPORT_FUZZ}"]
     result = apply.plan(pristine_package, patches, max_fuzz=_REPORT_FUZZ)
     for outcome in result.outcomes:
-        if outcome.status == apply.ALREADY_APPLIED:
+        if outcome.status is apply.ApplyStatus.ALREADY_APPLIED:
             problems.append(f"{outcome.patch.name}: already in the base (upstream); remove it")
         problems += _placement_problems(outcome)
     seen: dict[str, str] = {}

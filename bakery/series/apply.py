@@ -17,6 +17,7 @@ import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from bakery.errors import HunkFailed, UnreadableInput, UnsafePathError, WriteFailed
@@ -24,21 +25,25 @@ from bakery.series.diff import Patch
 from bakery.series.engine import FileResult, apply_file_patch
 from bakery.tree import inside
 
-__all__ = ["PatchOutcome", "Plan", "plan", "write", "APPLIED", "ALREADY_APPLIED"]
+__all__ = ["ApplyStatus", "PatchOutcome", "ApplyPlan", "plan", "write"]
 
-APPLIED = "applied"
-ALREADY_APPLIED = "already-applied"
+
+class ApplyStatus(StrEnum):
+    """What became of one patch (the words `bakery apply --json` and BAKED.json print)."""
+
+    APPLIED = "applied"
+    ALREADY_APPLIED = "already-applied"  # its reverse applies cleanly: skipped
 
 
 @dataclass(frozen=True)
 class PatchOutcome:
     patch: Patch
-    status: str  # APPLIED or ALREADY_APPLIED
-    files: tuple[FileResult, ...]
+    status: ApplyStatus
+    files: tuple[FileResult, ...]  # empty when already applied
 
 
 @dataclass(frozen=True)
-class Plan:
+class ApplyPlan:
     tree: Path
     outcomes: tuple[PatchOutcome, ...]
     before: dict[str, bytes | None]  # each touched file as found
@@ -92,7 +97,7 @@ def plan(
     max_fuzz: int = 0,
     reverse: bool = False,
     files: Mapping[str, bytes | None] | None = None,
-) -> Plan:
+) -> ApplyPlan:
     """Place every hunk of ``patches`` (in order) against ``tree``; write nothing.
 
     ``files`` (path -> bytes) stands in for reading the tree, e.g. members read
@@ -121,11 +126,11 @@ def plan(
                 _run(patch.reversed(), overlay, read, max_fuzz)
             except HunkFailed:
                 raise failure from None
-            outcomes.append(PatchOutcome(patch, ALREADY_APPLIED, ()))
+            outcomes.append(PatchOutcome(patch, ApplyStatus.ALREADY_APPLIED, ()))
             continue
         modes.update({r.path: r.mode for r in results if r.mode is not None})
-        outcomes.append(PatchOutcome(patch, APPLIED, results))
-    return Plan(tree, tuple(outcomes), before, dict(overlay), modes)
+        outcomes.append(PatchOutcome(patch, ApplyStatus.APPLIED, results))
+    return ApplyPlan(tree, tuple(outcomes), before, dict(overlay), modes)
 
 
 def _stage(target: Path, data: bytes, mode: int | None) -> Path:
@@ -167,7 +172,7 @@ def _make_parents(folder: Path, root: Path) -> list[Path]:
     return missing[::-1]
 
 
-def write(result: Plan) -> list[str]:
+def write(result: ApplyPlan) -> list[str]:
     """Commit a plan to its tree, all or nothing; returns the paths that changed.
 
     Every new file is staged beside its target and every old one kept under a

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, count
 
-from bakery.errors import HunkFailed
+from bakery.errors import HunkFailed, NearMatch
 from bakery.series.diff import FilePatch, Hunk, HunkLine, split_lines
 
 __all__ = ["Placement", "FileResult", "apply_file_patch", "survey_file_patch"]
@@ -191,18 +191,26 @@ def _failure(patch_name: str, path: str, hunk: Hunk, matcher: _Matcher, guess: i
     head = (
         f"{patch_name}: hunk #{hunk.number} does not apply to {path!r} (expected near line {guess})"
     )
-    hint = (
-        "refresh the patch against this base (`bakery rebase --checkout` writes the "
-        "conflicts to fix), or allow fuzz (`bakery apply --fuzz N`)"
-    )
-    if len(matcher.keys) < len(pattern):
+
+    def failed(message: str, nearest: NearMatch | None = None) -> HunkFailed:
         return HunkFailed(
+            message,
+            patch=patch_name,
+            path=path,
+            hunk=hunk.number,
+            expected=guess,
+            nearest=nearest,
+            hint="refresh the patch against this base (`bakery rebase --checkout` writes the "
+            "conflicts to fix), or allow fuzz (`bakery apply --fuzz N`)",
+        )
+
+    if len(matcher.keys) < len(pattern):
+        return failed(
             f"{head}: the file has {len(matcher.keys)} lines, fewer than the hunk's "
-            f"{len(pattern)} lines of old side",
-            hint=hint,
+            f"{len(pattern)} lines of old side"
         )
     if where <= 0:
-        return HunkFailed(f"{head}: no line of the hunk's old side is in the file", hint=hint)
+        return failed(f"{head}: no line of the hunk's old side is in the file")
     diffs = []
     for i, line in enumerate(hunk.old_lines):
         found = matcher.keys[where - 1 + i]
@@ -212,10 +220,11 @@ def _failure(patch_name: str, path: str, hunk: Hunk, matcher: _Matcher, guess: i
                 f"  line {where + i}: hunk wants {line.text.decode('utf-8', 'replace')!r}\n"
                 f"  {' ' * len(str(where + i))}       file has  {shown!r}"
             )
-    return HunkFailed(
-        f"{head}\n nearest near-match at line {where} (offset {where - hunk.first}): "
+    nearest = NearMatch(line=where, offset=where - hunk.first, differing=len(diffs))
+    return failed(
+        f"{head}\n nearest near-match at line {where} (offset {nearest.offset}): "
         f"{len(diffs)} of {len(pattern)} lines differ:\n" + "\n".join(diffs[:8]),
-        hint=hint,
+        nearest,
     )
 
 
@@ -230,6 +239,9 @@ def _refuse_if_reversed(
             f"{patch_name}: hunk #{hunk.number} does not apply to {path!r} at fuzz {fuzz}, "
             "but its reverse does: reversed (or previously applied)",
             hint="the base may already carry this change; check it, or refresh the patch",
+            patch=patch_name,
+            path=path,
+            hunk=hunk.number,
         )
 
 
@@ -300,7 +312,8 @@ def survey_file_patch(
     """Place every hunk, continuing past failures (for reports, like GNU's rejects)."""
     if (file_patch.creates and before) or (not file_patch.creates and before is None):
         where = "already exists" if before else "does not exist"
-        return [], [HunkFailed(f"{patch_name}: {file_patch.path!r} {where}")]
+        failure = f"{patch_name}: {file_patch.path!r} {where}"
+        return [], [HunkFailed(failure, patch=patch_name, path=file_patch.path)]
     _, placements, failures = _apply_hunks(patch_name, file_patch, before, max_fuzz, True)
     return placements, failures
 
@@ -311,14 +324,20 @@ def apply_file_patch(
     """Apply every hunk of ``file_patch`` to ``before``; raise ``HunkFailed``."""
     path = file_patch.path
     if file_patch.creates and before:
-        raise HunkFailed(f"{patch_name}: creates {path!r}, which already exists")
+        raise HunkFailed(
+            f"{patch_name}: creates {path!r}, which already exists", patch=patch_name, path=path
+        )
     if not file_patch.creates and before is None:
-        raise HunkFailed(f"{patch_name}: patches {path!r}, which does not exist")
+        raise HunkFailed(
+            f"{patch_name}: patches {path!r}, which does not exist", patch=patch_name, path=path
+        )
     after, placements, _ = _apply_hunks(patch_name, file_patch, before, max_fuzz, False)
     if file_patch.deletes:
         if after:
             raise HunkFailed(
-                f"{patch_name}: deletes {path!r}, but its content differs from the patch"
+                f"{patch_name}: deletes {path!r}, but its content differs from the patch",
+                patch=patch_name,
+                path=path,
             )
         return FileResult(path, before, None, tuple(placements))
     return FileResult(path, before, after, tuple(placements), mode=file_patch.new_mode)

@@ -20,7 +20,7 @@ __all__ = [
     "load_stages",
     "render_table",
     "plan_table",
-    "check",
+    "stage_table_problems",
     "write_plan",
     "BEGIN",
     "END",
@@ -106,7 +106,7 @@ def plan_table(plan_text: str) -> str:
     return plan_text[start + len(BEGIN) : end].strip()
 
 
-def check(root: Path = DEFAULT_SERIES) -> list[str]:
+def stage_table_problems(root: Path = DEFAULT_SERIES) -> list[str]:
     """Problems between stages.toml, PLAN.md and series.toml (empty when consistent).
 
     PLAN.md's table must equal the rendered one; every patch a stage names must

@@ -9,14 +9,14 @@ and call ``capture_bundle`` and ``compare_bundles``.
 from bakery.verify.bundle import Bundle, load_bundle
 from bakery.verify.calibrate import calibrate_bundles
 from bakery.verify.capture import CaptureSettings, ServerInfo, capture_bundle
-from bakery.verify.compare import Gates, compare_bundles, load_gates
+from bakery.verify.compare import ParityGates, compare_bundles, load_gates
 from bakery.verify.report import render_markdown, write_reports
 from bakery.verify.suite import load_suite
 
 __all__ = [
     "Bundle",
     "CaptureSettings",
-    "Gates",
+    "ParityGates",
     "ServerInfo",
     "calibrate_bundles",
     "capture_bundle",

@@ -18,7 +18,7 @@ from typing import Any
 
 from bakery.errors import UsageError
 from bakery.verify._io import write_json_atomic, write_text_atomic
-from bakery.verify.compare import BOUND_GATES, Gates, compare_bundles
+from bakery.verify.compare import BOUND_GATES, ParityGates, compare_bundles
 from bakery.verify.report import format_value
 
 __all__ = [
@@ -50,7 +50,7 @@ class CalibrationPolicy:
 
 @dataclass(frozen=True)
 class Calibration:
-    gates: Gates
+    gates: ParityGates
     noise_floor: Mapping[str, float | None]
     bundles: tuple[str, ...]
     pairs: int
@@ -117,7 +117,7 @@ def calibrate_from_reports(
     floor = noise_floor(reports)
     thresholds = {name: derive_threshold(name, value, policy) for name, value in floor.items()}
     return Calibration(
-        gates=Gates().with_values("calibration", **thresholds),
+        gates=ParityGates().with_values("calibration", **thresholds),
         noise_floor=floor,
         bundles=tuple(bundles),
         pairs=len(reports),
@@ -139,7 +139,7 @@ def calibrate_bundles(
         raise UsageError(f"calibration needs at least 2 baseline bundles, got {len(bundle_dirs)}")
     reports = [
         compare_bundles(
-            a, b, Gates(), top_n=top_n, low_margin=low_margin, teacher_forced=teacher_forced
+            a, b, ParityGates(), top_n=top_n, low_margin=low_margin, teacher_forced=teacher_forced
         )
         for a, b in itertools.combinations(bundle_dirs, 2)
     ]

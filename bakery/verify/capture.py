@@ -66,7 +66,7 @@ class CaptureSettings:
     model: str | None = None
     progress: bool | None = None
 
-    def check(self) -> None:
+    def refuse_out_of_range(self) -> None:
         for name in ("concurrency", "logprobs", "repeat"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
@@ -404,7 +404,7 @@ def _check_inputs(
     reference: Path | None,
 ) -> dict[str, CaseRecord] | None:
     """Every check that needs no server, before anything is written or sent."""
-    settings.check()
+    settings.refuse_out_of_range()
     if httpx.URL(url).scheme not in ("http", "https"):
         raise UsageError(f"--url must be an http(s) URL, got {url!r}")
     if out_dir.exists() and any(out_dir.iterdir()):

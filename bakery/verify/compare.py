@@ -23,7 +23,7 @@ from bakery.verify.bundle import (
 from bakery.verify.errors import BundleError, GatesError
 from bakery.verify.metrics import compare_completions, compare_teacher_forced
 
-__all__ = ["Gates", "load_gates", "compare_bundles", "evaluate_gates", "BOUND_GATES"]
+__all__ = ["ParityGates", "load_gates", "compare_bundles", "evaluate_gates", "BOUND_GATES"]
 
 # The request fields that make two captures the same question. ``model`` is left
 # out on purpose: a candidate may serve a copy of the model under another path.
@@ -43,7 +43,7 @@ BOUND_GATES: dict[str, tuple[str, str]] = {
 
 
 @dataclass(frozen=True)
-class Gates:
+class ParityGates:
     """What a candidate must satisfy; a bound of None is off. ``sources`` says who set each."""
 
     require_prompt_ids_equal: bool = True
@@ -65,7 +65,7 @@ class Gates:
             for name, value in self.values().items()
         }
 
-    def with_values(self, source: str, **values: Any) -> Gates:
+    def with_values(self, source: str, **values: Any) -> ParityGates:
         """A copy with the given (non-None) values set and attributed to ``source``."""
         given = {k: v for k, v in values.items() if v is not None}
         for name, value in given.items():
@@ -74,7 +74,7 @@ class Gates:
 
 
 def _check_gate_value(name: str, value: Any) -> None:
-    known = {f.name: f for f in fields(Gates) if f.name != "sources"}
+    known = {f.name: f for f in fields(ParityGates) if f.name != "sources"}
     if name not in known:
         raise GatesError(f"unknown gate {name!r} (known: {', '.join(sorted(known))})")
     if name in BOUND_GATES:
@@ -86,7 +86,7 @@ def _check_gate_value(name: str, value: Any) -> None:
         raise GatesError(f"gate {name!r} must be {kind}, got {value!r}")
 
 
-def load_gates(path: Path) -> Gates:
+def load_gates(path: Path) -> ParityGates:
     """Read a gates file (``{"gates": {...}, "sources": {...}}``, as calibrate writes it)."""
     data = load_json_object(path, "gates file", GatesError)
     values = data.get("gates")
@@ -96,10 +96,12 @@ def load_gates(path: Path) -> Gates:
     values = {k: v for k, v in values.items() if v is not None}  # null = gate off
     for name, value in values.items():
         _check_gate_value(name, value)
-    return replace(Gates(), **values, sources={k: str(sources.get(k, "file")) for k in values})
+    return replace(
+        ParityGates(), **values, sources={k: str(sources.get(k, "file")) for k in values}
+    )
 
 
-def evaluate_gates(case: Mapping[str, Any], gates: Gates) -> list[str]:
+def evaluate_gates(case: Mapping[str, Any], gates: ParityGates) -> list[str]:
     """Every gate this case breaks, as one readable line each (empty list = pass)."""
     failures: list[str] = []
     if gates.require_prompt_ids_equal and case.get("prompt_token_ids_match") is not True:
@@ -172,7 +174,7 @@ def _teacher_fields(base: CaseRecord, cand: CaseRecord) -> dict[str, Any]:
 def _case_report(
     base: CaseRecord,
     cand: CaseRecord,
-    gates: Gates,
+    gates: ParityGates,
     top_n: int,
     low_margin: float,
     teacher_forced: bool,
@@ -195,14 +197,14 @@ def _side(bundle: Bundle) -> dict[str, Any]:
 def compare_bundles(
     baseline_dir: Path,
     candidate_dir: Path,
-    gates: Gates | None = None,
+    gates: ParityGates | None = None,
     *,
     top_n: int = 20,
     low_margin: float = 0.5,
     teacher_forced: bool = False,
 ) -> dict[str, Any]:
     """The full comparison report: ``{"cases", "passed", "gates", "settings", ...}``."""
-    gates = gates or Gates()
+    gates = gates or ParityGates()
     baseline, candidate = load_bundle(Path(baseline_dir)), load_bundle(Path(candidate_dir))
     _check_comparable(baseline, candidate)
     cand = candidate.by_name()
