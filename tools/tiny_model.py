@@ -7,19 +7,27 @@ usage: tools/tiny_model.py [OUT_DIR] [--force]    (default OUT_DIR: build/tiny-l
 import sys
 from pathlib import Path
 
+import click
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bakery.cli.boundary import run_command  # noqa: E402
 from bakery.verify import tiny_model  # noqa: E402
 
 
-def main(argv: list[str]) -> int:
-    force = "--force" in argv
-    rest = [a for a in argv if a != "--force"]
-    out = Path(rest[0]) if rest else tiny_model.DEFAULT_DIR
-    path = tiny_model.build(out) if force else tiny_model.ensure(out)
-    print(f"tiny model: {path}")
-    return 0
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument(
+    "out_dir",
+    required=False,
+    default=tiny_model.DEFAULT_DIR,
+    type=click.Path(file_okay=False, path_type=Path),
+)
+@click.option("--force", is_flag=True, help="Rebuild it even when a complete one is there.")
+def tiny(out_dir: Path, force: bool) -> None:
+    """Build the tiny random Llama in OUT_DIR [default: build/tiny-llama], once."""
+    path = tiny_model.build(out_dir) if force else tiny_model.ensure(out_dir)
+    click.echo(f"tiny model: {path}")
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_command(tiny, sys.argv[1:], "tools/tiny_model.py"))

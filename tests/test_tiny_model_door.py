@@ -1,0 +1,53 @@
+"""tools/tiny_model.py: a click door onto bakery.verify.tiny_model (no model is built here)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from bakery.cli.boundary import run_command
+from bakery.verify import tiny_model
+from tests.conftest import REPO, run_tool
+
+
+@pytest.fixture
+def door(monkeypatch, tmp_path):
+    """The door's command, with ``build`` recording its folder instead of training a model."""
+    spec = importlib.util.spec_from_file_location("tiny_door", REPO / "tools" / "tiny_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    built: list[Path] = []
+
+    def fake_build(out):
+        built.append(Path(out))
+        return Path(out)
+
+    monkeypatch.setattr(tiny_model, "build", fake_build)
+    monkeypatch.chdir(tmp_path)
+    return module.tiny, built
+
+
+def test_the_door_builds_only_what_is_missing_unless_forced(door, tmp_path, capsys):
+    command, built = door
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    (ready / tiny_model.MARKER).write_text("{}")
+    assert run_command(command, [str(ready)], "tiny") == 0
+    assert built == [] and capsys.readouterr().out == f"tiny model: {ready}\n"
+    assert run_command(command, [str(ready), "--force"], "tiny") == 0
+    assert built == [ready]
+    assert run_command(command, [], "tiny") == 0  # the default folder, relative to the cwd
+    assert built == [ready, tiny_model.DEFAULT_DIR]
+
+
+def test_the_door_refuses_bad_usage_with_exit_2(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for args in (["--bogus"], ["a", "b"], [str(afile)]):
+        proc = run_tool("tiny_model.py", *args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr
+    assert run_tool("tiny_model.py", "--help").stdout.startswith("Usage: tools/tiny_model.py")
+    assert not (REPO / "a").exists()
