@@ -258,7 +258,8 @@ def _rebase_checkout(series, version: str, build_dir: Path, base_key: str, fuzz:
         click.echo(f"{info['status']}: {tree / path} ({info['patch']})")
     for note in state["notes"]:
         click.echo(f"warning: {note}", err=True)
-    left = [p for p, info in state["files"].items() if info["status"] == "conflict"]
+    conflict = rebase_loop.CheckoutStatus.CONFLICT  # state.json holds its word
+    left = [p for p, info in state["files"].items() if info["status"] == conflict]
     if left:
         click.echo(f"{len(left)} file(s) with conflicts left; {rebase_loop.NEXT_STEP}")
         return 1

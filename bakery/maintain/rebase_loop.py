@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import uuid
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 import tomlkit
@@ -29,6 +30,7 @@ from bakery.check.linkcheck import format_finding, run_linkcheck
 from bakery.errors import BakeryError, HunkFailed, UnreadableInput, UsageError
 from bakery.maintain import refresh
 from bakery.maintain.rebase import (
+    PatchVerdict,
     _dependency_pins,
     other_base_pins,
     patch_status,
@@ -40,7 +42,15 @@ from bakery.series.engine import apply_file_patch
 from bakery.series.series import Pin, Series, load_series
 from bakery.tree import clone_tree, empty_trash, read_file, remove_tree, sweep_dead, write_atomic
 
-__all__ = ["STATE", "in_progress", "refuse_during_rebase", "checkout", "resume", "abort"]
+__all__ = [
+    "STATE",
+    "CheckoutStatus",
+    "in_progress",
+    "refuse_during_rebase",
+    "checkout",
+    "resume",
+    "abort",
+]
 
 STATE = ".rebase"  # under the build folder: state.json, series/ (saved), baked/ (saved)
 _MARKERS = (b"<<<<<<< ", b"=======", b">>>>>>> ")
@@ -128,11 +138,20 @@ def has_markers(data: bytes | None) -> bool:
     return any(line.startswith(_MARKERS) for line in (data or b"").splitlines())
 
 
+class CheckoutStatus(StrEnum):
+    """How ``checkout`` wrote one file onto the release (state.json keeps the word)."""
+
+    APPLIED = "applied"  # its patch placed
+    UPSTREAM = "upstream"  # the release already has its patch: left as the release has it
+    MERGED = "merged"  # 3-way merged without a clash
+    CONFLICT = "conflict"  # merged with conflict markers: a hand must fix it
+
+
 @dataclass(frozen=True)
 class _Outcome:
     path: str
     patch: str
-    status: str  # applied, upstream, merged, conflict
+    status: CheckoutStatus
     data: bytes | None
 
 
@@ -144,22 +163,22 @@ def _place(series: Series, old_pkg: Path, new_pkg: Path, release: str, max_fuzz:
     new = dict(new_files)
     out: dict[str, _Outcome] = {}
     for patch in series.patches:
-        upstream = patch_status(statuses, patch.name) == "upstream"
+        upstream = patch_status(statuses, patch.name) is PatchVerdict.UPSTREAM
         for fp in patch.files:
             before_old = old[fp.path]
             old[fp.path] = apply_file_patch(patch.name, fp, before_old, series.max_fuzz).after
             if upstream:
-                status = "upstream"
+                status = CheckoutStatus.UPSTREAM
             else:
                 try:
                     new[fp.path] = apply_file_patch(patch.name, fp, new[fp.path], max_fuzz).after
-                    status = "applied"
+                    status = CheckoutStatus.APPLIED
                 except HunkFailed:
                     labels = (release, f"{fp.path} before {patch.name}", patch.name)
                     new[fp.path], conflicts = _merge(
                         new[fp.path] or b"", before_old or b"", old[fp.path] or b"", labels
                     )
-                    status = "conflict" if conflicts else "merged"
+                    status = CheckoutStatus.CONFLICT if conflicts else CheckoutStatus.MERGED
             out[fp.path] = _Outcome(fp.path, patch.name, status, new[fp.path])
     return out
 
