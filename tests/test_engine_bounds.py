@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from bakery.errors import HunkFailed
+from bakery.errors import HunkFailed, NearMatch
 from bakery.series import engine
 from bakery.series.diff import parse_patch, render_file_diff
 from bakery.series.engine import apply_file_patch
@@ -87,6 +87,7 @@ def test_a_failed_hunk_in_a_3_million_line_file_is_not_a_line_by_line_scan(monke
     assert "nearest near-match at line 2999991 (offset 1499991): 1 of 3 lines differ" in str(
         failed.value
     )
+    assert failed.value.nearest == NearMatch(line=2999991, offset=1499991, differing=1)
     unrelated = b"--- a/f\n+++ b/f\n@@ -5,3 +5,3 @@\n nope 1\n-nope 2\n+yes\n nope 3\n"
     with pytest.raises(HunkFailed, match="no line of the hunk's old side is in the file"):
         apply_file_patch("p", parse_patch(unrelated, "p").files[0], data, 0)
