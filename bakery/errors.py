@@ -82,7 +82,8 @@ class HunkFailed(BakeryError):
     ``path`` name the patch and its file, ``hunk`` the 1-based hunk number (None
     when the file itself is wrong: missing, already there, or not what a deletion
     expects), ``expected`` the line the hunk was looked for near, and ``nearest``
-    its nearest near-match (None when no line of the hunk is in the file)."""
+    its nearest near-match (None when there is none: no line of the hunk is in the
+    file, or the file is shorter than the hunk)."""
 
     def __init__(
         self,

@@ -7,9 +7,10 @@ its patch's number and name; a new file gets the next free number (or
 (``*.orig``, ``*.rej``, editor swap and backup files) never become patches, and
 a tree baked from another series than the one on disk is refused, so a hand
 edit of a patch is never overwritten. ``patches_out_of_date`` is the "patches
-are up to date" lint: every patch must apply cleanly in order and be byte-identical to
-what refresh would write. ``record`` is ``refresh --no-bake``'s BAKED.json: the
-tree is then a bake of the written series, proven and recorded without re-baking.
+are up to date" lint: every patch must apply cleanly in order and be
+byte-identical to what refresh would write. ``record`` is ``refresh --no-bake``'s
+BAKED.json: the tree is then a bake of the written series, proven and recorded
+without re-baking.
 """
 
 from __future__ import annotations
