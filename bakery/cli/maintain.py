@@ -185,7 +185,7 @@ def _refuse_if_series_moved(series, base_key: str, tree: Path, build: Path) -> N
 )
 def rebase_cmd(
     series_dir, base_key, build_dir, target, out, fuzz, in_place, checkout, resume, abort
-) -> None:
+) -> int | None:
     """Try the series on another release: per-hunk report, refreshed series, linkcheck.
 
     With --checkout, --continue and --abort it is the conflict loop of `git rebase`."""
