@@ -208,7 +208,8 @@ def rebase_cmd(
     if not (resume or abort) and not target:
         raise UsageError("missing --to NAME==X.Y.Z", hint="e.g. `bakery rebase --to vllm==0.33.0`")
     if resume:
-        return _rebase_continue(build_dir)
+        _rebase_continue(build_dir)
+        return None
     if abort:
         state = rebase_loop.abort(build_dir)
         click.echo(f"aborted the rebase onto {state['release']}: series and tree restored")
