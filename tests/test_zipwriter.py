@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import zipfile
 from pathlib import Path
-
-import random
 
 import pytest
 
