@@ -19,6 +19,7 @@ from bakery.tree import (
     inside,
     read_file,
     relative,
+    stage_beside,
     stamp,
     swap_into_place,
     sweep_dead,
@@ -108,6 +109,25 @@ def test_write_atomic_removes_its_temp_when_the_rename_fails(tmp_path, monkeypat
     with pytest.raises(PermissionError):
         write_atomic(path, b"new\n")
     assert path.read_bytes() == b"old\n" and [p.name for p in tmp_path.iterdir()] == ["f.txt"]
+
+
+def test_stage_beside_leaves_the_rename_to_the_caller(tmp_path, monkeypatch):
+    target = tmp_path / "mod.py"
+    target.write_bytes(b"old\n")
+    target.chmod(0o755)
+    staged = stage_beside(target, b"new\n", suffix=".new")
+    assert staged.parent == tmp_path and staged.name.startswith(".mod.py.")
+    assert staged.name.endswith(".new") and staged.stat().st_mode & 0o777 == 0o755
+    assert (target.read_bytes(), staged.read_bytes()) == (b"old\n", b"new\n")
+    staged.unlink()
+
+    def refuse(path, mode):
+        raise PermissionError(1, "refused", path)
+
+    monkeypatch.setattr(tree.os, "chmod", refuse)
+    with pytest.raises(PermissionError):
+        stage_beside(target, b"new\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["mod.py"]
 
 
 # ---- clones, stamps, swaps -------------------------------------------------------------
