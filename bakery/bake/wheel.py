@@ -16,7 +16,7 @@ import zipfile
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from packaging.metadata import Metadata
 from packaging.utils import canonicalize_name, parse_wheel_filename
@@ -25,6 +25,7 @@ from packaging.version import Version
 from bakery.bake.record import parse_record, record_bytes, record_hash
 from bakery.bake.zipwriter import ZipWriter
 from bakery.errors import UnsafePathError, WheelError
+from bakery.tree import relative
 
 __all__ = [
     "WheelInfo",
@@ -51,8 +52,12 @@ class WheelInfo:
 
 
 def _safe_member(name: str, wheel: Path) -> None:
-    path = PurePosixPath(name)
-    if path.is_absolute() or ".." in path.parts or "\\" in name or name.startswith("/"):
+    try:
+        relative(name)  # the one safe-path rule: no absolute path, no '..'
+        escapes = "\\" in name  # and no backslash: a separator to an installer on Windows
+    except UnsafePathError:
+        escapes = True
+    if escapes:
         raise UnsafePathError(f"{wheel.name}: zip entry escapes the tree (refused): {name!r}")
 
 
