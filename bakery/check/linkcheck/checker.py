@@ -174,11 +174,12 @@ class FileChecker(ast.NodeVisitor):
         found = self.index.resolve(self.module, name)
         return UNKNOWN if isinstance(found, Missing) else found
 
-    def evaluate(self, expr: ast.AST) -> Sym:
+    def evaluate(self, expr: ast.AST) -> Sym | _Instance:
+        """What an expression names; ``self`` (or ``cls``) itself is an _Instance."""
         if isinstance(expr, ast.Name):
             scope = self.scopes[-1]
             if scope.self_name == expr.id and scope.cls is not None:
-                return _Instance(scope.cls, scope.self_is_class)  # type: ignore[return-value]
+                return _Instance(scope.cls, scope.self_is_class)
             return self.lookup(expr.id)
         if isinstance(expr, ast.Attribute):
             owner = self.evaluate(expr.value)
@@ -214,16 +215,21 @@ class FileChecker(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         callee = self.evaluate(node.func)
-        sig: Signature | None = None
+        if isinstance(callee, FuncSym | ClassSym):
+            self._check_call(node, callee)
+        self.generic_visit(node)
+
+    def _check_call(self, node: ast.Call, callee: FuncSym | ClassSym) -> None:
+        sig: Signature | None
         if isinstance(callee, FuncSym):
             sig = function_signature(self.index, callee)
-        elif isinstance(callee, ClassSym):
+        else:
             sig = constructor_signature(self.index, callee)
-        if sig is not None:
-            name = callee.qualname
-            for problem in bind_problems(sig, node):
-                self.report(node.lineno, f"call to {name} {problem}", sig.where, name)
-        self.generic_visit(node)
+        if sig is None:
+            return
+        for problem in bind_problems(sig, node):
+            message = f"call to {callee.qualname} {problem}"
+            self.report(node.lineno, message, sig.where, callee.qualname)
 
     # self.X --------------------------------------------------------------------------
 
@@ -285,6 +291,8 @@ def _catches_import_error(node: ast.expr | None) -> bool:
 
 @dataclass(frozen=True)
 class _Instance:
+    """``self`` (or ``cls``, when ``is_class``) inside a method of a class in the tree."""
+
     cls: ClassSym
     is_class: bool
 

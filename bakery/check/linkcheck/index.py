@@ -141,10 +141,11 @@ class ModuleIndex:
             if isinstance(found, Missing) and self.module(f"{source}.{attr}") is not None:
                 return ModuleSym(f"{source}.{attr}")
             return found
-        if binding.kind == "def":
-            return FuncSym(info.source.name, binding.node, f"{info.source.name}.{name}", False)
-        if binding.kind == "class":
-            return ClassSym(info.source.name, binding.node, f"{info.source.name}.{name}")
+        node = binding.node
+        if binding.kind == "def" and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            return FuncSym(info.source.name, node, f"{info.source.name}.{name}", False)
+        if binding.kind == "class" and isinstance(node, ast.ClassDef):
+            return ClassSym(info.source.name, node, f"{info.source.name}.{name}")
         return UNKNOWN
 
     # files ---------------------------------------------------------------------------

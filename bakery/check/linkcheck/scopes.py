@@ -91,17 +91,18 @@ def scope_bindings(
     return bindings, stars
 
 
-def loop_or_with_targets(stmt: ast.stmt) -> list[ast.AST]:
+def loop_or_with_targets(stmt: ast.For | ast.AsyncFor | ast.With | ast.AsyncWith) -> list[ast.expr]:
     if isinstance(stmt, ast.For | ast.AsyncFor):
         return [stmt.target]
     return [item.optional_vars for item in stmt.items if item.optional_vars is not None]
 
 
 def string_list(value: ast.AST | None) -> list[str] | None:
-    if isinstance(value, ast.List | ast.Tuple) and all(
-        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in value.elts
-    ):
-        return [e.value for e in value.elts]
+    if isinstance(value, ast.List | ast.Tuple):
+        strings = [
+            e.value for e in value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
+        ]
+        return strings if len(strings) == len(value.elts) else None
     if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add):
         left, right = string_list(value.left), string_list(value.right)
         return None if left is None or right is None else left + right
@@ -119,6 +120,6 @@ def decorator_name(node: ast.expr) -> str:
     return target.id if isinstance(target, ast.Name) else ""
 
 
-def has_decorator(node: ast.AST, name: str) -> bool:
+def has_decorator(node: ast.AST | None, name: str) -> bool:
     decorators = getattr(node, "decorator_list", [])
     return any(decorator_name(d) == name for d in decorators)

@@ -142,7 +142,7 @@ def _field_entry(stmt: ast.AnnAssign, kw_only: bool) -> tuple[bool, bool] | None
     return (value is None, kw_only)
 
 
-def _is_type_name(node: ast.AST, name: str) -> bool:
+def _is_type_name(node: ast.expr, name: str) -> bool:
     if isinstance(node, ast.Subscript):
         node = node.value
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
