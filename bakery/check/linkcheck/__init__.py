@@ -30,13 +30,13 @@ name resolution), ``classes`` (class models, MRO, attribute lookup), ``signature
 """
 
 from bakery.check.linkcheck.findings import Finding, format_finding
-from bakery.check.linkcheck.run import check, package_root, run_linkcheck
+from bakery.check.linkcheck.run import check_touched_files, package_root, run_linkcheck
 from bakery.check.linkcheck.sources import SourceTree
 
 __all__ = [
     "Finding",
     "SourceTree",
-    "check",
+    "check_touched_files",
     "run_linkcheck",
     "format_finding",
     "package_root",

@@ -30,7 +30,7 @@ def _validate_allow(allow: Mapping[str, str]) -> None:
             raise SeriesError(f"[linkcheck.allow] entry needs a reason: {key!r}")
 
 
-def check(
+def check_touched_files(
     sources: SourceTree,
     touched: Mapping[str, bytes | None],
     allow: Mapping[str, str],
@@ -100,4 +100,4 @@ def run_linkcheck(
     result = plan(root / PACKAGE, patches, max_fuzz=series.max_fuzz)
     overlay = {f"{PACKAGE}/{path}": data for path, data in result.after.items()}
     sources = SourceTree((root, *map(Path, thirdparty_roots)), overlay)
-    return check(sources, result.after, series.allow_names, report_stale=not only)
+    return check_touched_files(sources, result.after, series.allow_names, report_stale=not only)
