@@ -241,5 +241,6 @@ def _all_statement(stmt: ast.stmt) -> tuple[ast.AST | None, str | None]:
 
 
 def module_rel(index: ModuleIndex, module: str) -> str:
+    """The file a module was read from, as findings quote it (the name when absent)."""
     info = index.module(module)
     return info.source.rel if info is not None else module
