@@ -7,8 +7,6 @@ needs), which takes seconds.
 
 from __future__ import annotations
 
-import ast
-import graphlib
 import textwrap
 import tomllib
 import zipfile
@@ -17,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from bakery.bake.fetch import fetch, sha256_file
-from bakery.check import linkcheck
 from bakery.check.linkcheck import (
     Finding,
     SourceTree,
@@ -362,31 +359,3 @@ def test_positional_only_calls_agree_with_python(tmp_path, call):
     findings = _check(tmp_path, {"lib.py": POSONLY_LIB}, touched)
     assert (findings == []) == python_accepts, (call, findings)
 
-
-# --- the package itself ------------------------------------------------------------------
-
-
-def _package_imports(module_file: Path, package: str) -> set[str]:
-    """Modules of ``package`` that a file imports (``__init__`` for the package itself)."""
-    imported: set[str] = set()
-    for node in ast.walk(ast.parse(module_file.read_text())):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        for name in names:
-            if name == package:
-                imported.add("__init__")
-            elif name.startswith(f"{package}.") and name.count(".") == package.count(".") + 1:
-                imported.add(name.rsplit(".", 1)[1])
-    return imported
-
-
-def test_package_modules_import_without_a_cycle():
-    """Each module imports only modules below it: graphlib finds that order, or raises
-    CycleError naming the circle (a submodule importing the package counts)."""
-    folder = Path(linkcheck.__file__).parent
-    graph = {p.stem: _package_imports(p, linkcheck.__name__) for p in folder.glob("*.py")}
-    assert {"checker", "classes", "index", "run"} <= graph.keys()
-    assert graph["classes"] >= {"index"} and graph["run"] >= {"checker"}  # the reader works
-    order = list(graphlib.TopologicalSorter(graph).static_order())
-    assert order[-1] == "__init__"
