@@ -24,6 +24,7 @@ __all__ = [
     "relative",
     "inside",
     "read_file",
+    "stage_beside",
     "write_atomic",
     "clone_tree",
     "swap_into_place",
@@ -64,23 +65,36 @@ def read_file(root: Path, rel: str) -> bytes | None:
         raise UnsafePathError(f"path is a directory, not a file: {rel!r}") from None
 
 
-def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
-    """Write via a temp file in the same folder and rename: always a new inode,
-    so a hard link to the old content (the pristine cache) is never written through."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def stage_beside(path: Path, data: bytes, mode: int | None = None, suffix: str = "") -> Path:
+    """A temp file beside ``path`` holding ``data``, ready to be renamed over it (the
+    caller renames or removes it). ``mode`` defaults to ``path``'s own, else 0644; the
+    temp file is removed if anything fails."""
     if mode is None:
         try:
             mode = path.stat().st_mode & 0o777
         except FileNotFoundError:
             mode = 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.chmod(tmp, mode)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return Path(tmp)
+
+
+def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write via a temp file in the same folder and rename: always a new inode,
+    so a hard link to the old content (the pristine cache) is never written through.
+    A failure leaves the old file as it was and no temp file behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = stage_beside(path, data, mode)
+    try:
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

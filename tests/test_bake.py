@@ -20,7 +20,7 @@ import pytest
 from bakery.bake.bake import bake, tree_dir
 from bakery.bake.fetch import fetch
 from bakery.bake.manifest import MANIFEST
-from bakery.bake.wheel import record_hash
+from bakery.bake.record import record_hash
 from bakery.series.series import load_series
 from bakery.tree import clone_tree
 from tests.conftest import REPO, run_cli

@@ -148,19 +148,19 @@ def test_manifest_patches_hashes_and_placements(baked):
     ]
 
 
-def test_check_is_clean_then_sees_each_kind_of_drift(baked):
+def test_drift_is_clean_then_sees_each_kind(baked):
     tree, _, _, data = baked
-    assert manifest.check(tree, data) == manifest.Drift((), (), ())
+    assert manifest.drift(tree, data) == manifest.Drift((), (), ())
     (tree / "pkg" / "mod.py").write_bytes(DRIFT + MOD_NEW + b"#\n")
     (tree / "pkg" / "new.py").unlink()
     (tree / "pkg" / "gone.py").write_bytes(GONE)
-    drift = manifest.check(tree, data)
+    drift = manifest.drift(tree, data)
     assert drift == manifest.Drift(("pkg/mod.py",), ("pkg/new.py",), ("pkg/gone.py",))
     assert not drift.clean
 
 
-def test_check_sees_a_one_byte_edit_of_the_same_length(baked):
+def test_drift_sees_a_one_byte_edit_of_the_same_length(baked):
     tree, _, _, data = baked
     path = tree / "pkg" / "new.py"
     path.write_bytes(NEW.replace(b"c", b"C"))
-    assert manifest.check(tree, data).modified == ("pkg/new.py",)
+    assert manifest.drift(tree, data).modified == ("pkg/new.py",)

@@ -388,8 +388,9 @@ def test_every_option_a_launcher_hint_names_exists(cpu_bake):
         for rel in ("engine/arg_utils.py", "entrypoints/launchers/cli_args.py")
     )
     named = set()
-    for module in ("checks", "preflight", "installed", "lifecycle", "processes", "cli"):
-        for hint in _hints(REPO / "bakery" / "launch" / f"{module}.py"):
+    launcher = [*sorted((REPO / "bakery" / "launch").glob("*.py")), REPO / "bakery/cli/launch.py"]
+    for path in launcher:
+        for hint in _hints(path):
             named |= set(_FLAG.findall(hint))
     assert {"--pp", "--stage", "--cp-kv-cache-interleave-size"} <= named, named
     unknown = [f for f in named if f not in options and f'"{f}"' not in vllm_source]

@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from bakery.bake.fetch import fetch, sha256_file
-from bakery.check.linkcheck import Finding, SourceTree, check, format_finding, run_linkcheck
+from bakery.check.linkcheck import (
+    Finding,
+    SourceTree,
+    check_touched_files,
+    format_finding,
+    run_linkcheck,
+)
 from bakery.errors import SeriesError
 from bakery.series.series import Pin
 
@@ -130,7 +136,7 @@ def _check(tmp_path: Path, files: dict[str, str], touched: str, allow=None) -> l
     root = _tree(tmp_path, files)
     data = textwrap.dedent(touched).encode()
     sources = SourceTree((root,), {f"vllm/{TOUCHED}": data})
-    return check(sources, {TOUCHED: data}, allow or {})
+    return check_touched_files(sources, {TOUCHED: data}, allow or {})
 
 
 def test_missing_module(tmp_path):
@@ -352,3 +358,4 @@ def test_positional_only_calls_agree_with_python(tmp_path, call):
     touched = f"from vllm.lib import p, pk, K\n{call}\n"
     findings = _check(tmp_path, {"lib.py": POSONLY_LIB}, touched)
     assert (findings == []) == python_accepts, (call, findings)
+

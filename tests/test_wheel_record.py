@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from bakery.bake.wheel import read_wheel, record_hash, write_patched_wheel
+from bakery.bake.record import record_hash
+from bakery.bake.wheel import read_wheel, write_patched_wheel
 from bakery.errors import WheelError
 
 # The shapes vLLM ships (fused_moe configs) plus a quote, which csv must double.

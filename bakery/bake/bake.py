@@ -20,12 +20,12 @@ from packaging.version import Version
 
 from bakery.bake import manifest
 from bakery.bake.fetch import cache_dir, fetch
+from bakery.bake.record import record_hash
 from bakery.bake.wheel import (
     WheelInfo,
     extract,
     patched_wheel_name,
     read_wheel,
-    record_hash,
     write_patched_wheel,
 )
 from bakery.errors import BakeryError, PreimageMismatch
@@ -170,7 +170,7 @@ def staleness(series: Series, base_key: str, build: Path = Path("build")) -> lis
         )
     if data["base"]["sha256"] != series.base(base_key).sha256:
         problems.append(f"{tree} was baked from another {base_key} wheel")
-    drift = manifest.check(tree, data)
+    drift = manifest.drift(tree, data)
     problems += [
         f"{kind}: {rel}"
         for kind, rels in (

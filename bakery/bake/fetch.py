@@ -30,11 +30,8 @@ def cache_dir() -> Path:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 # pip's failure, for a release fetched by version: once downloaded, it is read from the cache.

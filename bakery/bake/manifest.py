@@ -2,7 +2,7 @@
 
 It records the tool version, the base pin and wheel sha256, the series sha256,
 every patch's sha256 and hunk placements, and each touched file's sha256
-before and after. ``check`` re-hashes a tree (a baked tree or an installed
+before and after. ``drift`` re-hashes a tree (a baked tree or an installed
 site-packages) against it.
 """
 
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,9 +17,9 @@ from bakery import __version__
 from bakery.errors import ManifestError, UnsafePathError
 from bakery.series.apply import ApplyPlan
 from bakery.series.series import Pin, Series, is_sha256
-from bakery.tree import inside, relative
+from bakery.tree import inside, relative, write_atomic
 
-__all__ = ["MANIFEST", "build", "dumps", "write", "load", "find", "Drift", "check"]
+__all__ = ["MANIFEST", "build", "dumps", "write", "load", "find", "Drift", "drift"]
 
 MANIFEST = "BAKED.json"
 
@@ -75,10 +73,8 @@ def dumps(manifest: dict) -> bytes:
 
 
 def write(path: Path, manifest: dict) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(dumps(manifest))
-    os.replace(tmp, path)
+    """Atomic: a reader (or a kill) sees the old manifest or the new one, never half."""
+    write_atomic(path, dumps(manifest))
 
 
 def find(root: Path) -> Path:
@@ -97,7 +93,7 @@ def find(root: Path) -> Path:
 
 
 def _shape_problems(data) -> list[str]:
-    """What ``check``, ``staleness`` and ``refresh`` rely on: the two sha256s, the base
+    """What ``drift``, ``staleness`` and ``refresh`` rely on: the two sha256s, the base
     requirement, ``patches`` (file, sha256), and ``files`` mapping tree-relative paths to
     their ``pre``/``post`` sha256 (null where absent)."""
     if not isinstance(data, dict):
@@ -140,7 +136,7 @@ def _shape_problems(data) -> list[str]:
 
 
 def load(path: Path) -> dict:
-    """BAKED.json, refused whole (exit 2) unless every path and hash ``check`` uses is sound."""
+    """BAKED.json, refused whole (exit 2) unless every path and hash ``drift`` uses is sound."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:
@@ -171,7 +167,8 @@ class Drift:
         return not (self.modified or self.missing or self.extra)
 
 
-def check(root: Path, manifest: dict) -> Drift:
+def drift(root: Path, manifest: dict) -> Drift:
+    """How ``root`` differs from what the manifest says the series left in it."""
     modified, missing, extra = [], [], []
     for rel, hashes in sorted(manifest["files"].items()):
         path = inside(root, rel)  # load() refused '..'; this also refuses symlink escapes

@@ -1,37 +1,33 @@
-"""Wheels: read RECORD, extract safely, and write the patched wheel.
+"""Wheels: read one (name, RECORD, members), extract it safely, write its patched copy.
 
 The patched wheel is the base wheel with the series' files replaced and its
 dist-info renamed to the new version. Untouched members are copied as their
-raw compressed bytes (no re-deflate: a rebake costs a file copy), every entry
-gets the same fixed timestamp and a sorted position, and RECORD is written
-last, so two bakes of the same inputs give byte-identical wheels.
+raw compressed bytes (``zipwriter``: no re-deflate, so a rebake costs a file
+copy), every entry gets the same fixed timestamp and a sorted position, and
+RECORD (``record``) is written last, so two bakes of the same inputs give
+byte-identical wheels.
 """
 
 from __future__ import annotations
 
-import base64
-import csv
-import hashlib
-import io
 import os
 import stat
-import struct
 import zipfile
-import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
+from packaging.metadata import Metadata
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
+from bakery.bake.record import parse_record, record_bytes, record_hash
+from bakery.bake.zipwriter import ZipWriter
 from bakery.errors import UnsafePathError, WheelError
+from bakery.tree import relative
 
 __all__ = [
-    "record_hash",
-    "parse_record",
-    "record_bytes",
     "WheelInfo",
     "read_wheel",
     "extract",
@@ -42,48 +38,8 @@ __all__ = [
     "patched_wheel_name",
 ]
 
-# Zip's own epoch: the earliest time a zip entry can carry, so no clock leaks in.
-_DOS_DATE = (0 << 9) | (1 << 5) | 1  # 1980-01-01
-_DOS_TIME = 0
 _CHUNK = 1 << 20
-
-
-def record_hash(data: bytes) -> str:
-    digest = hashlib.sha256(data).digest()
-    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-
-
-# RECORD is CSV (PEP 376): about 600 vLLM members have commas in their names
-# (fused_moe/configs/E=1,N=14336,...), so their rows must be quoted. The dialect
-# is pypa/installer's (records.py), which is what pip and installer read.
-_RECORD_DIALECT = {"delimiter": ",", "quotechar": '"', "lineterminator": "\n"}
-
-
-def parse_record(text: str, where: str) -> dict[str, str]:
-    """RECORD -> member -> "sha256=..." (rows without a hash, such as RECORD's own, are
-    left out); every row that is not ``path,hash,size`` is reported at once."""
-    record, bad = {}, []
-    reader = csv.reader(io.StringIO(text, newline=""), **_RECORD_DIALECT)
-    try:
-        for row in reader:
-            if len(row) != 3:
-                bad.append(f"row {reader.line_num}: {row!r}")
-            elif row[1]:
-                record[row[0]] = row[1]
-    except csv.Error as exc:
-        bad.append(f"row {reader.line_num}: {exc}")
-    if bad:
-        raise WheelError(
-            f"{where}: RECORD rows are not path,hash,size ({len(bad)}): " + "; ".join(bad[:5])
-        )
-    return record
-
-
-def record_bytes(rows: Iterable[tuple[str, str, str | int]]) -> bytes:
-    """RECORD's bytes for ``(path, hash, size)`` rows, quoted where a field needs it."""
-    out = io.StringIO(newline="")
-    csv.writer(out, **_RECORD_DIALECT).writerows(rows)
-    return out.getvalue().encode()
+_FILE_ATTR = 0o100644 << 16  # a regular file, rw-r--r--, in external_attr's Unix half
 
 
 @dataclass(frozen=True)
@@ -96,8 +52,12 @@ class WheelInfo:
 
 
 def _safe_member(name: str, wheel: Path) -> None:
-    path = PurePosixPath(name)
-    if path.is_absolute() or ".." in path.parts or "\\" in name or name.startswith("/"):
+    try:
+        relative(name)  # the one safe-path rule: no absolute path, no '..'
+        escapes = "\\" in name  # and no backslash: a separator to an installer on Windows
+    except UnsafePathError:
+        escapes = True
+    if escapes:
         raise UnsafePathError(f"{wheel.name}: zip entry escapes the tree (refused): {name!r}")
 
 
@@ -194,115 +154,27 @@ def read_members(wheel: WheelInfo, names: list[str]) -> dict[str, bytes | None]:
 
 def pinned_requirement(wheel: WheelInfo, project: str) -> str | None:
     """``project==X`` as the wheel's METADATA pins it (None if it does not pin it)."""
-    from packaging.requirements import Requirement
-
-    with zipfile.ZipFile(wheel.path) as zf:
-        metadata = zf.read(f"{wheel.dist_info}/METADATA").decode()
-    for line in metadata.splitlines():
-        if line.startswith("Requires-Dist:"):
-            req = Requirement(line.split(":", 1)[1].strip())
-            specs = list(req.specifier)
-            if canonicalize_name(req.name) == canonicalize_name(project) and [
-                s.operator for s in specs
-            ] == ["=="]:
-                return f"{req.name}=={specs[0].version}"
+    where = f"{wheel.path.name}/{wheel.dist_info}/METADATA"
+    try:
+        with zipfile.ZipFile(wheel.path) as zf:
+            text = zf.read(f"{wheel.dist_info}/METADATA").decode()
+        # validate=False: only Requires-Dist is read (and parsed, on access), so a field
+        # this code never uses cannot refuse the wheel.
+        requires = Metadata.from_email(text, validate=False).requires_dist or []
+    except (zipfile.BadZipFile, KeyError, OSError, ValueError) as exc:
+        raise WheelError(f"{where}: unreadable Requires-Dist ({exc})") from None
+    for req in requires:
+        specs = list(req.specifier)
+        if canonicalize_name(req.name) == canonicalize_name(project) and [
+            s.operator for s in specs
+        ] == ["=="]:
+            return f"{req.name}=={specs[0].version}"
     return None
 
 
 def patched_wheel_name(wheel: WheelInfo, version: Version) -> str:
     tags = wheel.path.name[:-4].split("-")[-3:]
     return f"{wheel.name}-{version}-{'-'.join(tags)}.whl"
-
-
-class _ZipWriter:
-    """A minimal deterministic zip writer (no zip64: wheels here are < 4 GiB)."""
-
-    def __init__(self, out) -> None:
-        self.out = out
-        self.central: list[bytes] = []
-
-    def _header(self, name: bytes, method: int, crc: int, csize: int, usize: int) -> None:
-        if max(csize, usize, self.out.tell()) >= 0xFFFFFFFF:
-            raise WheelError(f"member too large for a non-zip64 wheel: {name.decode()!r}")
-        self._offset = self.out.tell()
-        self.out.write(
-            struct.pack(
-                "<IHHHHHIIIHH",
-                0x04034B50,
-                20,
-                0x800,
-                method,
-                _DOS_TIME,
-                _DOS_DATE,
-                crc,
-                csize,
-                usize,
-                len(name),
-                0,
-            )
-            + name
-        )
-        self._entry = (name, method, crc, csize, usize)
-
-    def _close_entry(self, external_attr: int) -> None:
-        name, method, crc, csize, usize = self._entry
-        self.central.append(
-            struct.pack(
-                "<IHHHHHHIIIHHHHHII",
-                0x02014B50,
-                (3 << 8) | 20,
-                20,
-                0x800,
-                method,
-                _DOS_TIME,
-                _DOS_DATE,
-                crc,
-                csize,
-                usize,
-                len(name),
-                0,
-                0,
-                0,
-                0,
-                external_attr,
-                self._offset,
-            )
-            + name
-        )
-
-    def add_bytes(self, name: str, data: bytes, external_attr: int) -> None:
-        compressor = zlib.compressobj(6, zlib.DEFLATED, -15)
-        packed = compressor.compress(data) + compressor.flush()
-        self._header(name.encode(), zipfile.ZIP_DEFLATED, zlib.crc32(data), len(packed), len(data))
-        self.out.write(packed)
-        self._close_entry(external_attr)
-
-    def add_raw(self, name: str, source, info: zipfile.ZipInfo) -> None:
-        """Copy a member's compressed bytes as they are (CRC and sizes from its header)."""
-        source.seek(info.header_offset)
-        local = source.read(30)
-        name_len, extra_len = struct.unpack("<HH", local[26:30])
-        source.seek(info.header_offset + 30 + name_len + extra_len)
-        self._header(
-            name.encode(), info.compress_type, info.CRC, info.compress_size, info.file_size
-        )
-        remaining = info.compress_size
-        while remaining:
-            chunk = source.read(min(_CHUNK, remaining))
-            if not chunk:
-                raise WheelError(f"truncated member in base wheel: {info.filename!r}")
-            self.out.write(chunk)
-            remaining -= len(chunk)
-        self._close_entry(info.external_attr)
-
-    def finish(self) -> None:
-        start = self.out.tell()
-        directory = b"".join(self.central)
-        self.out.write(directory)
-        count = len(self.central)
-        self.out.write(
-            struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, count, count, len(directory), start, 0)
-        )
 
 
 def _order(names: list[str], dist_info: str) -> list[str]:
@@ -348,19 +220,19 @@ def write_patched_wheel(
         contents.update({f"{new_dist_info}/{k}": v for k, v in extra_dist_info.items()})
         sources = {renamed(k): v for k, v in infos.items() if replaced.get(k, b"") is not None}
         names = set(sources) | set(contents)
-        writer = _ZipWriter(dst)
-        rows = []
+        writer = ZipWriter(dst)
+        rows: list[tuple[str, str, str | int]] = []
         record_name = f"{new_dist_info}/RECORD"
         for name in _order(sorted(names), new_dist_info):
             if name == record_name:
                 continue
             info = sources.get(name)
-            attr = info.external_attr if info else (0o100644 << 16)
-            if name in contents:
+            if name in contents:  # new bytes: deflated here, hashed here
                 data = contents[name]
-                writer.add_bytes(name, data, attr)
+                writer.add_bytes(name, data, info.external_attr if info else _FILE_ATTR)
                 rows.append((name, record_hash(data), len(data)))
-            else:
+            else:  # every other name is a base member: copied raw
+                info = sources[name]
                 writer.add_raw(name, raw, info)
                 digest = base.record.get(info.filename)
                 if digest is None:  # RECORD lacked it: hash the real bytes
@@ -369,5 +241,5 @@ def write_patched_wheel(
             if progress:
                 progress(1)
         rows.append((record_name, "", ""))
-        writer.add_bytes(record_name, record_bytes(rows), 0o100644 << 16)
+        writer.add_bytes(record_name, record_bytes(rows), _FILE_ATTR)
         writer.finish()

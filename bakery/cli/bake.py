@@ -61,7 +61,7 @@ def check_cmd(directory: Path) -> None:
     """Re-hash a baked tree or patched site-packages against its BAKED.json."""
     path = manifest.find(directory)
     data = manifest.load(path)
-    drift = manifest.check(directory, data)
+    drift = manifest.drift(directory, data)
     for label, paths in (
         ("modified", drift.modified),
         ("missing", drift.missing),

@@ -59,7 +59,7 @@ def installed_problems(series: Series, base: str, vllm_file: str) -> tuple[Path 
                 _REINSTALL + ", or pass --base",
             )
         )
-    drift = manifest.check(site, data)
+    drift = manifest.drift(site, data)
     changed = [*drift.modified, *drift.missing, *drift.extra]
     if changed:
         out.append(

@@ -37,7 +37,7 @@ def _pending(series: Series, key: str, tree: Path, cache: Path) -> dict:
 def _base(series: Series, key: str, build: Path, cache: Path, rebasing: bool) -> dict:
     pin = series.base(key)
     tree = tree_dir(build, key)
-    row = {"pin": str(pin.requirement), "sha256": pin.sha256, "tree": str(tree)}
+    row: dict[str, object] = {"pin": str(pin.requirement), "sha256": pin.sha256, "tree": str(tree)}
     path = tree / manifest.MANIFEST
     if not path.is_file():
         return {**row, "baked": False, "baked_series": None, "stale": [], "pending": None}

@@ -83,7 +83,7 @@ def _model(spec: TinySpec, vocab_size: int):
         bos_token_id=0,
         eos_token_id=1,
         tie_word_embeddings=False,
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(spec.seed)
     return LlamaForCausalLM(config)
