@@ -38,8 +38,9 @@ def read_heads(tree: Path, package: str, table: GateTable) -> tuple[int, ...]:
     path = tree / package / table.heads_file
     module = ast.parse(path.read_text(), filename=str(path))
     for node in module.body:
-        targets = node.targets if isinstance(node, ast.Assign) else []
-        if any(isinstance(t, ast.Name) and t.id == table.heads_name for t in targets):
+        if not isinstance(node, ast.Assign):
+            continue
+        if any(isinstance(t, ast.Name) and t.id == table.heads_name for t in node.targets):
             return tuple(int(h) for h in ast.literal_eval(node.value))
     raise ValueError(f"{table.heads_name} is not assigned in {path}")
 

@@ -340,6 +340,7 @@ def _spawn(plan: LaunchPlan, record: Record, grace_s: float) -> tuple[subprocess
 
 
 def _write_pid(record: Record, plan: LaunchPlan, proc: subprocess.Popen) -> None:
+    assert isinstance(proc.args, list), proc.args  # _spawn passes an argv list
     data = {
         "pgid": proc.pid,
         "start_ticks": start_ticks(proc.pid),

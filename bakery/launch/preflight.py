@@ -131,6 +131,7 @@ def _probe_problems(plan: LaunchPlan, probe: dict | None, error: str | None) -> 
                 "check --python and the baked tree",
             )
         ]
+    assert probe is not None  # no error: the probe answered
     if "import_error" in probe:
         return [
             Problem(
@@ -267,6 +268,8 @@ def run_preflight(plan: LaunchPlan, table: GateTable, series: Series, build: Pat
         probe, probe_error = run_probe(plan), None
     except (OSError, ValueError) as exc:
         probe, probe_error = None, str(exc)
+    tree: Path | None
+    baked: Path | None
     if plan.tree is not None:
         tree, baked = plan.tree, plan.tree / MANIFEST
         tree_problems = _tree_problems(plan, series, build)
