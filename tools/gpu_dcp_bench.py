@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bakery.dcp import reference as ref  # noqa: E402
 from bakery.dcp.baked_kernels import DCP_OPS, load_file  # noqa: E402
 
-# Multicast off: KINDS.md, it can take the host's shared GPUs down.
+# NVLink multicast off in NCCL, PyTorch and NVSHMEM: the GPU hosts we borrow are shared,
+# and a program that uses multicast there can take every GPU of the host out of service.
 SAFE_ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
