@@ -80,7 +80,8 @@ def differing_files(
 
     New stray files are left out (and listed in ``strays`` when given)."""
     left, right = _files(pristine), _files(baked)
-    # filecmp caches verdicts by (size, mtime); an edit within one mtime tick keeps both.
+    # filecmp caches verdicts by path, size and mtime: without this, a same-size edit
+    # within one mtime tick of an earlier call (status, then refresh) would be missed.
     filecmp.clear_cache()
     out = {}
     for rel in sorted(set(left) | set(right)):
