@@ -8,7 +8,7 @@ from bakery.markdown import table
 
 TRICKY = [
     ("plain", 7, "–"),
-    ("a|b", "`` \"x|y\" ``", ""),  # a pipe in text and in a code span
+    ("a|b", '`` "x|y" ``', ""),  # a pipe in text and in a code span
     ("two\nlines", "ünïcødé", "trailing \\"),
 ]
 
