@@ -8,6 +8,8 @@ started, each with a timeout; UUIDs and serials are never read.
 from __future__ import annotations
 
 import ast
+import csv
+import io
 import json
 import os
 import shutil
@@ -38,16 +40,18 @@ def read_heads(tree: Path, package: str, table: GateTable) -> tuple[int, ...]:
     path = tree / package / table.heads_file
     module = ast.parse(path.read_text(), filename=str(path))
     for node in module.body:
-        targets = node.targets if isinstance(node, ast.Assign) else []
-        if any(isinstance(t, ast.Name) and t.id == table.heads_name for t in targets):
+        if not isinstance(node, ast.Assign):
+            continue
+        if any(isinstance(t, ast.Name) and t.id == table.heads_name for t in node.targets):
             return tuple(int(h) for h in ast.literal_eval(node.value))
     raise ValueError(f"{table.heads_name} is not assigned in {path}")
 
 
 def _parse_gpus(text: str) -> tuple[Gpu, ...]:
+    """``--format=csv,noheader,nounits`` rows; a row without five fields raises ValueError."""
     gpus = []
-    for line in text.strip().splitlines():
-        index, name, memory, cap, driver = (c.strip() for c in line.split(","))
+    for row in csv.reader(io.StringIO(text.strip()), skipinitialspace=True):
+        index, name, memory, cap, driver = (c.strip() for c in row)
         gpus.append(Gpu(int(index), name, int(float(memory)), cap, driver))
     return tuple(gpus)
 

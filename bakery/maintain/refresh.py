@@ -14,6 +14,7 @@ tree is then a bake of the written series, proven and recorded without re-baking
 
 from __future__ import annotations
 
+import filecmp
 import fnmatch
 import os
 import subprocess
@@ -79,6 +80,9 @@ def differing_files(
 
     New stray files are left out (and listed in ``strays`` when given)."""
     left, right = _files(pristine), _files(baked)
+    # filecmp caches verdicts by path, size and mtime: without this, a same-size edit
+    # within one mtime tick of an earlier call (status, then refresh) would be missed.
+    filecmp.clear_cache()
     out = {}
     for rel in sorted(set(left) | set(right)):
         if "__pycache__" in rel.split("/"):
@@ -93,7 +97,7 @@ def differing_files(
             # Hard links from the pristine cache are the same inode: unchanged by construction.
             if (sa.st_ino, sa.st_dev) == (sb.st_ino, sb.st_dev):
                 continue
-            if sa.st_size == sb.st_size and a.read_bytes() == b.read_bytes():
+            if filecmp.cmp(a, b, shallow=False):
                 continue
         out[rel] = (a.read_bytes() if a else None, b.read_bytes() if b else None)
     return out
@@ -195,6 +199,7 @@ def write_refresh(
             index = next(i for i, t in enumerate(patches) if t["file"] == change.file)
             del patches[index]
             continue
+        assert change.data is not None  # only a remove comes without bytes
         write_atomic(target, change.data)
         if change.action == "add":
             old = (remembered or {}).get(change.file, {})
