@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
+from rich.progress import Progress
 
 __all__ = ["interactive", "step", "warn"]
 
@@ -17,14 +18,29 @@ def interactive() -> bool:
     return sys.stderr.isatty()
 
 
+def _nothing() -> None:
+    pass
+
+
 @contextmanager
-def step(message: str) -> Iterator[None]:
-    """A spinner with ``message`` while the block runs, then a done line (TTY only)."""
-    if not interactive():
-        yield
+def step(
+    message: str, total: int | None = None, *, show: bool | None = None
+) -> Iterator[Callable[[], None]]:
+    """A spinner with ``message`` while the block runs, then a done line.
+
+    With ``total`` it is a bar instead, moved on by the ``advance()`` the block
+    receives. Shown on a terminal only, unless ``show`` says otherwise; hidden,
+    ``advance`` does nothing."""
+    if not (interactive() if show is None else show):
+        yield _nothing
         return
-    with _console.status(message):
-        yield
+    if total is None:
+        with _console.status(message):
+            yield _nothing
+    else:
+        with Progress(console=_console, transient=True) as bar:
+            task = bar.add_task(message, total=total)
+            yield lambda: bar.advance(task)
     _console.print(f"[green]✓[/] {message}")
 
 

@@ -1,4 +1,4 @@
-"""Directory trees on disk: safe paths, atomic writes, clones and swaps.
+"""Directory trees on disk: safe paths, atomic writes (bytes, text, JSON), clones and swaps.
 
 Nothing here knows about diffs or wheels. Every path a patch names goes
 through ``inside`` before it is read or written, so a ``..``, an absolute path
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 from bakery.errors import UnsafePathError
 
@@ -26,6 +28,8 @@ __all__ = [
     "read_file",
     "stage_beside",
     "write_atomic",
+    "write_text_atomic",
+    "write_json_atomic",
     "clone_tree",
     "swap_into_place",
     "empty_trash",
@@ -96,6 +100,32 @@ def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """``text`` as UTF-8 through ``write_atomic``: ``path`` is either old or complete."""
+    write_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(
+    path: Path, data: Any, *, sort_keys: bool = False, strict: bool = False, default: Any = None
+) -> None:
+    """``data`` as indented UTF-8 JSON with a final newline, through ``write_atomic``.
+
+    Reports sort keys so two runs diff cleanly; server responses must not, because
+    ``top_logprobs`` order is meaningful (the top-1 margin is first minus second).
+    ``strict`` (reports, gates) refuses NaN and infinities, which are not JSON: a
+    report that held one would be a bug, never a result. ``default`` as in ``json.dumps``.
+    """
+    text = json.dumps(
+        data,
+        indent=2,
+        sort_keys=sort_keys,
+        ensure_ascii=False,
+        allow_nan=not strict,
+        default=default,
+    )
+    write_text_atomic(path, text + "\n")
 
 
 def clone_tree(src: Path, dst: Path, *, skip: frozenset[str] = frozenset()) -> None:

@@ -24,6 +24,7 @@ import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bakery import markdown  # noqa: E402
 from bakery.bake.bake import bake  # noqa: E402
 from bakery.bake.fetch import cache_dir, fetch  # noqa: E402
 from bakery.maintain.rebase import matrix, release_pin  # noqa: E402
@@ -64,11 +65,11 @@ def _gnu_patch_series(series: Series, tree: Path, dry_run: bool = False) -> None
         subprocess.run(cmd + (["--dry-run"] if dry_run else []), check=True)
 
 
-def _row(name: str, ours: float, base: float, base_name: str, target: str) -> str:
-    return f"| {name} | {ours:.3f} s | {base_name} {base:.3f} s | {ours / base:.2f}x | {target} |"
+def _row(name: str, ours: float, base: float, base_name: str, target: str) -> tuple[str, ...]:
+    return (name, f"{ours:.3f} s", f"{base_name} {base:.3f} s", f"{ours / base:.2f}x", target)
 
 
-def _matrix_row(series: Series, version: str, work: Path) -> str:
+def _matrix_row(series: Series, version: str, work: Path) -> tuple[str, ...]:
     """One release's matrix column (wheel cached) vs unzip of its touched members + GNU patch."""
     pin = release_pin(series, "default", version, cache_dir())
     wheel = fetch(pin, cache=cache_dir())
@@ -143,8 +144,7 @@ def main(base_key: str, engine_only: bool) -> int:
             for version in ("0.31.0", "0.32.0", "0.33.0"):
                 rows.append(_matrix_row(series, version, work))
     print(f"# bakery bench ({base_key} base, {len(series.entries)} patches)\n")
-    print("| what | ours | baseline | ratio | target |\n|---|---|---|---|---|")
-    print("\n".join(rows))
+    print(markdown.table(("what", "ours", "baseline", "ratio", "target"), rows))
     return 0
 
 

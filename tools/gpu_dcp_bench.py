@@ -41,10 +41,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bakery import markdown as md  # noqa: E402
+from bakery.clock import MINUTE, utc_stamp  # noqa: E402
 from bakery.dcp import reference as ref  # noqa: E402
 from bakery.dcp.baked_kernels import DCP_OPS, load_file  # noqa: E402
 
-# Multicast off: KINDS.md, it can take the host's shared GPUs down.
+# NVLink multicast off in NCCL, PyTorch and NVSHMEM: the GPU hosts we borrow are shared,
+# and a program that uses multicast there can take every GPU of the host out of service.
 SAFE_ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -418,21 +421,41 @@ def kernel_markdown(result: dict) -> list[str]:
         "bound: `all_gather_into_tensor` of the flavour's bytes per rank; "
         "fraction = bound / combine. parity: real vs ref output, bf16 3e-2, every rank.",
         "",
-        "| T | heads | bytes sent ag_rs / a2a | ag_rs real | ag_rs ref | ag_rs bound | "
-        "a2a real | a2a ref | a2a bound | fraction real ag_rs / a2a | "
-        "fraction ref ag_rs / a2a | parity |",
-        "| --- " * 12 + "|",
     ]
+    header = (
+        "T",
+        "heads",
+        "bytes sent ag_rs / a2a",
+        "ag_rs real",
+        "ag_rs ref",
+        "ag_rs bound",
+        "a2a real",
+        "a2a ref",
+        "a2a bound",
+        "fraction real ag_rs / a2a",
+        "fraction ref ag_rs / a2a",
+        "parity",
+    )
+    rows = []
     for b in result["kernel_bench"]:
         a, c = b["ag_rs"], b["a2a"]
-        lines.append(
-            f"| {b['tokens']} | {b['gathered_heads']} | {a['bytes_sent']} / {c['bytes_sent']} | "
-            f"{a['real_us']} | {a['ref_us']} | {a['bound_us']} | "
-            f"{c['real_us']} | {c['ref_us']} | {c['bound_us']} | "
-            f"{a['real_fraction']} / {c['real_fraction']} | "
-            f"{a['ref_fraction']} / {c['ref_fraction']} | "
-            f"{'yes' if a['parity'] and c['parity'] else 'NO'} |"
+        rows.append(
+            (
+                b["tokens"],
+                b["gathered_heads"],
+                f"{a['bytes_sent']} / {c['bytes_sent']}",
+                a["real_us"],
+                a["ref_us"],
+                a["bound_us"],
+                c["real_us"],
+                c["ref_us"],
+                c["bound_us"],
+                f"{a['real_fraction']} / {c['real_fraction']}",
+                f"{a['ref_fraction']} / {c['ref_fraction']}",
+                "yes" if a["parity"] and c["parity"] else "NO",
+            )
         )
+    lines.append(md.table(header, rows))
     verbatim = result["kernels"]["kernels_verbatim"]
     lines += ["", f"Kernels verbatim from the baked file: {verbatim}"]
     return lines
@@ -443,16 +466,22 @@ def parity_markdown(result: dict) -> list[str]:
         "",
         "## Parity of the reference (DCP W vs DCP1)",
         "",
-        "| dtype | K | heads | T | combine | max abs err | max LSE err | pass |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for p in result["parity"]:
-        lines.append(
-            f"| {p['dtype']} | {p['interleave']} | {p['heads']} | {p['tokens']} | "
-            f"{p['combine']} | {p['max_abs_err']:.2e} | {p['max_lse_err']:.2e} | "
-            f"{p['passed']} |"
+    header = ("dtype", "K", "heads", "T", "combine", "max abs err", "max LSE err", "pass")
+    rows = [
+        (
+            p["dtype"],
+            p["interleave"],
+            p["heads"],
+            p["tokens"],
+            p["combine"],
+            f"{p['max_abs_err']:.2e}",
+            f"{p['max_lse_err']:.2e}",
+            p["passed"],
         )
-    return lines
+        for p in result["parity"]
+    ]
+    return [*lines, md.table(header, rows)]
 
 
 def bench_markdown(result: dict) -> list[str]:
@@ -464,19 +493,37 @@ def bench_markdown(result: dict) -> list[str]:
         "(device time). Bound: `dist.all_gather_into_tensor` in which each rank sends "
         "the flavour's bytes; fraction = bound us / combine us.",
         "",
-        "| T | heads | bytes sent ag_rs / a2a | eager ag_rs | eager a2a | eager bound | "
-        "graph ag_rs | graph a2a | graph bound ag_rs / a2a | graph fraction ag_rs / a2a |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    header = (
+        "T",
+        "heads",
+        "bytes sent ag_rs / a2a",
+        "eager ag_rs",
+        "eager a2a",
+        "eager bound",
+        "graph ag_rs",
+        "graph a2a",
+        "graph bound ag_rs / a2a",
+        "graph fraction ag_rs / a2a",
+    )
+    rows = []
     for b in result["bench"]:
         a, c = b["ag_rs"], b["a2a"]
-        lines.append(
-            f"| {b['tokens']} | {b['gathered_heads']} | {a['bytes_sent']} / "
-            f"{c['bytes_sent']} | {a['us']} | {c['us']} | {a['allgather_us']} | "
-            f"{a.get('graph_us', '-')} | {c.get('graph_us', '-')} | "
-            f"{a.get('graph_allgather_us', '-')} / {c.get('graph_allgather_us', '-')} | "
-            f"{a.get('graph_bound_fraction', '-')} / {c.get('graph_bound_fraction', '-')} |"
+        rows.append(
+            (
+                b["tokens"],
+                b["gathered_heads"],
+                f"{a['bytes_sent']} / {c['bytes_sent']}",
+                a["us"],
+                c["us"],
+                a["allgather_us"],
+                a.get("graph_us", "-"),
+                c.get("graph_us", "-"),
+                f"{a.get('graph_allgather_us', '-')} / {c.get('graph_allgather_us', '-')}",
+                f"{a.get('graph_bound_fraction', '-')} / {c.get('graph_bound_fraction', '-')}",
+            )
         )
+    lines.append(md.table(header, rows))
     errors = {b[f].get("graph_error") for b in result["bench"] for f in ("ag_rs", "a2a")}
     lines += [f"\ngraph capture error: {e}" for e in sorted(e for e in errors if e)]
     return lines
@@ -485,7 +532,7 @@ def bench_markdown(result: dict) -> list[str]:
 def write(result: dict, w: int, device: torch.device, args: argparse.Namespace) -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     result["meta"] = dict(
-        date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        date=utc_stamp(MINUTE),
         device=f"{w}x {name}",
         torch=torch.__version__,
         world_size=w,

@@ -25,7 +25,6 @@ Writes gpu_triton_kernels.json and gpu_triton_kernels.md to --out (default $OUT)
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
@@ -38,6 +37,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bakery import markdown as md  # noqa: E402
+from bakery.clock import MINUTE, utc_stamp  # noqa: E402
 from bakery.dcp import reference as ref  # noqa: E402
 from bakery.dcp.baked_kernels import DCP_OPS, SPARSE_UTILS, load_file  # noqa: E402
 
@@ -312,7 +313,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "python": sys.version.split()[0],
-        "utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "utc": utc_stamp(MINUTE),
     }
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
@@ -328,29 +329,51 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         "## Filter and convert",
         "",
-        "| W | K | page | topk | rows | pass | same order |",
-        "| --- " * 7 + "|",
-    ]
-    for c in res["filter"]:
-        lines.append(
-            f"| {c['W']} | {c['K']} | {c['page']} | {c['topk']} | {c['rows']} | "
-            f"{'yes' if c['ok'] else 'NO'} | {'yes' if c['stable_order'] else 'no'} |"
-        )
-    lines += [
+        md.table(
+            ("W", "K", "page", "topk", "rows", "pass", "same order"),
+            [
+                (
+                    c["W"],
+                    c["K"],
+                    c["page"],
+                    c["topk"],
+                    c["rows"],
+                    "yes" if c["ok"] else "NO",
+                    "yes" if c["stable_order"] else "no",
+                )
+                for c in res["filter"]
+            ],
+        ),
         "",
         "## LSE correction and combine (base 2)",
         "",
-        "| combine | W | T | heads/rank | dtype | masked | max abs err out | "
-        "max abs err LSE | pass |",
-        "| --- " * 9 + "|",
     ]
-    for c in res["combine"]:
-        lines.append(
-            f"| {c['combine']} | {c['W']} | {c['T']} | {c['heads_per_rank']} | "
-            f"{c['dtype']} | {'yes' if c['masked'] else 'no'} | "
-            f"{c['max_abs_err_out']:.2e} | {c['max_abs_err_lse']:.2e} | "
-            f"{'yes' if c['ok'] else 'NO'} |"
+    header = (
+        "combine",
+        "W",
+        "T",
+        "heads/rank",
+        "dtype",
+        "masked",
+        "max abs err out",
+        "max abs err LSE",
+        "pass",
+    )
+    rows = [
+        (
+            c["combine"],
+            c["W"],
+            c["T"],
+            c["heads_per_rank"],
+            c["dtype"],
+            "yes" if c["masked"] else "no",
+            f"{c['max_abs_err_out']:.2e}",
+            f"{c['max_abs_err_lse']:.2e}",
+            "yes" if c["ok"] else "NO",
         )
+        for c in res["combine"]
+    ]
+    lines.append(md.table(header, rows))
     lines += ["", f"Overall: {'PASS' if res['ok'] else 'FAIL'}", ""]
     return "\n".join(lines)
 

@@ -8,6 +8,8 @@ started, each with a timeout; UUIDs and serials are never read.
 from __future__ import annotations
 
 import ast
+import csv
+import io
 import json
 import os
 import shutil
@@ -46,9 +48,10 @@ def read_heads(tree: Path, package: str, table: GateTable) -> tuple[int, ...]:
 
 
 def _parse_gpus(text: str) -> tuple[Gpu, ...]:
+    """``--format=csv,noheader,nounits`` rows; a row without five fields raises ValueError."""
     gpus = []
-    for line in text.strip().splitlines():
-        index, name, memory, cap, driver = (c.strip() for c in line.split(","))
+    for row in csv.reader(io.StringIO(text.strip()), skipinitialspace=True):
+        index, name, memory, cap, driver = (c.strip() for c in row)
         gpus.append(Gpu(int(index), name, int(float(memory)), cap, driver))
     return tuple(gpus)
 

@@ -26,13 +26,13 @@ import subprocess
 import time
 from collections import deque
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 
 from bakery import __version__
 from bakery.bake.manifest import MANIFEST
+from bakery.clock import FOLDER, ISO, utc_stamp
 from bakery.launch import keeper as keeper_module
 from bakery.launch.errors import LaunchError, LaunchInterrupted
 from bakery.launch.model_config import candidate_blocks
@@ -47,6 +47,7 @@ from bakery.launch.processes import (
     launched_runs,
     start_ticks,
 )
+from bakery.tree import write_json_atomic
 
 __all__ = [
     "Record",
@@ -134,12 +135,8 @@ def tail(path: Path, lines: int = TAIL_LINES) -> str:
 # ---- the record -------------------------------------------------------------------------
 
 
-def _utc_stamp() -> str:
-    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-
-
 def new_record(plan: LaunchPlan) -> Record:
-    stamp = _utc_stamp()
+    stamp = utc_stamp(FOLDER)
     for n in range(1, 100):
         run_dir = plan.artifacts / (stamp if n == 1 else f"{stamp}-{n}")
         try:
@@ -204,7 +201,7 @@ def environment(plan: LaunchPlan, facts: Facts, argv: list[str]) -> dict:
     probe = facts.probe or {}
     server_env = {**os.environ, **dict(plan.env)}
     return {
-        "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+        "created_utc": utc_stamp(ISO),
         "profile": plan.profile.name,
         "profile_source": str(plan.profile.source),
         "profile_text": plan.profile.source.read_text(),
@@ -350,9 +347,7 @@ def _write_pid(record: Record, plan: LaunchPlan, proc: subprocess.Popen) -> None
         "run_dir": str(record.run_dir),
         "command": list(plan.command),
     }
-    tmp = record.pid_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, record.pid_file)
+    write_json_atomic(record.pid_file, data)  # stop and status never read half a file
 
 
 def _abort(proc: subprocess.Popen, record: Record, grace_s: float) -> None:

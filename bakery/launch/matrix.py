@@ -15,21 +15,22 @@ module only sequences servers.
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bakery import markdown
 from bakery.bake.bake import tree_dir
 from bakery.bake.manifest import MANIFEST
+from bakery.clock import FOLDER, utc_stamp
 from bakery.launch import lifecycle, preflight
 from bakery.launch.errors import PreflightError, Problem, ProfileError
 from bakery.launch.gates import GateTable
 from bakery.launch.plan import LaunchPlan, make_plan
 from bakery.launch.profiles import load_profile, override, read_toml
 from bakery.series.series import Series
+from bakery.tree import write_json_atomic, write_text_atomic
 from bakery.verify import (
     CaptureSettings,
     ParityGates,
@@ -207,10 +208,6 @@ def _first_divergence(report: dict) -> dict | None:
     return None
 
 
-def _stamp() -> str:
-    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-
-
 def run_matrix(
     matrix: Matrix,
     ctx: Context,
@@ -223,7 +220,7 @@ def run_matrix(
     """Preflight all, then boot/capture/stop each entry, compare, write the summary."""
     suite = load_suite(matrix.suite)
     gates = _gates(matrix, gates_file)
-    out = out or ctx.artifacts / "matrix" / _stamp()
+    out = out or ctx.artifacts / "matrix" / utc_stamp(FOLDER)
     entries = ([] if baseline_dir else [matrix.baseline]) + list(matrix.candidates)
     checked = _preflight_all(entries, ctx, say)
     settings = CaptureSettings(concurrency=matrix.concurrency)
@@ -275,8 +272,9 @@ def run_matrix(
         "candidates": rows,
         "passed": all(r["passed"] for r in rows),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    (out / "summary.md").write_text(summary_markdown(summary))
+    # A killed run leaves the old summary or the new one, never half of one.
+    write_json_atomic(out / "summary.json", summary, default=str)
+    write_text_atomic(out / "summary.md", summary_markdown(summary))
     return summary
 
 
@@ -304,14 +302,27 @@ def summary_markdown(summary: dict) -> str:
         + (" (reused)" if base["reused"] else f" (booted in {base.get('boot_s')} s)"),
         f"- result: **{'PASS' if summary['passed'] else 'FAIL'}**",
         "",
-        "| candidate | profile | flags | result | failing cases | first divergence | report |",
-        "|---|---|---|---|---|---|---|",
     ]
-    for row in summary["candidates"]:
-        flags = ", ".join(f"{k}={v}" for k, v in row["flags"].items()) or "–"
-        lines.append(
-            f"| {row['name']} | {row['profile']} | {flags} | "
-            f"{'pass' if row['passed'] else 'FAIL'} | {len(row['failing_cases'])} | "
-            f"{_divergence_text(row)} | `{row['report_markdown']}` |"
+    header = (
+        "candidate",
+        "profile",
+        "flags",
+        "result",
+        "failing cases",
+        "first divergence",
+        "report",
+    )
+    rows = [
+        (
+            row["name"],
+            row["profile"],
+            ", ".join(f"{k}={v}" for k, v in row["flags"].items()) or "–",
+            "pass" if row["passed"] else "FAIL",
+            len(row["failing_cases"]),
+            _divergence_text(row),
+            f"`{row['report_markdown']}`",
         )
+        for row in summary["candidates"]
+    ]
+    lines.append(markdown.table(header, rows))
     return "\n".join(lines) + "\n"

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import tomlkit
 
+from bakery import markdown
 from bakery.bake.fetch import cache_dir, fetch, fetch_release, wheel_platform
 from bakery.bake.wheel import extract_sources, pinned_requirement, read_members, read_wheel
 from bakery.check.linkcheck import format_finding, run_linkcheck
@@ -278,14 +279,14 @@ def _rebase_markdown(report: dict) -> str:
         "",
         f"wheel `{report['wheel']}` sha256 `{report['sha256']}` (max fuzz {report['max_fuzz']})",
         "",
-        "| patch | file | hunk | status |",
-        "|---|---|---|---|",
     ]
+    rows = []
     for h in report["hunks"]:
         status = h["status"]
         if status in (HunkVerdict.OFFSET, HunkVerdict.FUZZ):
             status = f"{status} (offset {h['offset']:+d}, fuzz {h['fuzz']})"
-        lines.append(f"| {h['patch']} | {h['path']} | {h['hunk']} | {status} |")
+        rows.append((h["patch"], h["path"], h["hunk"], status))
+    lines.append(markdown.table(("patch", "file", "hunk", "status"), rows))
     for h in report["hunks"]:
         if h["detail"]:
             lines += ["", f"## {h['patch']} hunk #{h['hunk']}", "", "```", h["detail"], "```"]
@@ -340,10 +341,10 @@ def matrix(
 
 def matrix_markdown(table: dict) -> str:
     versions = list(table["releases"])
-    lines = ["| patch | " + " | ".join(versions) + " |", "|---" * (len(versions) + 1) + "|"]
-    for patch in table["patches"]:
-        cells = [table["releases"][v]["patches"][patch] for v in versions]
-        lines.append(f"| {patch} | " + " | ".join(cells) + " |")
+    rows = [
+        [patch, *(table["releases"][v]["patches"][patch] for v in versions)]
+        for patch in table["patches"]
+    ]
     counts = []
     for v in versions:
         row = table["releases"][v]
@@ -352,8 +353,8 @@ def matrix_markdown(table: dict) -> str:
             counts.append("no release")
         else:
             counts.append("skipped" if findings is None else f"{len(findings)} finding(s)")
-    lines.append("| linkcheck | " + " | ".join(counts) + " |")
-    return "\n".join(lines) + "\n"
+    rows.append(["linkcheck", *counts])
+    return markdown.table(["patch", *versions], rows) + "\n"
 
 
 def matrix_failures(table: dict) -> list[str]:

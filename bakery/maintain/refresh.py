@@ -15,6 +15,7 @@ without re-baking.
 
 from __future__ import annotations
 
+import filecmp
 import fnmatch
 import os
 import subprocess
@@ -90,6 +91,9 @@ def differing_files(
 
     New stray files are left out (and listed in ``strays`` when given)."""
     left, right = _files(pristine), _files(baked)
+    # filecmp caches verdicts by path, size and mtime: without this, a same-size edit
+    # within one mtime tick of an earlier call (status, then refresh) would be missed.
+    filecmp.clear_cache()
     out = {}
     for rel in sorted(set(left) | set(right)):
         if "__pycache__" in rel.split("/"):
@@ -104,7 +108,7 @@ def differing_files(
             # Hard links from the pristine cache are the same inode: unchanged by construction.
             if (sa.st_ino, sa.st_dev) == (sb.st_ino, sb.st_dev):
                 continue
-            if sa.st_size == sb.st_size and a.read_bytes() == b.read_bytes():
+            if filecmp.cmp(a, b, shallow=False):
                 continue
         out[rel] = (a.read_bytes() if a else None, b.read_bytes() if b else None)
     return out

@@ -33,7 +33,6 @@ __all__ = [
     "read_patch",
     "render_file_diff",
     "split_lines",
-    "split_eol",
     "OLD_PREFIX",
     "NEW_PREFIX",
 ]
@@ -58,15 +57,6 @@ _KINDS = {_ADDED: "+", _REMOVED: "-"}
 # unidiff's RE_HUNK_HEADER, over bytes.
 _HUNK_HEADER = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.MULTILINE)
 _HEADERS = re.compile(rb"^--- [^\n]*\n\+\+\+ [^\n]*\n", re.MULTILINE)
-
-
-def split_eol(raw: bytes) -> tuple[bytes, bytes]:
-    """``b"x\\r\\n"`` -> ``(b"x", b"\\r\\n")``; a last line may have no EOL."""
-    if raw.endswith(b"\r\n"):
-        return raw[:-2], b"\r\n"
-    if raw.endswith(b"\n"):
-        return raw[:-1], b"\n"
-    return raw, b""
 
 
 def split_lines(data: bytes) -> list[bytes]:
@@ -329,7 +319,7 @@ def parse_patch(
     files = []
     # unidiff takes every line like this outside a hunk body as a hunk header, and
     # none inside one, so the matches pair with its hunks in order.
-    headers = _HUNK_HEADER.finditer(body)
+    hunk_headers = _HUNK_HEADER.finditer(body)
     for patched in patch_set:
         old = _tree_path(patched.source_file, strip, renames, name)
         new = _tree_path(patched.target_file, strip, renames, name)
@@ -347,7 +337,7 @@ def parse_patch(
                 old_path=old,
                 new_path=new,
                 hunks=tuple(
-                    _read_hunk(i, hunk, next(headers, None), body, name)
+                    _read_hunk(i, hunk, next(hunk_headers, None), body, name)
                     for i, hunk in enumerate(patched, 1)
                 ),
                 new_mode=int(mode[-3:], 8) if mode and new is not None else None,

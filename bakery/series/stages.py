@@ -11,6 +11,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from bakery import markdown
 from bakery.errors import SeriesError
 from bakery.series.series import DEFAULT_SERIES, load_series
 from bakery.tree import write_atomic
@@ -80,22 +81,25 @@ def load_stages(root: Path = DEFAULT_SERIES) -> tuple[Stage, ...]:
 
 def _cell(items: tuple[str, ...] | str) -> str:
     text = items if isinstance(items, str) else "<br>".join(items)
-    return (text or "—").replace("|", "\\|")
+    return text or "—"
 
 
 def render_table(stages: tuple[Stage, ...]) -> str:
     """The markdown stage table (no trailing newline)."""
+    header = ("Stage", "Name", "Status", "Enables", "Env gates", "Constraints", "Patches")
     rows = [
-        "| Stage | Name | Status | Enables | Env gates | Constraints | Patches |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for s in stages:
-        patches = tuple(f"`{p}`" for p in s.patches)
-        rows.append(
-            f"| {s.number} | {s.name} | {s.status} | {_cell(s.enables)} | {_cell(s.env)} "
-            f"| {_cell(s.requires)} | {_cell(patches)} |"
+        (
+            s.number,
+            s.name,
+            s.status,
+            _cell(s.enables),
+            _cell(s.env),
+            _cell(s.requires),
+            _cell(tuple(f"`{p}`" for p in s.patches)),
         )
-    return "\n".join(rows)
+        for s in stages
+    ]
+    return markdown.table(header, rows)
 
 
 def plan_table(plan_text: str) -> str:

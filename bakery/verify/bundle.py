@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bakery.verify._io import write_json_atomic
+from bakery.tree import write_json_atomic
 from bakery.verify.errors import BundleError
 
 __all__ = [

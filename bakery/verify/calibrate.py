@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bakery import markdown
 from bakery.errors import UsageError
-from bakery.verify._io import write_json_atomic, write_text_atomic
+from bakery.tree import write_json_atomic, write_text_atomic
 from bakery.verify.compare import BOUND_GATES, ParityGates, compare_bundles
 from bakery.verify.report import format_value
 
@@ -154,17 +155,15 @@ def render_calibration(calibration: Calibration) -> str:
         f"{len(calibration.bundles)} baseline bundles, {calibration.pairs} pairwise comparisons, "
         f"factor {calibration.policy.factor}.",
         "",
-        "| gate | noise floor | threshold | source |",
-        "|---|---|---|---|",
     ]
     gates = calibration.gates
+    rows = []
     for name in BOUND_GATES:
         value = getattr(gates, name)
-        lines.append(
-            f"| {name} | {format_value(calibration.noise_floor[name])} | "
-            f"{format_value(value) if value is not None else 'off'} | "
-            f"{gates.sources.get(name, 'default')} |"
-        )
+        threshold = format_value(value) if value is not None else "off"
+        noise = format_value(calibration.noise_floor[name])
+        rows.append((name, noise, threshold, gates.sources.get(name, "default")))
+    lines.append(markdown.table(("gate", "noise floor", "threshold", "source"), rows))
     if calibration.high_margin_mismatches:
         lines += ["", "The baseline disagrees with itself at high margin (not deterministic):"]
         lines += [f"- {m}" for m in calibration.high_margin_mismatches]

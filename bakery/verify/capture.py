@@ -14,10 +14,9 @@ import asyncio
 import hashlib
 import os
 import shutil
-import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,6 +26,7 @@ from packaging.version import InvalidVersion, Version
 
 from bakery import __version__
 from bakery.errors import UsageError
+from bakery.progress import step
 from bakery.verify.bundle import (
     CASE_PREFIX,
     COMPLETIONS_PATH,
@@ -307,18 +307,6 @@ def _version_fields(raw: Any) -> Json:
         return {"vllm_version": raw, "vllm_version_note": "not a PEP 440 version"}
 
 
-def _progress(enabled: bool, total: int) -> tuple[Any, Callable[[], None]]:
-    """A rich progress bar on stderr, or a no-op when stderr is not a terminal."""
-    if not enabled:
-        return None, lambda: None
-    from rich.console import Console
-    from rich.progress import Progress
-
-    bar = Progress(console=Console(stderr=True), transient=True)
-    task = bar.add_task("capturing", total=total)
-    return bar, lambda: bar.advance(task)
-
-
 async def _run(
     url: str,
     out_dir: Path,
@@ -333,22 +321,16 @@ async def _run(
         model, version = await _model_and_version(client, settings)
         capture = _Capture(client, out_dir, model, reference, teacher_forced)
         gate = asyncio.Semaphore(settings.concurrency)
-        show = settings.progress if settings.progress is not None else sys.stderr.isatty()
-        bar, advance = _progress(show, len(suite.cases))
+        total = len(suite.cases)
+        with step(f"capturing {total} case(s)", total, show=settings.progress) as advance:
 
-        async def one(case: SuiteCase) -> _CaseResult:
-            async with gate:
-                result = await capture.case(case)
-            advance()
-            return result
+            async def one(case: SuiteCase) -> _CaseResult:
+                async with gate:
+                    result = await capture.case(case)
+                advance()
+                return result
 
-        if bar is not None:
-            bar.start()
-        try:
             results = await _gather_all(one(case) for case in suite.cases)
-        finally:
-            if bar is not None:
-                bar.stop()
     return model, version, results
 
 

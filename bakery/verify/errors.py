@@ -1,8 +1,9 @@
 """The parity harness's own failures, each a ``bakery.errors.BakeryError``.
 
-Exit codes follow the issue: 1 is a parity failure or work that failed (a
-server that never answered), 2 is bad input (an unreadable bundle, a suite
-that does not parse, bundles that cannot be compared).
+Exit codes are the project's (README): 1 is a parity failure or work that
+failed (a server that never answered), 2 is bad input (an unreadable bundle, a
+suite that does not parse, bundles that cannot be compared). The split lets a
+script or CI tell "the candidate diverged" from "the harness was misused".
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bakery.verify._io import write_json_atomic, write_text_atomic
+from bakery import markdown
+from bakery.tree import write_json_atomic, write_text_atomic
 
 __all__ = ["render_markdown", "write_reports", "format_value", "code"]
 
@@ -55,17 +56,11 @@ def format_value(value: Any) -> str:
 
 
 def code(token: Any) -> str:
-    """A token as inline code, escaped so whitespace and ``|`` stay visible in a table."""
+    """A token as inline code, JSON-quoted so whitespace and newlines stay visible
+    (a table cell's ``|`` is escaped by ``markdown.table``)."""
     if token is None:
         return "–"
-    text = json.dumps(token, ensure_ascii=False).replace("|", "\\|")
-    return f"`` {text} ``"
-
-
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines.extend("| " + " | ".join(row) + " |" for row in rows)
-    return lines
+    return f"`` {json.dumps(token, ensure_ascii=False)} ``"
 
 
 def _gates_section(gates: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -73,7 +68,7 @@ def _gates_section(gates: Mapping[str, Mapping[str, Any]]) -> list[str]:
         (name, format_value(g["value"]) if g["value"] is not None else "off", g["source"])
         for name, g in sorted(gates.items())
     ]
-    return ["## Gates", "", *_table(("gate", "value", "source"), rows), ""]
+    return ["## Gates", "", markdown.table(("gate", "value", "source"), rows), ""]
 
 
 def _mismatch_cell(case: Mapping[str, Any]) -> str:
@@ -109,7 +104,7 @@ def _summary_section(cases: Mapping[str, Mapping[str, Any]]) -> list[str]:
         )
         for name, c in sorted(cases.items())
     ]
-    return ["## Summary", "", *_table(header, rows), ""]
+    return ["## Summary", "", markdown.table(header, rows), ""]
 
 
 def _divergence_section(case: Mapping[str, Any]) -> list[str]:
@@ -128,10 +123,10 @@ def _divergence_section(case: Mapping[str, Any]) -> list[str]:
         f"baseline's top-k: {format_value(case['first_token_mismatch_oracle_actual_rank'])}",
         "",
     )
-    return [*intro, *_top5_table(case), ""]
+    return [*intro, _top5_table(case), ""]
 
 
-def _top5_table(case: Mapping[str, Any]) -> list[str]:
+def _top5_table(case: Mapping[str, Any]) -> str:
     base = case["first_token_mismatch_oracle_top5"] or []
     cand = case["first_token_mismatch_actual_top5"] or []
     rows = []
@@ -140,7 +135,7 @@ def _top5_table(case: Mapping[str, Any]) -> list[str]:
         c = cand[rank] if rank < len(cand) else (None, None)
         rows.append((str(rank + 1), code(b[0]), format_value(b[1]), code(c[0]), format_value(c[1])))
     header = ("rank", "baseline token", "baseline logprob", "candidate token", "candidate logprob")
-    return _table(header, rows)
+    return markdown.table(header, rows)
 
 
 def _case_section(name: str, case: Mapping[str, Any]) -> list[str]:
@@ -150,7 +145,7 @@ def _case_section(name: str, case: Mapping[str, Any]) -> list[str]:
     if case["gate_failures"]:
         lines.append("")
     rows = [(key, format_value(case[key])) for key in CASE_METRICS if key in case]
-    lines.extend([*_table(("metric", "value"), rows), ""])
+    lines.extend([markdown.table(("metric", "value"), rows), ""])
     return lines + _divergence_section(case)
 
 
