@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from pathlib import Path
 from bakery.errors import HunkFailed, UnreadableInput, UnsafePathError, WriteFailed
 from bakery.series.diff import Patch
 from bakery.series.engine import FileResult, apply_file_patch
-from bakery.tree import inside
+from bakery.tree import inside, stage_beside
 
 __all__ = ["ApplyStatus", "PatchOutcome", "ApplyPlan", "plan", "write"]
 
@@ -133,24 +132,6 @@ def plan(
     return ApplyPlan(tree, tuple(outcomes), before, dict(overlay), modes)
 
 
-def _stage(target: Path, data: bytes, mode: int | None) -> Path:
-    """The new content in a temp file beside ``target``, ready to be renamed over it."""
-    if mode is None:
-        try:
-            mode = target.stat().st_mode & 0o777
-        except FileNotFoundError:
-            mode = 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".new", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, mode)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return Path(tmp)
-
-
 def _keep_aside(target: Path) -> Path:
     """A second name for the old file (same inode), so a rename restores it exactly."""
     kept = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.old")
@@ -191,7 +172,7 @@ def write(result: ApplyPlan) -> list[str]:
             content = result.after[path]
             if content is not None:
                 made += _make_parents(target.parent, Path(result.tree))
-                staged[path] = _stage(target, content, result.modes.get(path))
+                staged[path] = stage_beside(target, content, result.modes.get(path), ".new")
         for path, target in targets.items():
             if path in staged:
                 os.replace(staged[path], target)
