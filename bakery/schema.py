@@ -22,7 +22,7 @@ import msgspec
 
 from bakery.errors import BakeryError
 
-__all__ = ["Document", "decode", "read_toml", "read_json", "load_toml"]
+__all__ = ["Document", "decode", "try_decode", "problems", "read_toml", "read_json", "load_toml"]
 
 T = TypeVar("T")
 
@@ -68,13 +68,22 @@ def read_json(path: Path, what: str, error: type[BakeryError]) -> Any:
 
 def decode(data: Any, kind: type[T], *, where: str, error: type[BakeryError], hint: str) -> T:
     """``data`` (parsed from ``where``) as a ``kind``, or one ``error`` naming every bad field."""
-    try:
-        return msgspec.convert(data, kind, strict=True)
-    except msgspec.ValidationError as exc:
-        found = problems(data, kind) or [_reword(str(exc))]  # the walker misses nothing msgspec
-        # checks today; the fallback keeps a new schema feature from losing its message
+    value, found = try_decode(data, kind)
+    if value is None:
         summary = found[0] if len(found) == 1 else f"{len(found)} problems: " + "; ".join(found)
-        raise error(f"{where}: {summary}", hint=hint) from None
+        raise error(f"{where}: {summary}", hint=hint)
+    return value
+
+
+def try_decode(data: Any, kind: type[T]) -> tuple[T | None, list[str]]:
+    """``(value, [])``, or ``(None, problems)`` for a caller that gathers several documents'
+    problems into one error (a JSONL file's lines)."""
+    try:
+        return msgspec.convert(data, kind, strict=True), []
+    except msgspec.ValidationError as exc:
+        # The walker misses nothing msgspec checks today; the fallback keeps a schema
+        # feature it does not know from losing msgspec's own message.
+        return None, problems(data, kind) or [_reword(str(exc))]
 
 
 def load_toml(path: Path, kind: type[T], *, error: type[BakeryError], hint: str) -> T:
