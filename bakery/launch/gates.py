@@ -41,6 +41,7 @@ CANDIDATES = "candidate-blocks"  # text_config.candidate_source_layer_id >= 0
 SPECULATIVE = "speculative-decode"  # MTP / DSpark: --speculative-config, --spec-*
 PCP = "pcp-dcp"  # --prefill-context-parallel-size > 1
 FEATURES = (CANDIDATES, SPECULATIVE, PCP)
+_HINT = "see patches/dcp2/stages.toml: the [gates] and [env.*] tables the launcher reads"
 
 
 @dataclass(frozen=True)
@@ -102,10 +103,12 @@ def _env_gates(env: dict[str, EnvDoc], where: Path) -> dict[str, EnvGate]:
         values = () if doc.number else tuple(doc.values)
         gate = EnvGate(name, values, doc.default, doc.min_stage, doc.number)
         if not gate.values and gate.number is None:
-            raise SeriesError(f'{where}: $.env.{name}: give values or number = "positive"')
+            raise SeriesError(
+                f'{where}: $.env.{name}: give values or number = "positive"', hint=_HINT
+            )
         if not gate.accepts(gate.default):
             raise SeriesError(
-                f"{where}: $.env.{name}.default: not {gate.expected}: {gate.default!r}"
+                f"{where}: $.env.{name}.default: not {gate.expected}: {gate.default!r}", hint=_HINT
             )
         gates[name] = gate
     return gates
@@ -117,11 +120,14 @@ def load_gate_table(series_root: Path) -> GateTable:
     stages = stages_of(doc, where)
     gates = doc.gates
     if gates is None:
-        raise SeriesError(f"{where}: $.gates: missing (the launcher's stage range and head set)")
+        raise SeriesError(
+            f"{where}: $.gates: missing (the launcher's stage range and head set)", hint=_HINT
+        )
     heads_file, sep, heads_name = gates.heads_source.partition(":")
     if not (sep and heads_file and heads_name) or ":" in heads_name:
         raise SeriesError(
-            f"{where}: $.gates.heads_source: expected '<file>:<name>', got {gates.heads_source!r}"
+            f"{where}: $.gates.heads_source: expected '<file>:<name>', got {gates.heads_source!r}",
+            hint=_HINT,
         )
     table = GateTable(
         source=where,
@@ -138,9 +144,12 @@ def load_gate_table(series_root: Path) -> GateTable:
     missing = [n for n in (STAGE, COMBINE, GATHER, TIMING) if n not in table.env]
     if table.stage_env != STAGE or missing:
         raise SeriesError(
-            f"{where}: the launcher's gates are not in the table: {missing or [STAGE]!r}"
+            f"{where}: the launcher's gates are not in the table: {missing or [STAGE]!r}",
+            hint=_HINT,
         )
     unnamed = [f for f in FEATURES if f not in {s.name for s in stages}]
     if unnamed:
-        raise SeriesError(f"{where}: no stage serves the launcher's feature(s): {unnamed!r}")
+        raise SeriesError(
+            f"{where}: no stage serves the launcher's feature(s): {unnamed!r}", hint=_HINT
+        )
     return table

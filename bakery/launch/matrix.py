@@ -137,7 +137,9 @@ def load_matrix(path: Path) -> Matrix:
     candidates = tuple(_entry(t) for t in doc.candidates)
     names = [e.name for e in candidates]
     if not candidates or len(set(names)) != len(names):
-        raise ProfileError(f"{where}: needs one or more candidates with distinct names: {names}")
+        raise ProfileError(
+            f"{where}: needs one or more candidates with distinct names: {names}", hint=_HINT
+        )
     return Matrix(
         source=Path(path),
         suite=doc.suite,

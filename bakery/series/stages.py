@@ -35,6 +35,7 @@ __all__ = [
 
 BEGIN = "<!-- stages:begin (generated from stages.toml by bakery stages --write) -->"
 END = "<!-- stages:end -->"
+_HINT = f"see {DEFAULT_SERIES}/stages.toml for the fields, their types and the rules"
 
 
 # stages.toml's schema, the one place that knows its shape. [[stages]] is this module's;
@@ -88,9 +89,7 @@ def read_stages_doc(root: Path = DEFAULT_SERIES) -> StagesDoc:
     where = Path(root) / "stages.toml"
     if not where.exists():
         raise SeriesError(f"no stage table here (missing file): {str(where)!r}")
-    return load_toml(
-        where, StagesDoc, error=SeriesError, hint=f"see {DEFAULT_SERIES}/stages.toml for the fields"
-    )
+    return load_toml(where, StagesDoc, error=SeriesError, hint=_HINT)
 
 
 def load_stages(root: Path = DEFAULT_SERIES) -> tuple[Stage, ...]:
@@ -106,11 +105,15 @@ def stages_of(doc: StagesDoc, where: Path) -> tuple[Stage, ...]:
             d.number, d.name, d.status, d.enables, tuple(d.env), tuple(d.requires), tuple(d.patches)
         )
         if stage.status == "implemented" and not stage.patches:
-            raise SeriesError(f"{where}: implemented stage {stage.number} names no patch")
+            raise SeriesError(
+                f"{where}: implemented stage {stage.number} names no patch", hint=_HINT
+            )
         stages.append(stage)
     numbers = [s.number for s in stages]
     if numbers != list(range(1, len(numbers) + 1)):
-        raise SeriesError(f"{where}: stages must be numbered 1..N in order: {numbers!r}")
+        raise SeriesError(
+            f"{where}: stages must be numbered 1..N in order: {numbers!r}", hint=_HINT
+        )
     return tuple(stages)
 
 

@@ -219,9 +219,9 @@ def case_from_document(data: object, path: Path) -> CaseRecord:
     where = f"bundle case {path}"
     doc = decode(data, CaseDoc, where=where, error=BundleError, hint=_HINT)
     if doc.path != COMPLETIONS_PATH:
-        raise BundleError(f"{where} (path {doc.path!r}, expected {COMPLETIONS_PATH!r})")
+        raise BundleError(f"{where} (path {doc.path!r}, expected {COMPLETIONS_PATH!r})", hint=_HINT)
     if doc.status != 200:
-        raise BundleError(f"{where} (status {doc.status}, expected 200)")
+        raise BundleError(f"{where} (status {doc.status}, expected 200)", hint=_HINT)
     choice = _first_choice(doc.response, where)
     fingerprint = doc.response.system_fingerprint
     return CaseRecord(
@@ -236,7 +236,7 @@ def case_from_document(data: object, path: Path) -> CaseRecord:
 
 def _first_choice(response: ResponseDoc, where: str) -> ChoiceDoc:
     if not response.choices:
-        raise BundleError(f"{where} ($.response.choices: empty, expected one choice)")
+        raise BundleError(f"{where} ($.response.choices: empty, expected one choice)", hint=_HINT)
     return response.choices[0]
 
 
@@ -251,14 +251,15 @@ def _parse_completion(choice: ChoiceDoc, request: Json, tokenize: Any, where: st
     logprobs = choice.logprobs
     if logprobs is None:
         raise BundleError(
-            f"{where} (response.choices[0].logprobs: expected an object; "
-            "capture with logprobs=20)"
+            f"{where} (response.choices[0].logprobs: expected an object)",
+            hint="capture with logprobs=20 (`bakery verify capture` asks for them)",
         )
     tokens, values, tops = logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs
     if not len(tokens) == len(values) == len(tops):
         raise BundleError(
             f"{where} (logprobs: tokens, token_logprobs and top_logprobs have "
-            f"{len(tokens)}, {len(values)} and {len(tops)} entries; expected one per step)"
+            f"{len(tokens)}, {len(values)} and {len(tops)} entries; expected one per step)",
+            hint=_HINT,
         )
     return Completion(
         tokens=tuple(token_key(t) for t in tokens),
@@ -288,7 +289,8 @@ def logprob(value: Any, where: str) -> float:
         if LOGPROB_RANGE[0] <= number <= LOGPROB_RANGE[1]:  # False for NaN
             return number
     raise BundleError(
-        f"{where}: expected a logprob (a finite number <= 0), got {repr(value)[:60]})"
+        f"{where}: expected a logprob (a finite number <= 0), got {repr(value)[:60]})",
+        hint=_HINT,
     )
 
 
@@ -357,7 +359,8 @@ def _teacher_scores(doc: TeacherDoc, path: Path) -> TeacherScores:
     if raw is None or len(raw) != len(doc.sequence):
         raise BundleError(
             f"{where} (response.choices[0].prompt_logprobs: expected a list "
-            f"of {len(doc.sequence)} positions)"
+            f"of {len(doc.sequence)} positions)",
+            hint=_HINT,
         )
     return TeacherScores(
         sequence=tuple(doc.sequence),
@@ -376,7 +379,7 @@ def _parse_position(entry: dict[str, Any] | None, path: Path) -> dict[int, float
         try:
             token = int(key)
         except ValueError:
-            raise BundleError(f"{where}: expected a token id key)") from None
+            raise BundleError(f"{where}: expected a token id key)", hint=_HINT) from None
         scores[token] = logprob(value.get("logprob") if isinstance(value, dict) else value, where)
     return scores
 

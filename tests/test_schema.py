@@ -1,0 +1,247 @@
+"""The typed schema layer: every file kind refuses an unknown field and a wrong type, at the
+top and nested, through the real CLI: one ``error:`` line naming the file and the field
+path, one ``hint:`` line, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import pytest
+from _verify_support import MTP, NOMTP, copy_bundle, edit_case, logprobs_of
+
+from bakery.cli.root import main
+from bakery.errors import SeriesError
+from bakery.schema import Document, decode
+from tests.conftest import REPO
+
+SERIES = REPO / "patches" / "dcp2"
+
+
+def _run(capsys, argv: list[str]) -> tuple[int, str]:
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def _one_error(code: int, out: str, *phrases: str) -> str:
+    """Exit 2; the output ends in exactly one error line and one hint line; no traceback."""
+    lines = out.splitlines()
+    assert code == 2, out
+    assert "Traceback" not in out, out
+    assert lines[-2].startswith("error: ") and lines[-1].startswith("hint: "), out
+    for phrase in phrases:
+        assert phrase in lines[-2], (phrase, out)
+    return lines[-2]
+
+
+# --- the layer itself ----------------------------------------------------------------
+
+
+class _Pin(Document):
+    sha256: str
+    kind: Literal["wheel", "sdist"] = "wheel"
+
+
+class _Doc(Document):
+    bases: dict[str, _Pin]
+    items: list[_Pin] = []
+    count: int = 0
+
+
+def _problem(data: Any) -> str:
+    with pytest.raises(SeriesError) as caught:
+        decode(data, _Doc, where="x.toml", error=SeriesError, hint="h")
+    assert caught.value.exit_code == 2 and caught.value.hint == "h"
+    return str(caught.value)
+
+
+def test_a_map_key_is_named_where_msgspec_says_only_dots():
+    bad = {"bases": {"default": {"sha256": "a"}, "cpu": {"sha256": 5}}}
+    with pytest.raises(msgspec.ValidationError, match=r"\[\.\.\.\]"):  # what msgspec alone says
+        msgspec.convert(bad, _Doc)
+    assert _problem(bad) == "x.toml: $.bases.cpu.sha256: expected str, got int"
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"bases": {}, "count": True}, "$.count: expected int, got bool"),  # bool is no int
+        ({"bases": {}, "count": "3"}, "$.count: expected int, got str"),  # no coercion
+        ({"bases": {}, "colour": 1}, "$.colour: unknown field (known: bases, items, count)"),
+        ({}, "$.bases: missing"),
+        ({"bases": {}, "items": [{"sha256": "a"}, {"sha": "b"}]}, "$.items[1].sha: unknown"),
+        ({"bases": {"d": {"sha256": "a", "kind": "egg"}}}, "$.bases.d.kind: must be one of"),
+        ({"bases": []}, "$.bases: expected a table/object, got an array"),
+        ([], "$: expected a table/object, got an array"),
+    ],
+)
+def test_each_problem_names_its_path(data, message):
+    assert message in _problem(data)
+
+
+def test_every_problem_is_named_at_once():
+    message = _problem({"bases": {"a": {}}, "count": 1.5, "x": 0})
+    assert message.startswith("x.toml: 3 problems: ")
+    for phrase in ("$.x: unknown field", "$.bases.a.sha256: missing", "$.count: expected int"):
+        assert phrase in message
+
+
+def test_a_good_document_decodes_to_its_values():
+    doc = decode({"bases": {"d": {"sha256": "a"}}}, _Doc, where="x", error=SeriesError, hint="")
+    assert doc == _Doc(bases={"d": _Pin("a")}) and doc.items == [] and doc.count == 0
+
+
+# --- stages.toml (bakery stages; the launcher's [gates] and [env.*] live in it) ------------
+
+
+def _stages_copy(tmp_path: Path, old: str, new: str) -> Path:
+    copy = tmp_path / "dcp2"
+    shutil.copytree(SERIES, copy)
+    toml = copy / "stages.toml"
+    text = toml.read_text()
+    assert old in text
+    toml.write_text(text.replace(old, new, 1))
+    return copy
+
+
+@pytest.mark.parametrize(
+    "old, new, phrase",
+    [
+        (
+            "[gates]\n",
+            "colour = 1\n[gates]\n",
+            "$.colour: unknown field (known: stages, gates, env)",
+        ),
+        ("stage_min = 1\n", 'stage_min = "1"\n', "$.gates.stage_min: expected int, got str"),
+        ("stage_min = 1\n", "stage_min = 1\nstage_mni = 1\n", "$.gates.stage_mni: unknown field"),
+        ('default = "ag_rs"\n', "default = 1\n", "$.env.DSV41_DCP_COMBINE.default: expected str"),
+        ('number = "positive"\n', 'number = "negative"\n', "number: must be one of 'positive'"),
+        ('read_by = ["09', 'raed_by = ["09', "$.env.DSV41_DCP_TIMING.raed_by: unknown field"),
+        ("number = 1\n", "number = 1\nstatsu = 1\n", "$.stages[0].statsu: unknown field"),
+        ("number = 2\n", 'number = "2"\n', "$.stages[1].number: expected int, got str"),
+        ('status = "implemented"', 'status = "done"', "$.stages[0].status: must be one of"),
+    ],
+    ids=[
+        "unknown-top",
+        "gates-type",
+        "gates-unknown",
+        "env-type",
+        "env-literal",
+        "env-unknown",
+        "stage-unknown",
+        "stage-type",
+        "stage-literal",
+    ],
+)
+def test_bad_stages_toml_is_one_error_exit_2(capsys, tmp_path, old, new, phrase):
+    series = _stages_copy(tmp_path, old, new)
+    code, out = _run(capsys, ["stages", "--series", str(series)])
+    _one_error(code, out, f"error: {series / 'stages.toml'}: ", phrase)
+
+
+def test_the_launcher_refuses_a_bad_gate_table_the_same_way(capsys, tmp_path):
+    series = _stages_copy(tmp_path, "dcp_min_stage = 3\n", "dcp_min_stage = 3.0\n")
+    code, out = _run(
+        capsys, ["launch", "start", "--profile", "cpu-tiny", "--dry-run", "--series", str(series)]
+    )
+    _one_error(code, out, "$.gates.dcp_min_stage: expected int, got float")
+    series = _stages_copy(tmp_path / "b", 'heads_source = "models', 'heads_source = "x:y:models')
+    code, out = _run(
+        capsys, ["launch", "start", "--profile", "cpu-tiny", "--dry-run", "--series", str(series)]
+    )
+    _one_error(code, out, "$.gates.heads_source: expected '<file>:<name>'")
+
+
+# --- matrix.toml (bakery launch matrix: refused before any server boots) ------------------
+
+MATRIX_CPU = (REPO / "launcher" / "dcp2" / "matrix-cpu.toml").read_text()
+
+
+@pytest.mark.parametrize(
+    "old, new, phrase",
+    [
+        ("top_n = 20", "top_m = 20", "$.top_m: unknown field (known: baseline, candidates,"),
+        ("top_n = 20", 'top_n = "20"', "$.top_n: expected int, got str"),
+        ('profile = "cpu-tiny"\n', 'profile = "cpu-tiny"\nflags = { tpp = 2 }\n', "flags.tpp"),
+        ('name = "tiny-same"', 'name = "tiny-same"\nflags = { dcp = "2" }', "flags.dcp: expected"),
+        ('name = "tiny-same"', "name = 5", "$.candidates[0].name: expected str, got int"),
+    ],
+    ids=["unknown-top", "type-top", "unknown-flag", "type-flag", "type-entry"],
+)
+def test_bad_matrix_toml_is_one_error_exit_2(capsys, tmp_path, old, new, phrase):
+    matrix = tmp_path / "matrix.toml"
+    assert old in MATRIX_CPU
+    matrix.write_text(MATRIX_CPU.replace(old, new, 1))
+    out_dir = tmp_path / "out"
+    code, out = _run(capsys, ["launch", "matrix", "--matrix", str(matrix), "--out", str(out_dir)])
+    _one_error(code, out, f"error: {matrix}: ", phrase)
+    assert not out_dir.exists()
+
+
+# --- suite jsonl (bakery verify capture: the suite is read before the server is asked) ----
+
+
+@pytest.mark.parametrize(
+    "line, phrase",
+    [
+        ('{"case": "a", "prompt": "x", "max_tokens": 1, "tag": []}', ":1: $.tag: unknown field"),
+        ('{"case": "a", "prompt": "x", "max_tokens": "1"}', ":1: $.max_tokens: expected int"),
+        ('{"case": "a", "prompt": "x", "max_tokens": 1, "tags": [1]}', ":1: $.tags[0]: expected"),
+        ('{"case": "a", "prompt": "x", "max_tokens": 1, "why": 3}', ":1: $.why: expected str"),
+    ],
+    ids=["unknown", "type", "nested-type", "why-type"],
+)
+def test_bad_suite_is_one_error_exit_2(capsys, tmp_path, line, phrase):
+    suite = tmp_path / "bad.jsonl"
+    suite.write_text(line + "\n")
+    out_dir = tmp_path / "bundle"
+    argv = ["verify", "capture", "--url", "http://127.0.0.1:9", "--out", str(out_dir)]
+    code, out = _run(capsys, [*argv, "--suite", str(suite)])
+    _one_error(code, out, f"{suite}{phrase}")
+    assert not out_dir.exists()
+
+
+# --- bundle JSON (bakery verify compare) --------------------------------------------------
+
+MATH = "completion_short_math_logprobs20"
+
+
+def _set_elapsed(doc: dict[str, Any]) -> None:
+    doc["elapsed_seconds"] = "slow"
+
+
+@pytest.mark.parametrize(
+    "change, phrase",
+    [
+        (lambda doc: doc.update(colour=1), "$.colour: unknown field (known: name, path, status,"),
+        (lambda doc: doc.update(status="200"), "$.status: expected int, got str"),
+        (_set_elapsed, "$.elapsed_seconds: expected float, got str"),
+        (lambda doc: logprobs_of(doc).update(tokens=5), "logprobs.tokens: expected an array"),
+        (lambda doc: doc["response"].update(choices={}), "$.response.choices: expected an array"),
+    ],
+    ids=["unknown-top", "type-top", "type-optional", "type-nested", "type-choices"],
+)
+def test_bad_bundle_case_is_one_error_exit_2(capsys, tmp_path, change, phrase):
+    candidate = copy_bundle(NOMTP, tmp_path / "candidate")
+    edit_case(candidate, MATH, change)
+    code, out = _run(capsys, ["verify", "compare", str(NOMTP), str(candidate)])
+    _one_error(code, out, f"bundle case {candidate / MATH}.json: ", phrase)
+
+
+def test_the_servers_own_fields_may_grow(capsys, tmp_path):
+    """vLLM adds response fields between releases: inside ``response`` they are not refused."""
+    candidate = copy_bundle(NOMTP, tmp_path / "candidate")
+    edit_case(candidate, MATH, lambda doc: doc["response"]["choices"][0].update(new_field=1))
+    code, out = _run(capsys, ["verify", "compare", str(NOMTP), str(candidate)])
+    assert code == 0, out
+
+
+def test_bad_gates_file_is_one_error_exit_2(capsys, tmp_path):
+    gates = tmp_path / "gates.json"
+    gates.write_text(json.dumps({"gates": {}, "sorces": {}}))
+    code, out = _run(capsys, ["verify", "compare", str(NOMTP), str(MTP), "--gates", str(gates)])
+    _one_error(code, out, f"gates file {gates}: $.sorces: unknown field")
