@@ -22,7 +22,16 @@ import msgspec
 
 from bakery.errors import BakeryError
 
-__all__ = ["Document", "decode", "try_decode", "problems", "read_toml", "read_json", "load_toml"]
+__all__ = [
+    "Document",
+    "decode",
+    "try_decode",
+    "refuse",
+    "problems",
+    "read_toml",
+    "read_json",
+    "load_toml",
+]
 
 T = TypeVar("T")
 
@@ -69,10 +78,18 @@ def read_json(path: Path, what: str, error: type[BakeryError]) -> Any:
 def decode(data: Any, kind: type[T], *, where: str, error: type[BakeryError], hint: str) -> T:
     """``data`` (parsed from ``where``) as a ``kind``, or one ``error`` naming every bad field."""
     value, found = try_decode(data, kind)
-    if value is None:
+    refuse(found, where=where, error=error, hint=hint)
+    assert value is not None  # try_decode gives a value or problems
+    return value
+
+
+def refuse(found: list[str], *, where: str, error: type[BakeryError], hint: str) -> None:
+    """Raise one ``error`` listing every problem (``path: what``) in ``where``, if any.
+
+    The loaders' own rule checks use it too, so every refusal of a file reads alike."""
+    if found:
         summary = found[0] if len(found) == 1 else f"{len(found)} problems: " + "; ".join(found)
         raise error(f"{where}: {summary}", hint=hint)
-    return value
 
 
 def try_decode(data: Any, kind: type[T]) -> tuple[T | None, list[str]]:

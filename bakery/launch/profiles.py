@@ -18,7 +18,7 @@ import msgspec
 
 from bakery.launch.errors import ProfileError
 from bakery.launch.gates import COMBINE, GateTable
-from bakery.schema import Document, load_toml
+from bakery.schema import Document, load_toml, refuse
 
 __all__ = [
     "ParallelLayout",
@@ -174,9 +174,7 @@ def _value_problems(doc: ProfileDoc) -> list[str]:
 def load_profile(ref: str, directory: Path, table: GateTable) -> Profile:
     path = _resolve_path(ref, directory)
     doc = load_toml(path, ProfileDoc, error=ProfileError, hint=_HINT)
-    problems = _value_problems(doc)
-    if problems:
-        raise ProfileError(f"{path}: " + "; ".join(problems), hint=_HINT)
+    refuse(_value_problems(doc), where=str(path), error=ProfileError, hint=_HINT)
     gates = doc.gates
     return Profile(
         name=path.stem,

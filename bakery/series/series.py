@@ -22,7 +22,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import Version
 
 from bakery.errors import SeriesError, UnsafePathError
-from bakery.schema import Document, decode
+from bakery.schema import Document, decode, refuse
 from bakery.series.diff import Patch, parse_patch
 from bakery.tree import relative
 
@@ -134,13 +134,9 @@ def validate(data: object, where: str, default_name: str = "series") -> SeriesDo
     """A parsed series.toml as a ``SeriesDoc``, or one ``SeriesError`` naming every problem:
     first every field of the wrong type or name, then every value out of range."""
     doc = decode(data, SeriesDoc, where=where, error=SeriesError, hint=_HINT)
-    problems = _range_problems(doc, doc.name or default_name)
-    if problems:
-        summary = problems[0] if len(problems) == 1 else f"{len(problems)} problems: "
-        raise SeriesError(
-            f"{where}: " + (summary if len(problems) == 1 else summary + "; ".join(problems)),
-            hint=_HINT,
-        )
+    refuse(
+        _range_problems(doc, doc.name or default_name), where=where, error=SeriesError, hint=_HINT
+    )
     return doc
 
 
