@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+MAX_LISTED = 12  # problems spelt out in one refusal; the rest are counted
 
 
 class Document(msgspec.Struct, forbid_unknown_fields=True):
@@ -88,7 +89,10 @@ def refuse(found: list[str], *, where: str, error: type[BakeryError], hint: str)
 
     The loaders' own rule checks use it too, so every refusal of a file reads alike."""
     if found:
-        summary = found[0] if len(found) == 1 else f"{len(found)} problems: " + "; ".join(found)
+        shown = "; ".join(found[:MAX_LISTED])
+        if len(found) > MAX_LISTED:  # a hostile file must not make a megabyte-long line
+            shown += f"; and {len(found) - MAX_LISTED} more"
+        summary = shown if len(found) == 1 else f"{len(found)} problems: {shown}"
         raise error(f"{where}: {summary}", hint=hint)
 
 

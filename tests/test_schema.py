@@ -245,3 +245,9 @@ def test_bad_gates_file_is_one_error_exit_2(capsys, tmp_path):
     gates.write_text(json.dumps({"gates": {}, "sorces": {}}))
     code, out = _run(capsys, ["verify", "compare", str(NOMTP), str(MTP), "--gates", str(gates)])
     _one_error(code, out, f"gates file {gates}: $.sorces: unknown field")
+
+
+def test_a_flood_of_problems_stays_one_short_line():
+    message = _problem({"bases": {}, "items": [{"sha256": i} for i in range(5000)]})
+    assert message.startswith("x.toml: 5000 problems: $.items[0].sha256: expected str, got int")
+    assert message.endswith("; and 4988 more") and len(message) < 1000
