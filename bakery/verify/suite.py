@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from bakery.schema import Document, try_decode
+from bakery.schema import Document, refuse, try_decode
 from bakery.verify.errors import SuiteError
 
 __all__ = ["Suite", "SuiteCase", "CaseDoc", "load_suite", "available_suites", "SUITES_DIR"]
@@ -97,11 +97,8 @@ def load_suite(name_or_path: str) -> Suite:
     problems.extend(_duplicates(path, cases))
     if not cases and not problems:
         problems.append(f"{path}: no cases")
-    if problems:
-        raise SuiteError(
-            "invalid suite (" + "; ".join(problems) + ")",
-            hint="one JSON object per line: case, max_tokens, and prompt or prompt_tokens + filler",
-        )
+    hint = "one JSON object per line: case, max_tokens, and prompt or prompt_tokens + filler"
+    refuse(problems, where="invalid suite", error=SuiteError, hint=hint)
     return Suite(path.stem, path, hashlib.sha256(raw).hexdigest(), tuple(cases))
 
 
