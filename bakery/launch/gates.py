@@ -1,8 +1,8 @@
 """The DCP gate table as the launcher needs it, read from the series' stages.toml.
 
-stages.toml is the single source of truth (``bakery.series.stages`` owns its stage
-list and PLAN.md rendering); this module only adds the ``[gates]`` and
-``[env.*]`` tables the launcher checks against: the stage range, the lowest
+stages.toml is the single source of truth (``bakery.series.stages`` owns its
+schema, its stage list and PLAN.md rendering); this module only interprets the
+``[gates]`` and ``[env.*]`` tables the launcher checks against: the stage range, the lowest
 stage that serves DCP > 1, every DSV41_* variable with its values, default and
 lowest stage, and where the supported head set lives in the baked source.
 """
