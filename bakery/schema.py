@@ -129,7 +129,9 @@ def problems(data: Any, kind: Any, at: str = "$") -> list[str]:
         found = []
         if kind.__struct_config__.forbid_unknown_fields:  # a server's answer may grow fields
             known = ", ".join(fields)
-            found += [f"{at}.{k}: unknown field (known: {known})" for k in data if k not in fields]
+            found += [
+                f"{_child(at, k)}: unknown field (known: {known})" for k in data if k not in fields
+            ]
         found += [
             f"{at}.{name}: missing" for name, f in fields.items() if f.required and name not in data
         ]
@@ -141,13 +143,24 @@ def problems(data: Any, kind: Any, at: str = "$") -> list[str]:
         key_kind, value_kind = typing.get_args(kind)
         found = [p for key in data for p in _leaf(key, key_kind, f"{at} key {key!r}")]
         for key, value in data.items():
-            found += problems(value, value_kind, f"{at}.{key}")
+            found += problems(value, value_kind, _child(at, key))
         return found
     if origin in (list, tuple) and isinstance(data, list):
         args = typing.get_args(kind)
         if origin is list or (len(args) == 2 and args[1] is Ellipsis):
             return [p for i, v in enumerate(data) for p in problems(v, args[0], f"{at}[{i}]")]
     return _leaf(data, kind, at)
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_./-]+")
+
+
+def _child(at: str, key: object) -> str:
+    """``at.key`` for a plain key; ``at['odd key']`` (quoted, escaped) for any other, so
+    a key holding a newline or a quote cannot break the one error line or fake a path."""
+    if isinstance(key, str) and _PLAIN_KEY.fullmatch(key):
+        return f"{at}.{key}"
+    return f"{at}[{key!r}]"
 
 
 def _without_none(kind: Any) -> Any:

@@ -6,16 +6,22 @@ from __future__ import annotations
 
 import json
 import shutil
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 import pytest
 from _verify_support import MTP, NOMTP, copy_bundle, edit_case, logprobs_of
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bakery.cli.root import main
 from bakery.errors import SeriesError
 from bakery.schema import Document, decode
+from bakery.series.series import Pin, validate
+from bakery.verify.bundle import case_from_document
+from bakery.verify.errors import BundleError
 from tests.conftest import REPO
 
 SERIES = REPO / "patches" / "dcp2"
@@ -251,3 +257,69 @@ def test_a_flood_of_problems_stays_one_short_line():
     message = _problem({"bases": {}, "items": [{"sha256": i} for i in range(5000)]})
     assert message.startswith("x.toml: 5000 problems: $.items[0].sha256: expected str, got int")
     assert message.endswith("; and 4988 more") and len(message) < 1000
+
+
+# --- any value anywhere: a refusal, never a traceback ------------------------------------
+
+_JSONISH = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.floats()  # NaN and infinities included
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+def _paths(value: Any, at: tuple = ()) -> list[tuple]:
+    """The places in a parsed document a value can be put: every field, but only the first
+    two items of a list or of a map of many (a bundle has thousands of alike logprobs)."""
+    found = [at]
+    if isinstance(value, dict):
+        items = list(value.items())
+        items = items if len(items) <= 8 else items[:2]
+    else:
+        items = list(enumerate(value))[:2] if isinstance(value, list) else []
+    for key, sub in items:
+        found += _paths(sub, (*at, key))
+    return found
+
+
+def _planted(document: Any, path: tuple, value: Any) -> Any:
+    if not path:
+        return value
+    copy = json.loads(json.dumps(document))  # a deep copy of plain JSON data
+    table = copy
+    for key in path[:-1]:
+        table = table[key]
+    table[path[-1]] = value
+    return copy
+
+
+SERIES_DOC = tomllib.loads((SERIES / "series.toml").read_text())
+CASE_DOC = json.loads((NOMTP / f"{MATH}.json").read_text())
+SERIES_PATHS, CASE_PATHS = _paths(SERIES_DOC), _paths(CASE_DOC)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(where=st.sampled_from(SERIES_PATHS), value=_JSONISH)
+def test_any_value_in_series_toml_is_refused_or_loaded(where, value):
+    data = _planted(SERIES_DOC, where, value)
+    try:
+        doc = validate(data, "series.toml")
+        for key, pin in doc.bases.items():
+            Pin.from_doc(key, pin, "series.toml")
+    except SeriesError as exc:
+        assert exc.exit_code == 2 and "\n" not in str(exc) and exc.hint
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(where=st.sampled_from(CASE_PATHS), value=_JSONISH)
+def test_any_value_in_a_bundle_case_is_refused_or_loaded(where, value):
+    try:
+        case_from_document(_planted(CASE_DOC, where, value), Path("completion_x.json"))
+    except BundleError as exc:
+        assert exc.exit_code == 2 and "\n" not in str(exc) and exc.hint

@@ -84,6 +84,7 @@ class SeriesDoc(Document):
 
 
 _HINT = "see patches/dcp2/series.toml for the expected fields and types"
+_PIN_HINT = "a pin is requirement = 'name==version', its wheel's file name and that file's sha256"
 
 
 def is_sha256(value: object) -> bool:
@@ -171,19 +172,37 @@ class Pin:
         try:
             requirement = Requirement(doc.requirement)
         except InvalidRequirement as exc:
-            raise SeriesError(f"{where}: pin {key!r} (bad requirement): {exc}") from None
+            raise SeriesError(
+                f"{where}: pin {key!r} (bad requirement, {_first_line(exc)}): {doc.requirement!r}",
+                hint=_PIN_HINT,
+            ) from None
         specs = list(requirement.specifier)
         if len(specs) != 1 or specs[0].operator != "==":
-            raise SeriesError(f"{where}: pin {key!r} must be name==version: {str(requirement)!r}")
+            raise SeriesError(
+                f"{where}: pin {key!r} must be name==version: {str(requirement)!r}", hint=_PIN_HINT
+            )
         if not is_sha256(doc.sha256):
-            raise SeriesError(f"{where}: pin {key!r} (sha256 is not 64 hex digits): {doc.sha256!r}")
+            raise SeriesError(
+                f"{where}: pin {key!r} (sha256 is not 64 hex digits): {doc.sha256!r}",
+                hint=_PIN_HINT,
+            )
         try:
             name, version, _, _ = parse_wheel_filename(doc.wheel)
         except InvalidWheelFilename as exc:
-            raise SeriesError(f"{where}: pin {key!r} (bad wheel name): {exc}") from None
+            raise SeriesError(
+                f"{where}: pin {key!r} (bad wheel name, {_first_line(exc)}): {doc.wheel!r}",
+                hint=_PIN_HINT,
+            ) from None
         if name != canonicalize_name(requirement.name) or version != Version(specs[0].version):
-            raise SeriesError(f"{where}: pin {key!r}: wheel {doc.wheel!r} is not {requirement}")
+            raise SeriesError(
+                f"{where}: pin {key!r}: wheel {doc.wheel!r} is not {requirement}", hint=_PIN_HINT
+            )
         return cls(key, requirement, doc.wheel, doc.sha256, is_base)
+
+
+def _first_line(exc: Exception) -> str:
+    """packaging's message without its caret drawing (an error is one line)."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 @dataclass(frozen=True)
