@@ -35,6 +35,9 @@ __all__ = [
 
 T = TypeVar("T")
 MAX_LISTED = 12  # problems spelt out in one refusal; the rest are counted
+_UNREADABLE = "check that the path names a readable file"
+_NOT_UTF8 = "save the file as UTF-8 text"
+_SYNTAX = "fix the syntax at the place named (or restore the file from git)"
 
 
 class Document(msgspec.Struct, forbid_unknown_fields=True):
@@ -49,11 +52,13 @@ def read_toml(path: Path, error: type[BakeryError]) -> dict[str, Any]:
     try:
         return tomllib.loads(Path(path).read_bytes().decode("utf-8"))
     except OSError as exc:
-        raise error(f"{path}: cannot read it ({exc.strerror})") from None
+        raise error(f"{path}: cannot read it ({exc.strerror})", hint=_UNREADABLE) from None
     except UnicodeDecodeError as exc:
-        raise error(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+        raise error(
+            f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})", hint=_NOT_UTF8
+        ) from None
     except tomllib.TOMLDecodeError as exc:
-        raise error(f"{path}: not valid TOML ({exc})") from None
+        raise error(f"{path}: not valid TOML ({exc})", hint=_SYNTAX) from None
 
 
 def read_json(path: Path, what: str, error: type[BakeryError]) -> Any:
@@ -64,16 +69,18 @@ def read_json(path: Path, what: str, error: type[BakeryError]) -> Any:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise error(f"cannot read {what} {path} ({exc.strerror})") from None
+        raise error(f"cannot read {what} {path} ({exc.strerror})", hint=_UNREADABLE) from None
     except UnicodeDecodeError as exc:
-        raise error(f"cannot read {what} {path} (not UTF-8, byte {exc.start})") from None
+        raise error(
+            f"cannot read {what} {path} (not UTF-8, byte {exc.start})", hint=_NOT_UTF8
+        ) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno}: {exc.msg}"
-        raise error(f"cannot read {what} {path} (invalid JSON, {where})") from None
+        raise error(f"cannot read {what} {path} (invalid JSON, {where})", hint=_SYNTAX) from None
     except RecursionError:  # [[[[...]]]] nested past the interpreter's stack
-        raise error(f"cannot read {what} {path} (JSON nested too deeply)") from None
+        raise error(f"cannot read {what} {path} (JSON nested too deeply)", hint=_SYNTAX) from None
 
 
 def decode(data: Any, kind: type[T], *, where: str, error: type[BakeryError], hint: str) -> T:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -17,11 +18,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bakery.cli.root import main
-from bakery.errors import SeriesError
+from bakery.errors import BakeryError, SeriesError
+from bakery.launch.errors import ProfileError
+from bakery.launch.gates import gate_table_of, load_gate_table
+from bakery.launch.matrix import matrix_from_data
+from bakery.launch.profiles import profile_from_data
 from bakery.schema import Document, decode
 from bakery.series.series import Pin, validate
+from bakery.series.stages import StagesDoc
 from bakery.verify.bundle import case_from_document
-from bakery.verify.errors import BundleError
+from bakery.verify.compare import load_gates
+from bakery.verify.errors import BundleError, GatesError, SuiteError
+from bakery.verify.suite import load_suite
 from tests.conftest import REPO
 
 SERIES = REPO / "patches" / "dcp2"
@@ -280,7 +288,7 @@ def _paths(value: Any, at: tuple = ()) -> list[tuple]:
     found = [at]
     if isinstance(value, dict):
         items = list(value.items())
-        items = items if len(items) <= 12 else items[:2]  # a top-20 logprobs map
+        items = items if len(items) <= 16 else items[:2]  # a top-20 logprobs map
     else:
         items = list(enumerate(value))[:2] if isinstance(value, list) else []
     for key, sub in items:
@@ -299,33 +307,74 @@ def _planted(document: Any, path: tuple, value: Any) -> Any:
     return copy
 
 
-SERIES_DOC = tomllib.loads((SERIES / "series.toml").read_text())
-CASE_DOC = json.loads((NOMTP / f"{MATH}.json").read_text())
-SERIES_PATHS, CASE_PATHS = _paths(SERIES_DOC), _paths(CASE_DOC)
+def _toml(path: Path) -> dict[str, Any]:
+    return tomllib.loads(path.read_text())
 
 
-# Every field is tried (not a random sample of them), each with a few random values.
-_FEW = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def _load_series_doc(data: Any) -> None:
+    doc = validate(data, "series.toml")
+    for key, pin in doc.bases.items():
+        Pin.from_doc(key, pin, "series.toml")
 
 
-@pytest.mark.parametrize("where", SERIES_PATHS, ids=map(str, SERIES_PATHS))
+def _load_stages_doc(data: Any) -> None:
+    where = Path("stages.toml")
+    gate_table_of(decode(data, StagesDoc, where=str(where), error=SeriesError, hint="h"), where)
+
+
+def _load_via_file(loader, suffix: str, text) -> Any:
+    """For loaders that take a file: the planted document written to a temporary one."""
+
+    def load(data: Any) -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / f"planted{suffix}"
+            path.write_text(text(data))
+            loader(path)
+
+    return load
+
+
+def _suite_line(data: Any) -> str:
+    return json.dumps(data) + "\n"
+
+
+PROFILE = {
+    **_toml(REPO / "launcher/dcp2/profiles/dsv41-sm120-2node-tp4-dcp4.toml"),
+    "env": {"HF_HUB_OFFLINE": "1"},
+}
+SUITE_CASE = json.loads((REPO / "bakery/verify/suites/dcp2.jsonl").read_text().splitlines()[-1])
+GATE_TABLE = load_gate_table(SERIES)
+# file kind -> (a real document of that kind, its loader from parsed data, its error)
+KINDS: dict[str, tuple[Any, Any, type[BakeryError]]] = {
+    "series": (_toml(SERIES / "series.toml"), _load_series_doc, SeriesError),
+    "stages": (_toml(SERIES / "stages.toml"), _load_stages_doc, SeriesError),
+    "profile": (PROFILE, lambda d: profile_from_data(d, Path("p.toml"), GATE_TABLE), ProfileError),
+    "matrix": (_toml(REPO / "launcher/dcp2/matrix.toml"), lambda d: matrix_from_data(d, Path("m")),
+               ProfileError),
+    "suite": (SUITE_CASE, _load_via_file(lambda p: load_suite(str(p)), ".jsonl", _suite_line),
+              SuiteError),
+    "bundle case": (json.loads((NOMTP / f"{MATH}.json").read_text()),
+                    lambda d: case_from_document(d, Path("completion_x.json")), BundleError),
+    "gates file": ({"gates": {"max_tf_kl": 0.1, "fail_on_high_margin_mismatch": True},
+                    "sources": {"max_tf_kl": "calibration"}},
+                   _load_via_file(load_gates, ".json", json.dumps), GatesError),
+}  # fmt: skip
+PLACES = [(kind, where) for kind, (doc, _, _) in KINDS.items() for where in _paths(doc)]
+# Every field of every kind is tried (not a random sample of them), with a few random values.
+_FEW = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.parametrize("kind, where", PLACES, ids=[f"{k}:{w}" for k, w in PLACES])
 @_FEW
 @given(value=_JSONISH)
-def test_any_value_in_series_toml_is_refused_or_loaded(where, value):
-    data = _planted(SERIES_DOC, where, value)
+def test_any_value_anywhere_is_refused_in_one_line_or_loaded(kind, where, value):
+    document, load, error = KINDS[kind]
     try:
-        doc = validate(data, "series.toml")
-        for key, pin in doc.bases.items():
-            Pin.from_doc(key, pin, "series.toml")
-    except SeriesError as exc:
-        assert exc.exit_code == 2 and "\n" not in str(exc) and exc.hint
+        load(_planted(document, where, value))
+    except error as exc:
+        assert exc.exit_code == 2 and "\n" not in str(exc) and exc.hint, str(exc)
 
 
-@pytest.mark.parametrize("where", CASE_PATHS, ids=map(str, CASE_PATHS))
-@_FEW
-@given(value=_JSONISH)
-def test_any_value_in_a_bundle_case_is_refused_or_loaded(where, value):
-    try:
-        case_from_document(_planted(CASE_DOC, where, value), Path("completion_x.json"))
-    except BundleError as exc:
-        assert exc.exit_code == 2 and "\n" not in str(exc) and exc.hint
+def test_every_kind_loads_its_own_real_document():
+    for document, load, _ in KINDS.values():
+        load(document)

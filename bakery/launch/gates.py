@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bakery.errors import SeriesError
-from bakery.series.stages import EnvDoc, Stage, read_stages_doc, stages_of
+from bakery.series.stages import EnvDoc, Stage, StagesDoc, read_stages_doc, stages_of
 
 __all__ = [
     "EnvGate",
     "GateTable",
     "load_gate_table",
+    "gate_table_of",
     "STAGE",
     "COMBINE",
     "GATHER",
@@ -116,7 +117,11 @@ def _env_gates(env: dict[str, EnvDoc], where: Path) -> dict[str, EnvGate]:
 
 def load_gate_table(series_root: Path) -> GateTable:
     where = Path(series_root) / "stages.toml"
-    doc = read_stages_doc(series_root)  # the file's shape: names and types of every field
+    return gate_table_of(read_stages_doc(series_root), where)
+
+
+def gate_table_of(doc: StagesDoc, where: Path) -> GateTable:
+    """The decoded stages.toml as the launcher's table, once the launcher's rules hold."""
     stages = stages_of(doc, where)
     gates = doc.gates
     if gates is None:

@@ -32,7 +32,7 @@ from bakery.launch.errors import PreflightError, Problem, ProfileError
 from bakery.launch.gates import GateTable
 from bakery.launch.plan import Plan, make_plan
 from bakery.launch.profiles import load_profile, override
-from bakery.schema import Document, load_toml
+from bakery.schema import Document, decode, read_toml
 from bakery.series.series import Series
 from bakery.verify import (
     CaptureSettings,
@@ -45,7 +45,15 @@ from bakery.verify import (
     write_reports,
 )
 
-__all__ = ["Entry", "Matrix", "Context", "load_matrix", "run_matrix", "summary_markdown"]
+__all__ = [
+    "Entry",
+    "Matrix",
+    "Context",
+    "load_matrix",
+    "matrix_from_data",
+    "run_matrix",
+    "summary_markdown",
+]
 
 
 # A matrix file's schema, the one place that knows its shape (bakery.schema decodes it).
@@ -133,7 +141,13 @@ def load_matrix(path: Path) -> Matrix:
     where = str(path)
     if not Path(path).exists():
         raise ProfileError(f"no matrix file (missing file): {where!r}")
-    doc = load_toml(Path(path), MatrixDoc, error=ProfileError, hint=_HINT)
+    return matrix_from_data(read_toml(Path(path), ProfileError), Path(path))
+
+
+def matrix_from_data(data: object, path: Path) -> Matrix:
+    """A parsed matrix file (as read from ``path``) as a ``Matrix``, or one ProfileError."""
+    where = str(path)
+    doc = decode(data, MatrixDoc, where=where, error=ProfileError, hint=_HINT)
     candidates = tuple(_entry(t) for t in doc.candidates)
     names = [e.name for e in candidates]
     if not candidates or len(set(names)) != len(names):

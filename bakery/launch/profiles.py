@@ -18,7 +18,7 @@ import msgspec
 
 from bakery.launch.errors import ProfileError
 from bakery.launch.gates import COMBINE, GateTable
-from bakery.schema import Document, load_toml, refuse
+from bakery.schema import Document, decode, read_toml, refuse
 
 __all__ = [
     "ParallelLayout",
@@ -26,6 +26,7 @@ __all__ = [
     "Profile",
     "ProfileDoc",
     "load_profile",
+    "profile_from_data",
     "override",
     "profile_names",
 ]
@@ -173,7 +174,12 @@ def _value_problems(doc: ProfileDoc) -> list[str]:
 
 def load_profile(ref: str, directory: Path, table: GateTable) -> Profile:
     path = _resolve_path(ref, directory)
-    doc = load_toml(path, ProfileDoc, error=ProfileError, hint=_HINT)
+    return profile_from_data(read_toml(path, ProfileError), path, table)
+
+
+def profile_from_data(data: object, path: Path, table: GateTable) -> Profile:
+    """A parsed profile file (as read from ``path``) as a ``Profile``, or one ProfileError."""
+    doc = decode(data, ProfileDoc, where=str(path), error=ProfileError, hint=_HINT)
     refuse(_value_problems(doc), where=str(path), error=ProfileError, hint=_HINT)
     gates = doc.gates
     return Profile(

@@ -175,7 +175,10 @@ def load_json_object(path: Path, what: str, error: type[BakeryError] = BundleErr
     data = read_json(path, what, error)
     if not isinstance(data, dict):
         got = type(data).__name__
-        raise error(f"cannot read {what} {path} (expected a JSON object, got {got})")
+        raise error(
+            f"cannot read {what} {path} (expected a JSON object, got {got})",
+            hint=f"a {what} is one JSON object ({{...}})",
+        )
     return data
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from bakery.schema import Document, decode
+from bakery.schema import Document, decode, refuse
 from bakery.verify.bundle import (
     Bundle,
     CaseRecord,
@@ -101,8 +101,13 @@ def load_gates(path: Path) -> Gates:
     hint = "write it with `bakery verify calibrate`, or give gates as flags"
     doc = decode(data, GatesFileDoc, where=f"gates file {path}", error=GatesError, hint=hint)
     values = {k: v for k, v in doc.gates.items() if v is not None}  # null = gate off
+    problems = []
     for name, value in values.items():
-        _check_gate_value(name, value)
+        try:
+            _check_gate_value(name, value)
+        except GatesError as exc:
+            problems.append(f"$.gates: {exc}")
+    refuse(problems, where=f"gates file {path}", error=GatesError, hint=hint)
     return replace(Gates(), **values, sources={k: doc.sources.get(k, "file") for k in values})
 
 
