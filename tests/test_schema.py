@@ -26,7 +26,7 @@ from bakery.launch.profiles import profile_from_data
 from bakery.schema import Document, decode
 from bakery.series.series import Pin, validate
 from bakery.series.stages import StagesDoc
-from bakery.verify.bundle import case_from_document
+from bakery.verify.bundle import case_from_document, teacher_from_document
 from bakery.verify.compare import load_gates
 from bakery.verify.errors import BundleError, GatesError, SuiteError
 from bakery.verify.suite import load_suite
@@ -344,6 +344,19 @@ PROFILE = {
 }
 SUITE_CASE = json.loads((REPO / "bakery/verify/suites/dcp2.jsonl").read_text().splitlines()[-1])
 GATE_TABLE = load_gate_table(SERIES)
+TEACHER = {  # as capture writes one (no fixture bundle has teacher-forced scores)
+    "name": "teacher_x",
+    "case": "completion_x",
+    "path": "/v1/completions",
+    "status": 200,
+    "scored_from": "self",
+    "sequence": [5, 7, 9],
+    "completion_start": 2,
+    "request": {"prompt": [5, 7, 9], "max_tokens": 1, "prompt_logprobs": 20, "echo": True},
+    "response": {
+        "choices": [{"prompt_logprobs": [None, {"7": {"logprob": -0.5, "rank": 1}}, {"9": -1.0}]}]
+    },
+}
 # file kind -> (a real document of that kind, its loader from parsed data, its error)
 KINDS: dict[str, tuple[Any, Any, type[BakeryError]]] = {
     "series": (_toml(SERIES / "series.toml"), _load_series_doc, SeriesError),
@@ -355,6 +368,8 @@ KINDS: dict[str, tuple[Any, Any, type[BakeryError]]] = {
               SuiteError),
     "bundle case": (json.loads((NOMTP / f"{MATH}.json").read_text()),
                     lambda d: case_from_document(d, Path("completion_x.json")), BundleError),
+    "teacher case": (TEACHER, lambda d: teacher_from_document(d, Path("teacher_x.json")),
+                     BundleError),
     "gates file": ({"gates": {"max_tf_kl": 0.1, "fail_on_high_margin_mismatch": True},
                     "sources": {"max_tf_kl": "calibration"}},
                    _load_via_file(load_gates, ".json", json.dumps), GatesError),
