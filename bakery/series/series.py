@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import tomllib
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -22,7 +21,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import Version
 
 from bakery.errors import SeriesError, UnsafePathError
-from bakery.schema import Document, decode, refuse
+from bakery.schema import Document, decode, read_toml, refuse
 from bakery.series.diff import Patch, parse_patch
 from bakery.tree import relative
 
@@ -304,14 +303,12 @@ def _entries(root: Path, docs: list[PatchDoc], where: str) -> tuple[PatchEntry, 
 def load_series(root: Path = DEFAULT_SERIES) -> Series:
     root = Path(root)
     where = str(root / "series.toml")
-    try:
-        data = tomllib.loads((root / "series.toml").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SeriesError(f"no series here (missing file): {where!r}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SeriesError(f"cannot read series.toml ({exc}): {where!r}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SeriesError(f"{where}: not valid TOML ({exc})") from None
+    if not (root / "series.toml").exists():
+        raise SeriesError(
+            f"no series here (missing file): {where!r}",
+            hint="pass --series with a folder holding series.toml (patches/dcp2)",
+        )
+    data = read_toml(root / "series.toml", SeriesError)
     # The folder's name is checked like a written one: it goes into versions.
     doc = validate(data, where, default_name=root.name)
     return Series(
