@@ -306,7 +306,7 @@ def load_series(root: Path = DEFAULT_SERIES) -> Series:
     if not (root / "series.toml").exists():
         raise SeriesError(
             f"no series here (missing file): {where!r}",
-            hint="pass --series with a folder holding series.toml (patches/dcp2)",
+            hint="run from the project root, or name a folder holding series.toml (patches/dcp2)",
         )
     data = read_toml(root / "series.toml", SeriesError)
     # The folder's name is checked like a written one: it goes into versions.
