@@ -45,38 +45,78 @@ def _drop(*keys):
 
 # (case id, edit of the real series.toml, a phrase the one error line must hold)
 CASES = [
-    ("file-int", _set("patches", 0, "file", value=1), "patches[0].file must be a string"),
-    ("fuzz-str", _set("policy", "max_fuzz", value="abc"), "policy.max_fuzz must be an integer"),
-    ("fuzz-bool", _set("policy", "max_fuzz", value=True), "policy.max_fuzz must be an integer"),
-    ("policy-int", _set("policy", value=5), "policy must be a table"),
-    ("renames-list", _set("renames", value=["a/", "b/"]), "renames must be a table"),
-    ("rename-int", _set("renames", "x/", value=3), "renames.x/ must be a string"),
-    ("fuzz-99", _set("policy", "max_fuzz", value=99), "policy.max_fuzz must be 0..3"),
-    ("fuzz-neg", _set("policy", "max_fuzz", value=-1), "policy.max_fuzz must be 0..3"),
-    ("strip-neg", _set("policy", "strip", value=-1), "policy.strip must be 0..16"),
-    ("strip-huge", _set("policy", "strip", value=10**18), "policy.strip must be 0..16"),
-    ("stage-str", _set("patches", 0, "stage", value="3"), "patches[0].stage must be an integer"),
-    ("stage-0", _set("patches", 0, "stage", value=0), "patches[0].stage must be 1..9"),
-    ("summary-empty", _set("patches", 0, "summary", value=" "), "patches[0].summary is empty"),
-    ("summary-gone", _drop("patches", 0, "summary"), "patches[0].summary is missing"),
-    ("unknown-top", _set("pakage", value="vllm"), "unknown field pakage"),
-    ("unknown-policy", _set("policy", "fuzz", value=1), "unknown field policy.fuzz"),
-    ("unknown-patch", _set("patches", 1, "stag", value=1), "unknown field patches[1].stag"),
-    ("sha-int", _set("bases", "cpu", "sha256", value=5), "bases.cpu.sha256 must be a string"),
-    ("pin-gone", _drop("bases", "cpu", "wheel"), "bases.cpu.wheel is missing"),
-    ("default-gone", _drop("bases", "default"), "bases.default is missing"),
-    ("bases-gone", _drop("bases"), "bases is missing"),
-    ("patches-table", _set("patches", value={"file": "x"}), "patches must be an array"),
-    ("allow-list", _set("linkcheck", value={"allow": [1]}), "linkcheck.allow must be a table"),
-    ("package-up", _set("package", value="../../../x"), "package must be a folder"),
-    ("package-abs", _set("package", value="/tmp/x"), "package must be a folder"),
-    ("package-dot", _set("package", value="."), "package must be a folder"),
-    ("name-space", _set("name", value="a b"), "name must be letters and digits"),
+    ("file-int", _set("patches", 0, "file", value=1), "$.patches[0].file: expected str, got int"),
+    (
+        "fuzz-str",
+        _set("policy", "max_fuzz", value="abc"),
+        "$.policy.max_fuzz: expected int, got str",
+    ),
+    (
+        "fuzz-bool",
+        _set("policy", "max_fuzz", value=True),
+        "$.policy.max_fuzz: expected int, got bool",
+    ),
+    ("policy-int", _set("policy", value=5), "$.policy: expected a table/object, got int"),
+    (
+        "renames-list",
+        _set("renames", value=["a/", "b/"]),
+        "$.renames: expected a table/object, got an array",
+    ),
+    ("rename-int", _set("renames", "x/", value=3), "$.renames.x/: expected str, got int"),
+    ("fuzz-99", _set("policy", "max_fuzz", value=99), "$.policy.max_fuzz: must be 0..3"),
+    ("fuzz-neg", _set("policy", "max_fuzz", value=-1), "$.policy.max_fuzz: must be 0..3"),
+    ("strip-neg", _set("policy", "strip", value=-1), "$.policy.strip: must be 0..16"),
+    ("strip-huge", _set("policy", "strip", value=10**18), "$.policy.strip: must be 0..16"),
+    (
+        "stage-str",
+        _set("patches", 0, "stage", value="3"),
+        "$.patches[0].stage: expected int, got str",
+    ),
+    ("stage-0", _set("patches", 0, "stage", value=0), "$.patches[0].stage: must be 1..9"),
+    ("summary-empty", _set("patches", 0, "summary", value=" "), "$.patches[0].summary: is empty"),
+    ("summary-gone", _drop("patches", 0, "summary"), "$.patches[0].summary: missing"),
+    (
+        "unknown-top",
+        _set("pakage", value="vllm"),
+        "$.pakage: unknown field (known: bases, name, package",
+    ),
+    (
+        "unknown-policy",
+        _set("policy", "fuzz", value=1),
+        "$.policy.fuzz: unknown field (known: strip, max_fuzz)",
+    ),
+    ("unknown-patch", _set("patches", 1, "stag", value=1), "$.patches[1].stag: unknown field"),
+    (
+        "sha-int",
+        _set("bases", "cpu", "sha256", value=5),
+        "$.bases.cpu.sha256: expected str, got int",
+    ),
+    ("pin-gone", _drop("bases", "cpu", "wheel"), "$.bases.cpu.wheel: missing"),
+    ("default-gone", _drop("bases", "default"), "$.bases.default: missing"),
+    ("bases-gone", _drop("bases"), "$.bases: missing"),
+    (
+        "patches-table",
+        _set("patches", value={"file": "x"}),
+        "$.patches: expected an array, got a table/object",
+    ),
+    (
+        "allow-list",
+        _set("linkcheck", value={"allow": [1]}),
+        "$.linkcheck.allow: expected a table/object, got an array",
+    ),
+    ("package-up", _set("package", value="../../../x"), "$.package: must be a folder"),
+    ("package-abs", _set("package", value="/tmp/x"), "$.package: must be a folder"),
+    ("package-dot", _set("package", value="."), "$.package: must be a folder"),
+    ("name-space", _set("name", value="a b"), "$.name: must be letters and digits"),
     ("rename-up", _set("renames", "models/", value="../../x/"), "leaves the tree"),
     ("rename-abs", _set("renames", "/etc/", value="models/"), "leaves the tree"),
     ("file-up", _set("patches", 0, "file", value="../01-x.diff"), "is not NN-<path>.diff"),
     ("file-nul", _set("patches", 0, "file", value="01-a\0.diff"), "is not NN-<path>.diff"),
-    ("wheel-up", _set("bases", "cpu", "wheel", value="../x.whl"), "must be a file name"),
+    (
+        "wheel-up",
+        _set("bases", "cpu", "wheel", value="../x.whl"),
+        "$.bases.cpu.wheel: must be a file name",
+    ),
 ]
 
 
@@ -118,21 +158,36 @@ def test_a_patch_that_is_not_a_regular_file_is_refused(tmp_path, capsys, kind):
     assert code == 2 and "patch is not a regular file" in err[0], err
 
 
-def test_every_problem_is_named_at_once(tmp_path):
+def test_every_type_problem_is_named_at_once(tmp_path):
     def change(doc):
         doc["policy"]["max_fuzz"] = "abc"
-        doc["policy"]["strip"] = -1  # a range problem beside the type problems
         doc["patches"][0]["file"] = 1
-        doc["patches"][1]["stage"] = 0
+        doc["bases"]["cpu"]["sha256"] = 5  # inside a map: the key is named, not [...]
         doc["colour"] = "blue"
 
-    with pytest.raises(SeriesError, match=r"5 problem\(s\)") as caught:
+    with pytest.raises(SeriesError, match=r"4 problems") as caught:
         load_series(_series_copy(tmp_path, change))
     assert caught.value.exit_code == 2
-    for phrase in ("max_fuzz must be an integer", "strip must be 0..16", "file must be a string"):
+    for phrase in (
+        "$.policy.max_fuzz: expected int, got str",
+        "$.patches[0].file: expected str, got int",
+        "$.bases.cpu.sha256: expected str, got int",
+        "$.colour: unknown field",
+    ):
         assert phrase in str(caught.value)
-    assert "patches[1].stage must be 1..9" in str(caught.value)
-    assert "unknown field colour" in str(caught.value)
+
+
+def test_every_range_problem_is_named_at_once(tmp_path):
+    # Types right, values not: the checks after decoding also report every problem at once.
+    def change(doc):
+        doc["policy"]["strip"] = -1
+        doc["patches"][1]["stage"] = 0
+        doc["package"] = "../x"
+
+    with pytest.raises(SeriesError, match=r"3 problems") as caught:
+        load_series(_series_copy(tmp_path, change))
+    for phrase in ("strip: must be 0..16", "$.patches[1].stage: must be 1..9", "$.package:"):
+        assert phrase in str(caught.value)
 
 
 def test_the_real_series_is_valid():
@@ -162,7 +217,7 @@ def test_escaping_package_with_a_file_creating_patch_writes_nothing(tmp_path, ca
     build = tmp_path / "a" / "b" / "c" / "build"
     before = {p for p in tmp_path.rglob("*")}
     code, err = _bake_cli(capsys, series, build)
-    assert code == 2 and "package must be a folder" in err[0], err
+    assert code == 2 and "$.package: must be a folder" in err[0], err
     assert {p for p in tmp_path.rglob("*")} == before  # nothing written anywhere
     assert not list(tmp_path.rglob("evil.py"))
 

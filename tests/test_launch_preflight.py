@@ -468,4 +468,4 @@ def test_unknown_profile_key_is_a_usage_error(capsys, env, tmp_path):
     )
     code, err = launch(capsys, env, profile=str(bad))
     assert code == 2
-    assert f"error: {bad}: unknown key(s)" in err and "['paralel']" in err
+    assert f"error: {bad}: $.paralel: unknown field (known: base, model," in err

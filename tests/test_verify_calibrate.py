@@ -92,8 +92,8 @@ def test_a_bad_suite_lists_every_problem(tmp_path: Path) -> None:
     with pytest.raises(SuiteError) as info:
         load_suite(str(bad))
     message = str(info.value)
-    assert "bad.jsonl:1: case must match" in message
-    assert "bad.jsonl:2: max_tokens must be a positive integer" in message
+    assert "bad.jsonl:1: $.case: must match" in message
+    assert "bad.jsonl:2: $.max_tokens: must be a positive integer" in message
     assert "bad.jsonl:3: invalid JSON" in message
 
 

@@ -109,7 +109,7 @@ def test_invalid_json_is_exit_2_naming_the_file(candidate: Path) -> None:
 def test_malformed_case_is_exit_2(candidate: Path) -> None:
     edit_case(candidate, MATH, lambda d: logprobs_of(d).pop("top_logprobs"))
     code, out = run_cli(["compare", str(NOMTP), str(candidate)])
-    assert code == 2 and "logprobs.top_logprobs: expected a list" in out
+    assert code == 2 and "$.response.choices[0].logprobs.top_logprobs: missing" in out
 
 
 def test_different_case_sets_are_exit_2(candidate: Path) -> None:

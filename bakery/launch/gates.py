@@ -1,8 +1,8 @@
 """The DCP gate table as the launcher needs it, read from the series' stages.toml.
 
-stages.toml is the single source of truth (``bakery.series.stages`` owns its stage
-list and PLAN.md rendering); this module only adds the ``[gates]`` and
-``[env.*]`` tables the launcher checks against: the stage range, the lowest
+stages.toml is the single source of truth (``bakery.series.stages`` owns its
+schema, its stage list and PLAN.md rendering); this module only interprets the
+``[gates]`` and ``[env.*]`` tables the launcher checks against: the stage range, the lowest
 stage that serves DCP > 1, every DSV41_* variable with its values, default and
 lowest stage, and where the supported head set lives in the baked source.
 """
@@ -10,17 +10,17 @@ lowest stage, and where the supported head set lives in the baked source.
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from bakery.errors import SeriesError
-from bakery.series.stages import Stage, load_stages
+from bakery.series.stages import EnvDoc, Stage, StagesDoc, read_stages_doc, stages_of
 
 __all__ = [
     "EnvGate",
     "GateTable",
     "load_gate_table",
+    "gate_table_of",
     "STAGE",
     "COMBINE",
     "GATHER",
@@ -42,7 +42,7 @@ CANDIDATES = "candidate-blocks"  # text_config.candidate_source_layer_id >= 0
 SPECULATIVE = "speculative-decode"  # MTP / DSpark: --speculative-config, --spec-*
 PCP = "pcp-dcp"  # --prefill-context-parallel-size > 1
 FEATURES = (CANDIDATES, SPECULATIVE, PCP)
-_NUMBER_KINDS = ("positive",)
+_HINT = "see patches/dcp2/stages.toml: the [gates] and [env.*] tables the launcher reads"
 
 
 @dataclass(frozen=True)
@@ -98,50 +98,63 @@ class GateTable:
         return needed.status == "implemented" and stage >= needed.number
 
 
-def _env_gates(data: dict, where: str) -> dict[str, EnvGate]:
+def _env_gates(env: dict[str, EnvDoc], where: Path) -> dict[str, EnvGate]:
     gates = {}
-    for name, table in data.get("env", {}).items():
-        try:
-            number = table.get("number")
-            if number is not None and number not in _NUMBER_KINDS:
-                raise ValueError(f"number must be one of {_NUMBER_KINDS}: {number!r}")
-            values = () if number else tuple(str(v) for v in table["values"])
-            gate = EnvGate(name, values, str(table["default"]), int(table["min_stage"]), number)
-            if not gate.accepts(gate.default):
-                raise ValueError(f"the default is not {gate.expected}: {gate.default!r}")
-            gates[name] = gate
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise SeriesError(f"{where}: [env.{name}] is malformed ({exc!r})") from None
+    for name, doc in env.items():
+        values = () if doc.number else tuple(doc.values)
+        gate = EnvGate(name, values, doc.default, doc.min_stage, doc.number)
+        if not gate.values and gate.number is None:
+            raise SeriesError(
+                f'{where}: $.env.{name}: give values or number = "positive"', hint=_HINT
+            )
+        if not gate.accepts(gate.default):
+            raise SeriesError(
+                f"{where}: $.env.{name}.default: not {gate.expected}: {gate.default!r}", hint=_HINT
+            )
+        gates[name] = gate
     return gates
 
 
 def load_gate_table(series_root: Path) -> GateTable:
     where = Path(series_root) / "stages.toml"
-    stages = load_stages(series_root)  # checks the file exists and the stage shapes
-    data = tomllib.loads(where.read_text())
-    gates = data.get("gates", {})
-    try:
-        heads_file, heads_name = str(gates["heads_source"]).split(":")
-        table = GateTable(
-            source=where,
-            stage_env=str(gates["stage_env"]),
-            stage_default=int(gates["stage_default"]),
-            stage_min=int(gates["stage_min"]),
-            stage_max=int(gates["stage_max"]),
-            dcp_min_stage=int(gates["dcp_min_stage"]),
-            heads_file=heads_file,
-            heads_name=heads_name,
-            env=_env_gates(data, str(where)),
-            stages=stages,
+    return gate_table_of(read_stages_doc(series_root), where)
+
+
+def gate_table_of(doc: StagesDoc, where: Path) -> GateTable:
+    """The decoded stages.toml as the launcher's table, once the launcher's rules hold."""
+    stages = stages_of(doc, where)
+    gates = doc.gates
+    if gates is None:
+        raise SeriesError(
+            f"{where}: $.gates: missing (the launcher's stage range and head set)", hint=_HINT
         )
-    except (KeyError, ValueError) as exc:
-        raise SeriesError(f"{where}: [gates] is malformed or incomplete ({exc!r})") from None
+    heads_file, sep, heads_name = gates.heads_source.partition(":")
+    if not (sep and heads_file and heads_name) or ":" in heads_name:
+        raise SeriesError(
+            f"{where}: $.gates.heads_source: expected '<file>:<name>', got {gates.heads_source!r}",
+            hint=_HINT,
+        )
+    table = GateTable(
+        source=where,
+        stage_env=gates.stage_env,
+        stage_default=gates.stage_default,
+        stage_min=gates.stage_min,
+        stage_max=gates.stage_max,
+        dcp_min_stage=gates.dcp_min_stage,
+        heads_file=heads_file,
+        heads_name=heads_name,
+        env=_env_gates(doc.env, where),
+        stages=stages,
+    )
     missing = [n for n in (STAGE, COMBINE, GATHER, TIMING) if n not in table.env]
     if table.stage_env != STAGE or missing:
         raise SeriesError(
-            f"{where}: the launcher's gates are not in the table: {missing or [STAGE]!r}"
+            f"{where}: the launcher's gates are not in the table: {missing or [STAGE]!r}",
+            hint=_HINT,
         )
     unnamed = [f for f in FEATURES if f not in {s.name for s in stages}]
     if unnamed:
-        raise SeriesError(f"{where}: no stage serves the launcher's feature(s): {unnamed!r}")
+        raise SeriesError(
+            f"{where}: no stage serves the launcher's feature(s): {unnamed!r}", hint=_HINT
+        )
     return table

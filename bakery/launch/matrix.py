@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bakery import markdown
+import msgspec
+
+from bakery import markdown, project
 from bakery.bake.bake import tree_dir
 from bakery.bake.manifest import MANIFEST
 from bakery.clock import FOLDER, utc_stamp
@@ -28,7 +30,8 @@ from bakery.launch import lifecycle, preflight
 from bakery.launch.errors import PreflightError, Problem, ProfileError
 from bakery.launch.gates import GateTable
 from bakery.launch.plan import LaunchPlan, make_plan
-from bakery.launch.profiles import load_profile, override, read_toml
+from bakery.launch.profiles import load_profile, override
+from bakery.schema import Document, decode, read_toml
 from bakery.series.series import Series
 from bakery.tree import write_json_atomic, write_text_atomic
 from bakery.verify import (
@@ -42,33 +45,54 @@ from bakery.verify import (
     write_reports,
 )
 
-__all__ = ["Entry", "Matrix", "Context", "load_matrix", "run_matrix", "summary_markdown"]
+__all__ = [
+    "Entry",
+    "Matrix",
+    "Context",
+    "load_matrix",
+    "matrix_from_data",
+    "run_matrix",
+    "summary_markdown",
+]
 
-_FLAGS = {
-    "model",
-    "tp",
-    "pp",
-    "dcp",
-    "stage",
-    "combine",
-    "prefill_gather",
-    "timing",
-    "host",
-    "port",
-    "base",
-    "startup_timeout_s",
-    "vllm_args",
-}
-_TOP = {
-    "description",
-    "suite",
-    "low_margin",
-    "top_n",
-    "concurrency",
-    "gates",
-    "baseline",
-    "candidates",
-}
+
+# A matrix file's schema, the one place that knows its shape (bakery.schema decodes it).
+class FlagsDoc(Document):
+    """The ``start`` flags an entry may override (None: the profile's value)."""
+
+    model: str | None = None
+    tp: int | None = None
+    pp: int | None = None
+    dcp: int | None = None
+    stage: int | None = None
+    combine: str | None = None
+    prefill_gather: bool | None = None
+    timing: bool | None = None
+    host: str | None = None
+    port: int | None = None
+    base: str | None = None
+    startup_timeout_s: float | None = None
+    vllm_args: list[str] | None = None
+
+
+class EntryDoc(Document):
+    profile: str
+    name: str | None = None  # the profile's name when absent
+    flags: FlagsDoc = msgspec.field(default_factory=FlagsDoc)
+
+
+class MatrixDoc(Document):
+    baseline: EntryDoc
+    candidates: list[EntryDoc]
+    description: str = ""
+    suite: str = "dcp2"
+    low_margin: float = 0.5
+    top_n: int = 20
+    concurrency: int = 4
+    gates: dict[str, bool | int | float] = {}  # checked by the parity harness's ParityGates
+
+
+_HINT = f"see {project.MATRIX} for the expected fields and types"
 
 
 @dataclass(frozen=True)
@@ -104,21 +128,12 @@ class Context:
     grace_s: float = 30.0
 
 
-def _entry(table: Any, where: str) -> Entry:
-    if not isinstance(table, dict) or not isinstance(table.get("profile"), str):
-        raise ProfileError(f"{where}: an entry needs a profile name: {table!r}")
-    unknown = set(table) - {"name", "profile", "flags"}
-    flags = table.get("flags", {})
-    bad = set(flags) - _FLAGS if isinstance(flags, dict) else {"flags"}
-    if unknown or bad:
-        raise ProfileError(
-            f"{where}: unknown entry key(s) (flags may be {sorted(_FLAGS)}): "
-            f"{sorted(unknown | bad)!r}"
-        )
-    if isinstance(flags.get("vllm_args"), list):
-        flags = {**flags, "vllm_args": tuple(flags["vllm_args"])}
+def _entry(doc: EntryDoc) -> Entry:
+    flags = {k: v for k, v in msgspec.structs.asdict(doc.flags).items() if v is not None}
+    if "vllm_args" in flags:
+        flags["vllm_args"] = tuple(flags["vllm_args"])
     return Entry(
-        str(table.get("name", table["profile"])), table["profile"], tuple(sorted(flags.items()))
+        doc.profile if doc.name is None else doc.name, doc.profile, tuple(sorted(flags.items()))
     )
 
 
@@ -126,22 +141,28 @@ def load_matrix(path: Path) -> Matrix:
     where = str(path)
     if not Path(path).exists():
         raise ProfileError(f"no matrix file (missing file): {where!r}")
-    data = read_toml(Path(path), ProfileError)
-    if set(data) - _TOP:
-        raise ProfileError(f"{where}: unknown key(s): {sorted(set(data) - _TOP)!r}")
-    candidates = tuple(_entry(t, where) for t in data.get("candidates", []))
+    return matrix_from_data(read_toml(Path(path), ProfileError), Path(path))
+
+
+def matrix_from_data(data: object, path: Path) -> Matrix:
+    """A parsed matrix file (as read from ``path``) as a ``Matrix``, or one ProfileError."""
+    where = str(path)
+    doc = decode(data, MatrixDoc, where=where, error=ProfileError, hint=_HINT)
+    candidates = tuple(_entry(t) for t in doc.candidates)
     names = [e.name for e in candidates]
     if not candidates or len(set(names)) != len(names):
-        raise ProfileError(f"{where}: needs one or more candidates with distinct names: {names}")
+        raise ProfileError(
+            f"{where}: needs one or more candidates with distinct names: {names}", hint=_HINT
+        )
     return Matrix(
         source=Path(path),
-        suite=str(data.get("suite", "dcp2")),
-        baseline=_entry(data.get("baseline"), where),
+        suite=doc.suite,
+        baseline=_entry(doc.baseline),
         candidates=candidates,
-        gates=tuple(sorted(data.get("gates", {}).items())),
-        low_margin=float(data.get("low_margin", 0.5)),
-        top_n=int(data.get("top_n", 20)),
-        concurrency=int(data.get("concurrency", 4)),
+        gates=tuple(sorted(doc.gates.items())),
+        low_margin=doc.low_margin,
+        top_n=doc.top_n,
+        concurrency=doc.concurrency,
     )
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bakery.launch.gates import COMBINE, GATHER, STAGE, TIMING
-from bakery.launch.profiles import Layout, Profile
+from bakery.launch.profiles import ParallelLayout, Profile
 
 __all__ = ["LaunchPlan", "make_plan", "render_plan", "ARTIFACTS_PATTERN", "SERVER_MODULE"]
 
@@ -59,7 +59,7 @@ def gate_env(profile: Profile) -> dict[str, str]:
     }
 
 
-def _layout_args(layout: Layout) -> list[str]:
+def _layout_args(layout: ParallelLayout) -> list[str]:
     args = [
         "--tensor-parallel-size",
         str(layout.tp),

@@ -10,47 +10,77 @@ values; it checks shapes and types only; what can run is ``preflight``'s job.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
 
 from bakery.launch.errors import ProfileError
 from bakery.launch.gates import COMBINE, GateTable
+from bakery.schema import Document, decode, read_toml, refuse
 
-__all__ = ["Layout", "Gates", "Profile", "load_profile", "override", "profile_names"]
+__all__ = [
+    "ParallelLayout",
+    "StageGates",
+    "Profile",
+    "ProfileDoc",
+    "load_profile",
+    "profile_from_data",
+    "override",
+    "profile_names",
+]
 
-_TOP = {
-    "description",
-    "base",
-    "model",
-    "served_model_name",
-    "host",
-    "port",
-    "startup_timeout_s",
-    "gpu",
-    "parallel",
-    "nodes",
-    "gates",
-    "env",
-    "vllm",
-}
-_PARALLEL = {"tp", "pp", "dcp"}
-_NODES = {
-    "nnodes",
-    "node_rank",
-    "gpus_per_node",
-    "master_addr",
-    "master_port",
-    "headless",
-    "backend",
-}
-_GATES = {"stage", "combine", "prefill_gather", "timing"}
-_GPU_KINDS = ("sm120", "any", "none")
 BACKENDS = ("mp", "ray")
+_HINT = "fix the field; an unknown key would silently fall back to a default"
+
+
+# A profile file's schema, the one place that knows its shape (bakery.schema decodes it).
+class ParallelDoc(Document):
+    tp: int = 1
+    pp: int = 1
+    dcp: int = 1
+
+
+class NodesDoc(Document):
+    nnodes: int = 1
+    node_rank: int = 0
+    gpus_per_node: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    headless: bool = False
+    backend: Literal["mp", "ray"] = "mp"
+
+
+class GatesDoc(Document):
+    stage: int | None = None  # None: the stage table's defaults
+    combine: str | None = None
+    prefill_gather: bool = False
+    timing: bool = False
+
+
+class VllmDoc(Document):
+    args: list[str] = []
+
+
+class ProfileDoc(Document):
+    base: str
+    model: str
+    description: str = ""
+    served_model_name: str | None = None  # None: the profile's name
+    host: str = "127.0.0.1"
+    port: int = 8000
+    startup_timeout_s: int = 1800
+    gpu: Literal["sm120", "any", "none"] = "any"
+    parallel: ParallelDoc = msgspec.field(default_factory=ParallelDoc)
+    nodes: NodesDoc = msgspec.field(default_factory=NodesDoc)
+    gates: GatesDoc = msgspec.field(default_factory=GatesDoc)
+    env: dict[str, str] = {}
+    vllm: VllmDoc = msgspec.field(default_factory=VllmDoc)
 
 
 @dataclass(frozen=True)
-class Layout:
+class ParallelLayout:
     tp: int = 1
     pp: int = 1
     dcp: int = 1
@@ -68,7 +98,9 @@ class Layout:
 
 
 @dataclass(frozen=True)
-class Gates:
+class StageGates:
+    """The DSV41 gates a profile sets (the stage and the switches the launcher owns)."""
+
     stage: int
     combine: str
     prefill_gather: bool
@@ -87,32 +119,14 @@ class Profile:
     port: int
     startup_timeout_s: float
     gpu: str  # "sm120": every visible GPU must be SM 12.x; "any"; "none" (CPU base)
-    layout: Layout
-    gates: Gates
+    layout: ParallelLayout
+    gates: StageGates
     env: tuple[tuple[str, str], ...]
     vllm_args: tuple[str, ...]
 
 
 def profile_names(directory: Path) -> list[str]:
     return sorted(p.stem for p in Path(directory).glob("*.toml"))
-
-
-def read_toml(path: Path, error: type[Exception]) -> dict:
-    """A TOML file as a dict; unreadable, not UTF-8 or not TOML is one ``error``."""
-    try:
-        return tomllib.loads(Path(path).read_bytes().decode("utf-8"))
-    except OSError as exc:
-        raise error(f"{path}: cannot read it ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:
-        raise error(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise error(f"{path}: not valid TOML ({exc})") from None
-
-
-def _port(value, name: str, where: str) -> int:
-    if _typed(value, int, name, where) not in range(1, 65536):
-        raise ProfileError(f"{where}: {name} must be 1..65535: {value!r}")
-    return value
 
 
 def _resolve_path(ref: str, directory: Path) -> Path:
@@ -130,119 +144,78 @@ def _resolve_path(ref: str, directory: Path) -> Path:
     return path
 
 
-def _table(data: dict, key: str, allowed: set[str], where: str) -> dict:
-    table = data.get(key, {})
-    if not isinstance(table, dict):
-        raise ProfileError(f"{where}: [{key}] must be a table: {table!r}")
-    _no_unknown(table, allowed, f"{where} [{key}]")
-    return table
-
-
-def _no_unknown(table: dict, allowed: set[str], where: str) -> None:
-    unknown = sorted(set(table) - allowed)
-    if unknown:
-        raise ProfileError(
-            f"{where}: unknown key(s) (known: {', '.join(sorted(allowed))}): {unknown!r}",
-            hint="fix the spelling; an unknown key would silently fall back to a default",
-        )
-
-
-def _typed(value, kind: type, name: str, where: str):
-    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-        raise ProfileError(f"{where}: {name} must be {kind.__name__}: {value!r}")
-    if kind is str and "\x00" in value:  # no path, host or argv can carry it
-        raise ProfileError(f"{where}: {name} holds a NUL character: {value!r}")
-    return value
-
-
-def _layout(data: dict, where: str) -> Layout:
-    par = _table(data, "parallel", _PARALLEL, where)
-    nodes = _table(data, "nodes", _NODES, where)
-    values = {k: _typed(v, int, k, where) for k, v in par.items()}
-    for key, value in nodes.items():
-        kind = {"master_addr": str, "backend": str, "headless": bool}.get(key, int)
-        values[key] = _typed(value, kind, key, where)
-    if "master_port" in values:
-        _port(values["master_port"], "nodes.master_port", where)
-    if values.get("backend", "mp") not in BACKENDS:
-        raise ProfileError(f"{where}: nodes.backend must be one of {BACKENDS}: {values!r}")
-    return Layout(**values)
-
-
-def _timeout(value, where: str) -> float:
-    if _typed(value, int, "startup_timeout_s", where) < 1:
-        raise ProfileError(f"{where}: startup_timeout_s must be at least 1: {value!r}")
-    return float(value)
-
-
-def _gates(data: dict, table: GateTable, where: str) -> Gates:
-    g = _table(data, "gates", _GATES, where)
-    return Gates(
-        stage=_typed(g.get("stage", table.stage_default), int, "stage", where),
-        combine=_typed(g.get("combine", table.env[COMBINE].default), str, "combine", where),
-        prefill_gather=_typed(g.get("prefill_gather", False), bool, "prefill_gather", where),
-        timing=_typed(g.get("timing", False), bool, "timing", where),
-    )
-
-
-def _env(data: dict, where: str) -> tuple[tuple[str, str], ...]:
-    env = data.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-        raise ProfileError(f"{where}: [env] must map names to strings: {env!r}")
-    for key, value in env.items():
-        _typed(key + value, str, f"env.{key}", where)
-    return tuple(sorted(env.items()))
-
-
-def _vllm_args(data: dict, where: str) -> tuple[str, ...]:
-    table = _table(data, "vllm", {"args"}, where)
-    args = table.get("args", [])
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        raise ProfileError(f"{where}: vllm.args must be a list of strings: {args!r}")
-    for arg in args:
-        _typed(arg, str, "vllm.args", where)
-    return tuple(args)
+def _value_problems(doc: ProfileDoc) -> list[str]:
+    """What the types cannot say: non-empty names, ranges, and no NUL in any string
+    (no path, host or argv can carry it)."""
+    problems = [f"$.{key}: must not be empty" for key in ("base", "model") if not getattr(doc, key)]
+    for key, port in (("port", doc.port), ("nodes.master_port", doc.nodes.master_port)):
+        if port is not None and port not in range(1, 65536):
+            problems.append(f"$.{key}: must be 1..65535, not {port!r}")
+    if doc.startup_timeout_s < 1:
+        problems.append(f"$.startup_timeout_s: must be at least 1, not {doc.startup_timeout_s!r}")
+    strings = {
+        "description": doc.description,
+        "base": doc.base,
+        "model": doc.model,
+        "served_model_name": doc.served_model_name,
+        "host": doc.host,
+        "nodes.master_addr": doc.nodes.master_addr,
+        "gates.combine": doc.gates.combine,
+        **{f"env.{k}": k + v for k, v in doc.env.items()},
+        **{f"vllm.args[{i}]": arg for i, arg in enumerate(doc.vllm.args)},
+    }
+    problems += [
+        f"$.{key}: holds a NUL character: {value!r}"
+        for key, value in strings.items()
+        if value is not None and "\x00" in value
+    ]
+    return problems
 
 
 def load_profile(ref: str, directory: Path, table: GateTable) -> Profile:
     path = _resolve_path(ref, directory)
-    where = str(path)
-    data = read_toml(path, ProfileError)
-    _no_unknown(data, _TOP, where)
-    for key in ("base", "model"):
-        if not isinstance(data.get(key), str) or not data[key]:
-            raise ProfileError(f"{where}: {key} is required (a non-empty string)")
-        _typed(data[key], str, key, where)
-    gpu = data.get("gpu", "any")
-    if gpu not in _GPU_KINDS:
-        raise ProfileError(f"{where}: gpu must be one of {_GPU_KINDS}: {gpu!r}")
+    return profile_from_data(read_toml(path, ProfileError), path, table)
+
+
+def profile_from_data(data: object, path: Path, table: GateTable) -> Profile:
+    """A parsed profile file (as read from ``path``) as a ``Profile``, or one ProfileError."""
+    doc = decode(data, ProfileDoc, where=str(path), error=ProfileError, hint=_HINT)
+    refuse(_value_problems(doc), where=str(path), error=ProfileError, hint=_HINT)
+    gates = doc.gates
     return Profile(
         name=path.stem,
         source=path,
-        description=_typed(data.get("description", ""), str, "description", where),
-        base=data["base"],
-        model=data["model"],
-        served_model_name=_typed(data.get("served_model_name", path.stem), str, "name", where),
-        host=_typed(data.get("host", "127.0.0.1"), str, "host", where),
-        port=_port(data.get("port", 8000), "port", where),
-        startup_timeout_s=_timeout(data.get("startup_timeout_s", 1800), where),
-        gpu=gpu,
-        layout=_layout(data, where),
-        gates=_gates(data, table, where),
-        env=_env(data, where),
-        vllm_args=_vllm_args(data, where),
+        description=doc.description,
+        base=doc.base,
+        model=doc.model,
+        served_model_name=path.stem if doc.served_model_name is None else doc.served_model_name,
+        host=doc.host,
+        port=doc.port,
+        startup_timeout_s=float(doc.startup_timeout_s),
+        gpu=doc.gpu,
+        layout=ParallelLayout(
+            **msgspec.structs.asdict(doc.parallel), **msgspec.structs.asdict(doc.nodes)
+        ),
+        gates=StageGates(
+            stage=table.stage_default if gates.stage is None else gates.stage,
+            combine=table.env[COMBINE].default if gates.combine is None else gates.combine,
+            prefill_gather=gates.prefill_gather,
+            timing=gates.timing,
+        ),
+        env=tuple(sorted(doc.env.items())),
+        vllm_args=tuple(doc.vllm.args),
     )
 
 
-def override(profile: Profile, **flags) -> Profile:
+def override(profile: Profile, **flags: Any) -> Profile:
     """The profile with every flag that is not None applied (flags win over the file).
 
     Keys: the Profile fields (model, port, host, base, startup_timeout_s), the
-    Layout fields and the Gates fields; ``vllm_args`` are appended, not replaced.
+    ParallelLayout fields and the StageGates fields; ``vllm_args`` are appended, not replaced.
     """
     flags = {k: v for k, v in flags.items() if v is not None}
-    layout = {k: flags.pop(k) for k in list(flags) if k in Layout.__dataclass_fields__}
-    gates = {k: flags.pop(k) for k in list(flags) if k in Gates.__dataclass_fields__}
+    layout = {k: flags.pop(k) for k in list(flags) if k in ParallelLayout.__dataclass_fields__}
+    gates = {k: flags.pop(k) for k in list(flags) if k in StageGates.__dataclass_fields__}
     extra = tuple(flags.pop("vllm_args", ()))
     unknown = set(flags) - set(Profile.__dataclass_fields__)
     if unknown:

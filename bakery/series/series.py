@@ -11,16 +11,17 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import tomllib
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+import msgspec
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from bakery.errors import SeriesError, UnsafePathError
+from bakery.schema import Document, decode, read_toml, refuse
 from bakery.series.diff import Patch, parse_patch
 from bakery.tree import relative
 
@@ -30,6 +31,8 @@ __all__ = [
     "Series",
     "load_series",
     "validate",
+    "SeriesDoc",
+    "PinDoc",
     "is_sha256",
     "DEFAULT_SERIES",
 ]
@@ -46,135 +49,95 @@ MAX_STRIP = 16
 STAGES = range(1, 10)  # as `bakery refresh --stage`
 
 
-# series.toml's schema, the one place that knows its shape: a _Table has exactly
-# these fields, a _Map any names (each to the same kind), a list an array of tables.
-@dataclass(frozen=True)
-class _Table:
-    fields: dict
-    required: tuple[str, ...] = ()
+# series.toml's schema, the one place that knows its shape (bakery.schema decodes it).
+class PinDoc(Document):
+    requirement: str
+    wheel: str
+    sha256: str
 
 
-@dataclass(frozen=True)
-class _Map:
-    value: object
-    required: tuple[str, ...] = ()
+class PolicyDoc(Document):
+    strip: int = 1
+    max_fuzz: int = 0
 
 
-_PIN_TABLE = _Table(
-    {"requirement": str, "wheel": str, "sha256": str}, ("requirement", "wheel", "sha256")
-)
-_SCHEMA = _Table(
-    {
-        "name": str,
-        "package": str,
-        "policy": _Table({"strip": int, "max_fuzz": int}),
-        "renames": _Map(str),
-        "bases": _Map(_PIN_TABLE, ("default",)),
-        "dependencies": _Map(_PIN_TABLE),
-        "patches": [
-            _Table({"file": str, "stage": int, "summary": str}, ("file", "stage", "summary"))
-        ],
-        "linkcheck": _Table({"allow": _Map(str)}),
-    },
-    ("bases",),
-)
-_TYPE_NAMES = {str: "a string", int: "an integer"}
+class PatchDoc(Document):
+    file: str
+    stage: int
+    summary: str
 
 
-def _schema_problems(value, spec, at: str) -> list[str]:
-    """Every place ``value`` departs from ``spec``: unknown keys, wrong types, missing keys."""
-    if isinstance(spec, type):
-        # bool is an int in Python; `max_fuzz = true` is not a number of lines.
-        if isinstance(value, spec) and not isinstance(value, bool):
-            return []
-        return [f"{at} must be {_TYPE_NAMES[spec]}, not {type(value).__name__} {value!r}"]
-    if isinstance(spec, list):
-        if not isinstance(value, list):
-            return [f"{at} must be an array of tables ([[{at}]]), not {type(value).__name__}"]
-        return [p for i, v in enumerate(value) for p in _schema_problems(v, spec[0], f"{at}[{i}]")]
-    if not isinstance(value, dict):
-        return [f"{at} must be a table, not {type(value).__name__} {value!r}"]
-    prefix = f"{at}." if at else ""
-    problems = [f"{prefix}{key} is missing" for key in spec.required if key not in value]
-    if isinstance(spec, _Map):
-        items = [(key, spec.value) for key in value]
-    else:
-        known = ", ".join(spec.fields)
-        problems += [
-            f"unknown field {prefix}{key} (known: {known})"
-            for key in value
-            if key not in spec.fields
-        ]
-        items = [(key, sub) for key, sub in spec.fields.items() if key in value]
-    for key, sub in items:
-        problems += _schema_problems(value[key], sub, f"{prefix}{key}")
-    return problems
+class LinkcheckDoc(Document):
+    allow: dict[str, str] = {}  # name -> why it may stay unresolved
 
 
-def is_sha256(value) -> bool:
+class SeriesDoc(Document):
+    bases: dict[str, PinDoc]
+    name: str | None = None  # the folder's name when absent
+    package: str = "vllm"
+    policy: PolicyDoc = msgspec.field(default_factory=PolicyDoc)
+    renames: dict[str, str] = {}
+    dependencies: dict[str, PinDoc] = {}
+    patches: list[PatchDoc] = []
+    linkcheck: LinkcheckDoc = msgspec.field(default_factory=LinkcheckDoc)
+
+
+_HINT = "see patches/dcp2/series.toml for the expected fields and types"
+_PIN_HINT = "a pin is requirement = 'name==version', its wheel's file name and that file's sha256"
+
+
+def is_sha256(value: object) -> bool:
     """A sha256 as pins and BAKED.json spell it: exactly 64 lowercase hex digits."""
     return isinstance(value, str) and _SHA256.fullmatch(value) is not None
 
 
-def _typed(value, kind) -> bool:
-    return isinstance(value, kind) and not isinstance(value, bool)
-
-
-def _tables(value) -> list[tuple[str, dict]]:
-    """The (name, table) pairs of a table of tables, skipping what the schema refuses."""
-    return [(k, v) for k, v in value.items() if isinstance(v, dict)] if _typed(value, dict) else []
-
-
-def _range_problems(data: dict) -> list[str]:
+def _range_problems(doc: SeriesDoc, name: str) -> list[str]:
     """Values whose type is right but which are still unusable: out of range, or paths
     that could leave their folder. Wrong types are the schema's to report."""
     problems = []
-    policy = data.get("policy") if _typed(data.get("policy"), dict) else {}
+    if "default" not in doc.bases:
+        problems.append("$.bases.default: missing (the base `bakery bake` uses by default)")
     for key, high in (("max_fuzz", MAX_FUZZ), ("strip", MAX_STRIP)):
-        value = policy.get(key)
-        if _typed(value, int) and not 0 <= value <= high:
-            problems.append(f"policy.{key} must be 0..{high}, not {value!r}")
-    package = data.get("package")
-    if _typed(package, str) and not _PACKAGE.match(package):
+        value = getattr(doc.policy, key)
+        if not 0 <= value <= high:
+            problems.append(f"$.policy.{key}: must be 0..{high}, not {value!r}")
+    if not _PACKAGE.match(doc.package):
         problems.append(
-            f"package must be a folder of the wheel such as 'vllm' (names joined by '/'), "
-            f"not {package!r}"
+            f"$.package: must be a folder of the wheel such as 'vllm' (names joined by '/'), "
+            f"not {doc.package!r}"
         )
-    if _typed(data["name"], str) and not _NAME.match(data["name"]):
-        problems.append(f"name must be letters and digits (joined by . _ -), not {data['name']!r}")
-    renames = data.get("renames") if _typed(data.get("renames"), dict) else {}
-    for old, new in renames.items():
-        for side in (old, new) if _typed(new, str) else (old,):
+    if not _NAME.match(name):
+        problems.append(f"$.name: must be letters and digits (joined by . _ -), not {name!r}")
+    for old, new in doc.renames.items():
+        for side in (old, new):
             try:
                 relative(side)
             except UnsafePathError:
-                problems.append(f"renames: {old!r} = {new!r} leaves the tree (refused): {side!r}")
-    for kind in ("bases", "dependencies"):
-        for key, pin in _tables(data.get(kind)):
-            wheel = pin.get("wheel")
-            if _typed(wheel, str) and any(c in wheel for c in "/\\\0"):
-                problems.append(f"{kind}.{key}.wheel must be a file name, not {wheel!r}")
-    patches = data.get("patches") if _typed(data.get("patches"), list) else []
-    for i, table in enumerate(patches):
-        table = table if _typed(table, dict) else {}
-        file, stage, summary = table.get("file"), table.get("stage"), table.get("summary")
-        if _typed(file, str) and not _PATCH_NAME.match(file):
-            problems.append(f"patches[{i}].file is not NN-<path>.diff: {file!r}")
-        if _typed(stage, int) and stage not in STAGES:
-            problems.append(f"patches[{i}].stage must be {STAGES[0]}..{STAGES[-1]}, not {stage!r}")
-        if _typed(summary, str) and not summary.strip():
-            problems.append(f"patches[{i}].summary is empty")
+                problems.append(f"$.renames: {old!r} = {new!r} leaves the tree (refused): {side!r}")
+    for kind, pins in (("bases", doc.bases), ("dependencies", doc.dependencies)):
+        for key, pin in pins.items():
+            if any(c in pin.wheel for c in "/\\\0"):
+                problems.append(f"$.{kind}.{key}.wheel: must be a file name, not {pin.wheel!r}")
+    for i, patch in enumerate(doc.patches):
+        if not _PATCH_NAME.match(patch.file):
+            problems.append(f"$.patches[{i}].file: is not NN-<path>.diff: {patch.file!r}")
+        if patch.stage not in STAGES:
+            problems.append(
+                f"$.patches[{i}].stage: must be {STAGES[0]}..{STAGES[-1]}, not {patch.stage!r}"
+            )
+        if not patch.summary.strip():
+            problems.append(f"$.patches[{i}].summary: is empty")
     return problems
 
 
-def validate(data: dict, where: str) -> None:
-    """Refuse a series.toml that is not exactly the schema, naming every problem at once."""
-    problems = _schema_problems(data, _SCHEMA, "") + _range_problems(data)
-    if problems:
-        raise SeriesError(
-            f"{where}: {len(problems)} problem(s): " + "; ".join(problems),
-            hint="see patches/dcp2/series.toml for the expected fields and types",
-        )
+def validate(data: object, where: str, default_name: str = "series") -> SeriesDoc:
+    """A parsed series.toml as a ``SeriesDoc``, or one ``SeriesError`` naming every problem:
+    first every field of the wrong type or name, then every value out of range."""
+    doc = decode(data, SeriesDoc, where=where, error=SeriesError, hint=_HINT)
+    refuse(
+        _range_problems(doc, doc.name or default_name), where=where, error=SeriesError, hint=_HINT
+    )
+    return doc
 
 
 @dataclass(frozen=True)
@@ -197,26 +160,48 @@ class Pin:
         return spec.version
 
     @classmethod
-    def parse(cls, key: str, table: dict, where: str, *, is_base: bool = False) -> Pin:
+    def parse(cls, key: str, table: object, where: str, *, is_base: bool = False) -> Pin:
+        """A pin from a mapping of requirement, wheel and sha256 (a state or index file)."""
+        doc = decode(table, PinDoc, where=f"{where}: pin {key!r}", error=SeriesError, hint=_HINT)
+        return cls.from_doc(key, doc, where, is_base=is_base)
+
+    @classmethod
+    def from_doc(cls, key: str, doc: PinDoc, where: str, *, is_base: bool = False) -> Pin:
+        """The pin, once its format holds: name==version, 64 hex digits, a matching wheel."""
         try:
-            requirement = Requirement(table["requirement"])
-            wheel, sha256 = table["wheel"], table["sha256"]
-        except KeyError as exc:
-            raise SeriesError(f"{where}: pin {key!r} lacks {exc.args[0]!r}") from None
+            requirement = Requirement(doc.requirement)
         except InvalidRequirement as exc:
-            raise SeriesError(f"{where}: pin {key!r} (bad requirement): {exc}") from None
+            raise SeriesError(
+                f"{where}: pin {key!r} (bad requirement, {_first_line(exc)}): {doc.requirement!r}",
+                hint=_PIN_HINT,
+            ) from None
         specs = list(requirement.specifier)
         if len(specs) != 1 or specs[0].operator != "==":
-            raise SeriesError(f"{where}: pin {key!r} must be name==version: {str(requirement)!r}")
-        if not is_sha256(sha256):
-            raise SeriesError(f"{where}: pin {key!r} (sha256 is not 64 hex digits): {sha256!r}")
+            raise SeriesError(
+                f"{where}: pin {key!r} must be name==version: {str(requirement)!r}", hint=_PIN_HINT
+            )
+        if not is_sha256(doc.sha256):
+            raise SeriesError(
+                f"{where}: pin {key!r} (sha256 is not 64 hex digits): {doc.sha256!r}",
+                hint=_PIN_HINT,
+            )
         try:
-            name, version, _, _ = parse_wheel_filename(wheel)
+            name, version, _, _ = parse_wheel_filename(doc.wheel)
         except InvalidWheelFilename as exc:
-            raise SeriesError(f"{where}: pin {key!r} (bad wheel name): {exc}") from None
+            raise SeriesError(
+                f"{where}: pin {key!r} (bad wheel name, {_first_line(exc)}): {doc.wheel!r}",
+                hint=_PIN_HINT,
+            ) from None
         if name != canonicalize_name(requirement.name) or version != Version(specs[0].version):
-            raise SeriesError(f"{where}: pin {key!r}: wheel {wheel!r} is not {requirement}")
-        return cls(key, requirement, wheel, sha256, is_base)
+            raise SeriesError(
+                f"{where}: pin {key!r}: wheel {doc.wheel!r} is not {requirement}", hint=_PIN_HINT
+            )
+        return cls(key, requirement, doc.wheel, doc.sha256, is_base)
+
+
+def _first_line(exc: Exception) -> str:
+    """packaging's message without its caret drawing (an error is one line)."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 @dataclass(frozen=True)
@@ -297,11 +282,12 @@ class Series:
         return tuple(sorted({path for patch in self.patches for path in patch.paths}))
 
 
-def _entries(root: Path, tables: list[dict], where: str) -> tuple[PatchEntry, ...]:
+def _entries(root: Path, docs: list[PatchDoc], where: str) -> tuple[PatchEntry, ...]:
     entries = []
-    for table in tables:  # validated: file matches _PATCH_NAME, stage and summary are set
-        number = int(_PATCH_NAME.match(table["file"])["number"])
-        entries.append(PatchEntry(number, table["file"], table["summary"], table["stage"]))
+    for doc in docs:  # validated: file matches _PATCH_NAME, stage and summary are set
+        match = _PATCH_NAME.match(doc.file)
+        assert match is not None  # _range_problems refused every other name
+        entries.append(PatchEntry(int(match["number"]), doc.file, doc.summary, doc.stage))
     numbers = [e.number for e in entries]
     if len(set(numbers)) != len(numbers):
         raise SeriesError(f"{where}: two patches share a number: {sorted(numbers)!r}")
@@ -317,28 +303,23 @@ def _entries(root: Path, tables: list[dict], where: str) -> tuple[PatchEntry, ..
 def load_series(root: Path = DEFAULT_SERIES) -> Series:
     root = Path(root)
     where = str(root / "series.toml")
-    try:
-        data = tomllib.loads((root / "series.toml").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SeriesError(f"no series here (missing file): {where!r}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SeriesError(f"cannot read series.toml ({exc}): {where!r}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SeriesError(f"{where}: not valid TOML ({exc})") from None
-    data.setdefault("name", root.name)  # validated like a written name: it goes into versions
-    validate(data, where)
-    bases = {k: Pin.parse(k, v, where, is_base=True) for k, v in data.get("bases", {}).items()}
-    deps = {k: Pin.parse(k, v, where) for k, v in data.get("dependencies", {}).items()}
-    policy = data.get("policy", {})
+    if not (root / "series.toml").exists():
+        raise SeriesError(
+            f"no series here (missing file): {where!r}",
+            hint="run from the project root, or name a folder holding series.toml (patches/dcp2)",
+        )
+    data = read_toml(root / "series.toml", SeriesError)
+    # The folder's name is checked like a written one: it goes into versions.
+    doc = validate(data, where, default_name=root.name)
     return Series(
         root=root,
-        name=data["name"],
-        package=data.get("package", "vllm"),
-        bases=bases,
-        dependencies=deps,
-        renames=tuple(data.get("renames", {}).items()),
-        max_fuzz=policy.get("max_fuzz", 0),
-        strip=policy.get("strip", 1),
-        entries=_entries(root, data.get("patches", []), where),
-        allow_names={k: v for k, v in data.get("linkcheck", {}).get("allow", {}).items()},
+        name=doc.name or root.name,
+        package=doc.package,
+        bases={k: Pin.from_doc(k, v, where, is_base=True) for k, v in doc.bases.items()},
+        dependencies={k: Pin.from_doc(k, v, where) for k, v in doc.dependencies.items()},
+        renames=tuple(doc.renames.items()),
+        max_fuzz=doc.policy.max_fuzz,
+        strip=doc.policy.strip,
+        entries=_entries(root, doc.patches, where),
+        allow_names=dict(doc.linkcheck.allow),
     )

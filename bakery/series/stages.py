@@ -7,18 +7,25 @@ prints the table, ``--write`` rewrites it in PLAN.md.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from bakery import markdown
 from bakery.errors import SeriesError
+from bakery.schema import Document, load_toml
 from bakery.series.series import DEFAULT_SERIES, load_series
 from bakery.tree import write_atomic
 
 __all__ = [
     "Stage",
+    "StagesDoc",
+    "StageDoc",
+    "GatesDoc",
+    "EnvDoc",
+    "read_stages_doc",
     "load_stages",
+    "stages_of",
     "render_table",
     "plan_table",
     "stage_table_problems",
@@ -29,7 +36,42 @@ __all__ = [
 
 BEGIN = "<!-- stages:begin (generated from stages.toml by bakery stages --write) -->"
 END = "<!-- stages:end -->"
-_STATUSES = ("implemented", "planned")
+_HINT = f"see {DEFAULT_SERIES}/stages.toml for the fields, their types and the rules"
+
+
+# stages.toml's schema, the one place that knows its shape. [[stages]] is this module's;
+# [gates] and [env.*] are read by bakery.launch.gates (the launcher's view of the table).
+class StageDoc(Document):
+    number: int
+    name: str
+    status: Literal["implemented", "planned"]
+    enables: str
+    env: list[str]
+    requires: list[str]
+    patches: list[str]
+
+
+class GatesDoc(Document):
+    stage_env: str
+    stage_default: int
+    stage_min: int
+    stage_max: int
+    dcp_min_stage: int
+    heads_source: str  # "<file in the package>:<name of the head set>"
+
+
+class EnvDoc(Document):
+    default: str
+    min_stage: int
+    values: list[str] = []  # the accepted strings; or:
+    number: Literal["positive"] | None = None  # a finite number > 0
+    read_by: list[str] = []  # the patches that read it (tests check it against the diffs)
+
+
+class StagesDoc(Document):
+    stages: list[StageDoc] = []
+    gates: GatesDoc | None = None
+    env: dict[str, EnvDoc] = {}
 
 
 @dataclass(frozen=True)
@@ -43,39 +85,36 @@ class Stage:
     patches: tuple[str, ...]
 
 
+def read_stages_doc(root: Path = DEFAULT_SERIES) -> StagesDoc:
+    """``root/stages.toml`` decoded, types and field names checked (not yet the rules)."""
+    where = Path(root) / "stages.toml"
+    if not where.exists():
+        raise SeriesError(f"no stage table here (missing file): {str(where)!r}")
+    return load_toml(where, StagesDoc, error=SeriesError, hint=_HINT)
+
+
 def load_stages(root: Path = DEFAULT_SERIES) -> tuple[Stage, ...]:
     """The stages 1..N of ``root/stages.toml``, in order, each checked for shape."""
-    where = str(Path(root) / "stages.toml")
-    try:
-        data = tomllib.loads(Path(where).read_text())
-    except FileNotFoundError:
-        raise SeriesError(f"no stage table here (missing file): {where!r}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SeriesError(f"{where}: not valid TOML ({exc})") from None
+    return stages_of(read_stages_doc(root), Path(root) / "stages.toml")
+
+
+def stages_of(doc: StagesDoc, where: Path) -> tuple[Stage, ...]:
+    """The decoded [[stages]] as frozen values, once the rules types cannot say hold."""
     stages = []
-    for table in data.get("stages", []):
-        try:
-            stage = Stage(
-                number=int(table["number"]),
-                name=str(table["name"]),
-                status=str(table["status"]),
-                enables=str(table["enables"]),
-                env=tuple(table["env"]),
-                requires=tuple(table["requires"]),
-                patches=tuple(table["patches"]),
-            )
-        except KeyError as exc:
-            raise SeriesError(f"{where}: a stage lacks {exc.args[0]!r}") from None
-        if stage.status not in _STATUSES:
-            raise SeriesError(
-                f"{where}: stage {stage.number} status not in {_STATUSES}: {stage.status!r}"
-            )
+    for d in doc.stages:
+        stage = Stage(
+            d.number, d.name, d.status, d.enables, tuple(d.env), tuple(d.requires), tuple(d.patches)
+        )
         if stage.status == "implemented" and not stage.patches:
-            raise SeriesError(f"{where}: implemented stage {stage.number} names no patch")
+            raise SeriesError(
+                f"{where}: implemented stage {stage.number} names no patch", hint=_HINT
+            )
         stages.append(stage)
     numbers = [s.number for s in stages]
     if numbers != list(range(1, len(numbers) + 1)):
-        raise SeriesError(f"{where}: stages must be numbered 1..N in order: {numbers!r}")
+        raise SeriesError(
+            f"{where}: stages must be numbered 1..N in order: {numbers!r}", hint=_HINT
+        )
     return tuple(stages)
 
 

@@ -10,13 +10,16 @@ never raw JSON; nothing here computes a metric.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from bakery.errors import BakeryError
+from bakery.schema import Document, decode, read_json
 from bakery.tree import write_json_atomic
 from bakery.verify.errors import BundleError
 
@@ -25,6 +28,8 @@ __all__ = [
     "CaseRecord",
     "Completion",
     "TeacherScores",
+    "CaseDoc",
+    "TeacherDoc",
     "load_bundle",
     "load_json_object",
     "logprob",
@@ -110,20 +115,70 @@ class Bundle:
         return "strings"
 
 
-def load_json_object(path: Path, what: str, error: type[Exception] = BundleError) -> Json:
+# The documents' schema, the one place that knows their shape (bakery.schema decodes it).
+# The wrappers are ours (and the oracle fixtures'): every field is declared, unknown ones
+# are refused. What sits inside ``response`` is vLLM's OpenAI answer, which grows fields
+# between releases, so those Structs declare what is read and let the rest pass.
+class _ServerDoc(msgspec.Struct):
+    """A piece of the server's answer: typed where read, open to fields added upstream."""
+
+
+class LogprobsDoc(_ServerDoc):
+    tokens: list[str | int]
+    # Logprob values stay Any here: ``logprob`` judges each one (NaN, strings, 10**400
+    # and values above 0 are all "not a logprob", with the step named).
+    token_logprobs: list[Any]
+    top_logprobs: list[dict[str, Any] | None]
+
+
+class ChoiceDoc(_ServerDoc):
+    logprobs: LogprobsDoc | None = None  # None when captured without logprobs
+    token_ids: Any = None  # ids when the server returns them (read leniently: optional data)
+    prompt_token_ids: Any = None
+    prompt_logprobs: list[dict[str, Any] | None] | None = None  # teacher forcing
+
+
+class ResponseDoc(_ServerDoc):
+    choices: list[ChoiceDoc]
+    system_fingerprint: Any = None
+
+
+class CaseDoc(Document):
+    """``completion_<case>.json``: one question and the server's answer."""
+
+    name: str
+    path: str
+    status: int
+    request: dict[str, Any]
+    response: ResponseDoc
+    elapsed_seconds: float | None = None
+    tokenize_request: Any = None  # what /tokenize was asked, if anything
+    tokenize_response: Any = None
+
+
+class TeacherDoc(Document):
+    """``teacher_<case>.json``: the server's scores for a fixed token sequence."""
+
+    sequence: list[int]
+    completion_start: int
+    response: ResponseDoc
+    case: str | None = None  # required in a bundle folder: the case it scores
+    name: str | None = None
+    path: str | None = None
+    status: int | None = None
+    scored_from: str | None = None  # "self" or the reference bundle's folder
+    request: dict[str, Any] | None = None
+
+
+def load_json_object(path: Path, what: str, error: type[BakeryError] = BundleError) -> Json:
     """Read ``path`` as one JSON object or raise ``error`` naming the file and the problem."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise error(f"cannot read {what} {path} ({exc.strerror})") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        where = f"line {exc.lineno}: {exc.msg}"
-        raise error(f"cannot read {what} {path} (invalid JSON, {where})") from exc
+    data = read_json(path, what, error)
     if not isinstance(data, dict):
         got = type(data).__name__
-        raise error(f"cannot read {what} {path} (expected a JSON object, got {got})")
+        raise error(
+            f"cannot read {what} {path} (expected a JSON object, got {got})",
+            hint=f"a {what} is one JSON object ({{...}})",
+        )
     return data
 
 
@@ -154,49 +209,38 @@ def _reject_duplicate_names(cases: tuple[CaseRecord, ...]) -> None:
         seen[case.name] = case.file
 
 
-def _require(data: Json, key: str, kind: type | tuple[type, ...], path: Path) -> Any:
-    value = data.get(key)
-    if not isinstance(value, kind):
-        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        got = repr(value)[:60]
-        raise BundleError(f"bundle case {path} (field {key!r}: expected {names}, got {got})")
-    return value
-
-
 def _load_case(path: Path, teachers: Mapping[str, TeacherScores]) -> CaseRecord:
-    record = case_from_document(load_json_object(path, "bundle case"), path)
+    record = case_from_document(read_json(path, "bundle case", BundleError), path)
     return replace(record, teacher=teachers.get(record.name))
 
 
-def case_from_document(data: Json, path: Path) -> CaseRecord:
+_HINT = "a bundle is what `bakery verify capture` writes; recapture or fix the named field"
+
+
+def case_from_document(data: object, path: Path) -> CaseRecord:
     """Parse one wrapped case document (as read from, or about to go to, ``path``)."""
-    name = _require(data, "name", str, path)
-    endpoint = _require(data, "path", str, path)
-    if endpoint != COMPLETIONS_PATH:
-        raise BundleError(f"bundle case {path} (path {endpoint!r}, expected {COMPLETIONS_PATH!r})")
-    status = _require(data, "status", int, path)
-    if status != 200:
-        raise BundleError(f"bundle case {path} (status {status}, expected 200)")
-    request = _require(data, "request", dict, path)
-    response = _require(data, "response", dict, path)
-    choice = _first_choice(response, path)
-    completion = _parse_completion(choice, request, data.get("tokenize_response"), path)
-    fingerprint = response.get("system_fingerprint")
+    where = f"bundle case {path}"
+    doc = decode(data, CaseDoc, where=where, error=BundleError, hint=_HINT)
+    if doc.path != COMPLETIONS_PATH:
+        raise BundleError(f"{where} (path {doc.path!r}, expected {COMPLETIONS_PATH!r})", hint=_HINT)
+    if doc.status != 200:
+        raise BundleError(f"{where} (status {doc.status}, expected 200)", hint=_HINT)
+    choice = _first_choice(doc.response, where)
+    fingerprint = doc.response.system_fingerprint
     return CaseRecord(
-        name=name,
+        name=doc.name,
         file=path,
-        request=request,
-        completion=completion,
+        request=doc.request,
+        completion=_parse_completion(choice, doc.request, doc.tokenize_response, where),
         system_fingerprint=fingerprint if isinstance(fingerprint, str) else None,
         teacher=None,
     )
 
 
-def _first_choice(response: Json, path: Path) -> Json:
-    choices = response.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise BundleError(f"bundle case {path} (response.choices[0]: expected an object)")
-    return choices[0]
+def _first_choice(response: ResponseDoc, where: str) -> ChoiceDoc:
+    if not response.choices:
+        raise BundleError(f"{where} ($.response.choices: empty, expected one choice)", hint=_HINT)
+    return response.choices[0]
 
 
 def token_key(token: Any) -> str:
@@ -206,21 +250,19 @@ def token_key(token: Any) -> str:
     return str(token)
 
 
-def _parse_completion(choice: Json, request: Json, tokenize: Any, path: Path) -> Completion:
-    logprobs = choice.get("logprobs")
-    if not isinstance(logprobs, dict):
+def _parse_completion(choice: ChoiceDoc, request: Json, tokenize: Any, where: str) -> Completion:
+    logprobs = choice.logprobs
+    if logprobs is None:
         raise BundleError(
-            f"bundle case {path} (response.choices[0].logprobs: expected an object; "
-            "capture with logprobs=20)"
+            f"{where} (response.choices[0].logprobs: expected an object)",
+            hint="capture with logprobs=20 (`bakery verify capture` asks for them)",
         )
-    tokens = _list_field(logprobs, "tokens", path)
-    values = _list_field(logprobs, "token_logprobs", path)
-    tops = _list_field(logprobs, "top_logprobs", path)
-    where = f"bundle case {path}"
+    tokens, values, tops = logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs
     if not len(tokens) == len(values) == len(tops):
         raise BundleError(
             f"{where} (logprobs: tokens, token_logprobs and top_logprobs have "
-            f"{len(tokens)}, {len(values)} and {len(tops)} entries; expected one per step)"
+            f"{len(tokens)}, {len(values)} and {len(tops)} entries; expected one per step)",
+            hint=_HINT,
         )
     return Completion(
         tokens=tuple(token_key(t) for t in tokens),
@@ -234,14 +276,6 @@ def _parse_completion(choice: Json, request: Json, tokenize: Any, path: Path) ->
         prompt_token_ids=_prompt_ids(request, tokenize, choice),
         token_ids=_completion_ids(choice, tokens),
     )
-
-
-def _list_field(logprobs: Json, key: str, path: Path) -> list[Any]:
-    value = logprobs.get(key)
-    if not isinstance(value, list):
-        got = repr(value)[:60]
-        raise BundleError(f"bundle case {path} (logprobs.{key}: expected a list, got {got})")
-    return value
 
 
 def logprob(value: Any, where: str) -> float:
@@ -258,15 +292,14 @@ def logprob(value: Any, where: str) -> float:
         if LOGPROB_RANGE[0] <= number <= LOGPROB_RANGE[1]:  # False for NaN
             return number
     raise BundleError(
-        f"{where}: expected a logprob (a finite number <= 0), got {repr(value)[:60]})"
+        f"{where}: expected a logprob (a finite number <= 0), got {repr(value)[:60]})",
+        hint=_HINT,
     )
 
 
-def _parse_top(step: Any, where: str) -> dict[str, float]:
+def _parse_top(step: dict[str, Any] | None, where: str) -> dict[str, float]:
     if step is None:
         return {}
-    if not isinstance(step, dict):
-        raise BundleError(f"{where}: expected an object)")
     return {
         token_key(token): logprob(value, f"{where}[{token!r}]") for token, value in step.items()
     }
@@ -278,7 +311,7 @@ def _int_list(value: Any) -> tuple[int, ...] | None:
     return None
 
 
-def _prompt_ids(request: Json, tokenize: Any, choice: Json) -> tuple[int, ...] | None:
+def _prompt_ids(request: Json, tokenize: Any, choice: ChoiceDoc) -> tuple[int, ...] | None:
     """Prompt ids, most authoritative first: ids sent, ``/tokenize``, then the response."""
     sent = _int_list(request.get("prompt"))
     if sent:
@@ -287,12 +320,12 @@ def _prompt_ids(request: Json, tokenize: Any, choice: Json) -> tuple[int, ...] |
         ids = _int_list(tokenize.get("tokens")) or _int_list(tokenize.get("token_ids"))
         if ids:
             return ids
-    return _int_list(choice.get("prompt_token_ids"))
+    return _int_list(choice.prompt_token_ids)
 
 
-def _completion_ids(choice: Json, tokens: list[Any]) -> tuple[int, ...] | None:
+def _completion_ids(choice: ChoiceDoc, tokens: list[str | int]) -> tuple[int, ...] | None:
     """Generated ids from ``token_ids`` or from ``token_id:N`` tokens; None for plain strings."""
-    listed = _int_list(choice.get("token_ids"))
+    listed = _int_list(choice.token_ids)
     if listed is not None:
         return listed
     keys = [token_key(t) for t in tokens]
@@ -307,46 +340,49 @@ def _completion_ids(choice: Json, tokens: list[Any]) -> tuple[int, ...] | None:
 def _load_teachers(directory: Path) -> dict[str, TeacherScores]:
     scores: dict[str, TeacherScores] = {}
     for path in sorted(directory.glob(f"{TEACHER_PREFIX}*.json")):
-        data = load_json_object(path, "teacher-forced case")
-        case = _require(data, "case", str, path)
-        scores[case] = teacher_from_document(data, path)
+        doc = _teacher_doc(read_json(path, "teacher-forced case", BundleError), path)
+        if doc.case is None:
+            raise BundleError(f"teacher-forced case {path}: $.case: missing", hint=_HINT)
+        scores[doc.case] = _teacher_scores(doc, path)
     return scores
 
 
-def teacher_from_document(data: Json, path: Path) -> TeacherScores:
-    sequence = _int_list(data.get("sequence"))
-    start = data.get("completion_start")
-    if sequence is None or not isinstance(start, int):
+def _teacher_doc(data: object, path: Path) -> TeacherDoc:
+    where = f"teacher-forced case {path}"
+    return decode(data, TeacherDoc, where=where, error=BundleError, hint=_HINT)
+
+
+def teacher_from_document(data: object, path: Path) -> TeacherScores:
+    return _teacher_scores(_teacher_doc(data, path), path)
+
+
+def _teacher_scores(doc: TeacherDoc, path: Path) -> TeacherScores:
+    where = f"teacher-forced case {path}"
+    raw = _first_choice(doc.response, where).prompt_logprobs
+    if raw is None or len(raw) != len(doc.sequence):
         raise BundleError(
-            f"teacher-forced case {path} (expected int list 'sequence' and int 'completion_start')"
-        )
-    choice = _first_choice(_require(data, "response", dict, path), path)
-    raw = choice.get("prompt_logprobs")
-    if not isinstance(raw, list) or len(raw) != len(sequence):
-        raise BundleError(
-            f"teacher-forced case {path} (response.choices[0].prompt_logprobs: expected a list "
-            f"of {len(sequence)} positions)"
+            f"{where} (response.choices[0].prompt_logprobs: expected a list "
+            f"of {len(doc.sequence)} positions)",
+            hint=_HINT,
         )
     return TeacherScores(
-        sequence=sequence,
-        completion_start=start,
+        sequence=tuple(doc.sequence),
+        completion_start=doc.completion_start,
         positions=tuple(_parse_position(entry, path) for entry in raw),
     )
 
 
-def _parse_position(entry: Any, path: Path) -> dict[int, float] | None:
+def _parse_position(entry: dict[str, Any] | None, path: Path) -> dict[int, float] | None:
     """vLLM's ``prompt_logprobs`` entry: ``{"<id>": {"logprob": x, ...}}`` or None."""
     if entry is None:
         return None
-    if not isinstance(entry, dict):
-        raise BundleError(f"teacher-forced case {path} (a prompt_logprobs entry is not an object)")
     scores = {}
     for key, value in entry.items():
         where = f"teacher-forced case {path} (prompt_logprobs entry {key!r}"
         try:
             token = int(key)
         except ValueError:
-            raise BundleError(f"{where}: expected a token id key)") from None
+            raise BundleError(f"{where}: expected a token id key)", hint=_HINT) from None
         scores[token] = logprob(value.get("logprob") if isinstance(value, dict) else value, where)
     return scores
 

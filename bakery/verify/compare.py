@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from bakery.schema import Document, decode, refuse
 from bakery.verify.bundle import (
     Bundle,
     CaseRecord,
@@ -86,19 +87,28 @@ def _check_gate_value(name: str, value: Any) -> None:
         raise GatesError(f"gate {name!r} must be {kind}, got {value!r}")
 
 
+class GatesFileDoc(Document):
+    """A gates file's shape; each gate's name and kind are ``ParityGates``' own to check."""
+
+    gates: dict[str, Any]  # gate name -> bound or switch; null = the gate is off
+    sources: dict[str, str] = {}  # gate name -> who set it ("calibration", ...)
+    calibration: dict[str, Any] | None = None  # how calibrate derived them (for readers)
+
+
 def load_gates(path: Path) -> ParityGates:
     """Read a gates file (``{"gates": {...}, "sources": {...}}``, as calibrate writes it)."""
     data = load_json_object(path, "gates file", GatesError)
-    values = data.get("gates")
-    sources = data.get("sources", {})
-    if not isinstance(values, dict) or not isinstance(sources, dict):
-        raise GatesError(f"gates file {path} (expected objects 'gates' and 'sources')")
-    values = {k: v for k, v in values.items() if v is not None}  # null = gate off
+    hint = "write it with `bakery verify calibrate`, or give gates as flags"
+    doc = decode(data, GatesFileDoc, where=f"gates file {path}", error=GatesError, hint=hint)
+    values = {k: v for k, v in doc.gates.items() if v is not None}  # null = gate off
+    problems = []
     for name, value in values.items():
-        _check_gate_value(name, value)
-    return replace(
-        ParityGates(), **values, sources={k: str(sources.get(k, "file")) for k in values}
-    )
+        try:
+            _check_gate_value(name, value)
+        except GatesError as exc:
+            problems.append(f"$.gates: {exc}")
+    refuse(problems, where=f"gates file {path}", error=GatesError, hint=hint)
+    return replace(ParityGates(), **values, sources={k: doc.sources.get(k, "file") for k in values})
 
 
 def evaluate_gates(case: Mapping[str, Any], gates: ParityGates) -> list[str]:

@@ -4,7 +4,8 @@ One JSON object per line. A case has ``case`` (a file-name-safe id), ``max_token
 optional ``tags`` and ``why``, and either a text ``prompt`` or an exact context
 length ``prompt_tokens`` built from ``filler`` text (tokenised by the server,
 repeated and cut to exactly that many ids, so ownership edges are hit on any
-tokenizer). Every problem in a file is reported at once. No network here.
+tokenizer). Unknown fields and wrong types are refused (``CaseDoc``); every problem in
+a file is reported at once. No network here.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from bakery.schema import Document, refuse, try_decode
 from bakery.verify.errors import SuiteError
 
-__all__ = ["Suite", "SuiteCase", "load_suite", "available_suites", "SUITES_DIR"]
+__all__ = ["Suite", "SuiteCase", "CaseDoc", "load_suite", "available_suites", "SUITES_DIR"]
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 CASE_ID = re.compile(r"^[a-z0-9][a-z0-9_]*$")
@@ -62,24 +63,42 @@ def _resolve(name_or_path: str) -> Path:
     return path
 
 
+class CaseDoc(Document):
+    """One line of a suite file (the one place that knows its shape)."""
+
+    case: str
+    max_tokens: int
+    prompt: str | None = None
+    prompt_tokens: int | None = None
+    filler: str | None = None  # the text repeated to prompt_tokens ids
+    tags: list[str] = []
+    why: str | None = None  # what the case is for (dcp_edge cases say which edge)
+
+
 def load_suite(name_or_path: str) -> Suite:
     """Load a bundled suite by name (``dcp2``) or any ``.jsonl`` file by path."""
     path = _resolve(name_or_path)
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+        text = raw.decode("utf-8")
+    except OSError as exc:
+        raise SuiteError(f"cannot read suite {path} ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise SuiteError(f"cannot read suite {path} (not UTF-8, byte {exc.start})") from None
     cases: list[SuiteCase] = []
     problems: list[str] = []
-    for number, line in enumerate(raw.decode("utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             cases.append(_parse_case(line))
         except ValueError as exc:
-            problems.append(f"{path}:{number}: {exc}")
+            problems.extend(f"{path}:{number}: {p}" for p in str(exc).split("\n"))
     problems.extend(_duplicates(path, cases))
     if not cases and not problems:
         problems.append(f"{path}: no cases")
-    if problems:
-        raise SuiteError("invalid suite (" + "; ".join(problems) + ")")
+    hint = "one JSON object per line: case, max_tokens, and prompt or prompt_tokens + filler"
+    refuse(problems, where="invalid suite", error=SuiteError, hint=hint)
     return Suite(path.stem, path, hashlib.sha256(raw).hexdigest(), tuple(cases))
 
 
@@ -88,46 +107,37 @@ def _duplicates(path: Path, cases: list[SuiteCase]) -> list[str]:
     return [f"{path}: duplicate case {name!r}" for name, n in sorted(counts.items()) if n > 1]
 
 
-def _positive_int(data: dict[str, Any], key: str) -> int | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{key} must be a positive integer, got {value!r}")
-    return value
-
-
 def _parse_case(line: str) -> SuiteCase:
+    """One line as a case; a ValueError holds its problems, one per line of its text."""
     try:
         data = json.loads(line)
     except json.JSONDecodeError as exc:
         raise ValueError(f"invalid JSON ({exc.msg})") from exc
-    if not isinstance(data, dict):
-        raise ValueError("expected a JSON object")
-    case = data.get("case")
-    if not isinstance(case, str) or not CASE_ID.match(case):
-        raise ValueError(f"case must match {CASE_ID.pattern}, got {case!r}")
-    max_tokens = _positive_int(data, "max_tokens")
-    if max_tokens is None:
-        raise ValueError(f"{case}: max_tokens is required")
-    prompt, filler = data.get("prompt"), data.get("filler")
-    prompt_tokens = _positive_int(data, "prompt_tokens")
-    if (prompt is None) == (prompt_tokens is None):
-        raise ValueError(f"{case}: give exactly one of prompt and prompt_tokens")
-    if prompt is not None and (not isinstance(prompt, str) or not prompt):
-        raise ValueError(f"{case}: prompt must be a non-empty string")
-    if prompt_tokens is not None and (not isinstance(filler, str) or not filler.strip()):
-        raise ValueError(f"{case}: prompt_tokens needs a non-empty filler text")
-    tags = data.get("tags", [])
-    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-        raise ValueError(f"{case}: tags must be a list of strings")
-    why = data.get("why")
+    except RecursionError:
+        raise ValueError("invalid JSON (nested too deeply)") from None
+    doc, problems = try_decode(data, CaseDoc)
+    if doc is None:
+        raise ValueError("\n".join(problems))
+    if not CASE_ID.match(doc.case):
+        problems.append(f"$.case: must match {CASE_ID.pattern}, got {doc.case!r}")
+    for key in ("max_tokens", "prompt_tokens"):
+        value = getattr(doc, key)
+        if value is not None and value < 1:
+            problems.append(f"$.{key}: must be a positive integer, got {value!r}")
+    if (doc.prompt is None) == (doc.prompt_tokens is None):
+        problems.append(f"$: case {doc.case!r} gives both or neither of prompt and prompt_tokens")
+    if doc.prompt is not None and not doc.prompt:
+        problems.append("$.prompt: must be a non-empty string")
+    if doc.prompt_tokens is not None and not (doc.filler or "").strip():
+        problems.append("$.filler: prompt_tokens needs a non-empty filler text")
+    if problems:
+        raise ValueError("\n".join(problems))
     return SuiteCase(
-        case,
-        max_tokens,
-        prompt,
-        prompt_tokens,
-        filler if prompt_tokens is not None else None,
-        tuple(tags),
-        why if isinstance(why, str) else None,
+        doc.case,
+        doc.max_tokens,
+        doc.prompt,
+        doc.prompt_tokens,
+        doc.filler if doc.prompt_tokens is not None else None,
+        tuple(doc.tags),
+        doc.why,
     )

@@ -1,0 +1,203 @@
+"""Typed documents: every TOML and JSON file bakery reads is decoded here into msgspec Structs.
+
+Each loader declares its file's shape once as ``Document`` subclasses (unknown fields are
+refused, types are strict: ``true`` is no integer and ``"3"`` no number). ``decode`` turns
+a parsed document into those types, or raises the loader's own ``BakeryError`` subclass
+with one line naming the file and every bad field path (``$.bases.default.sha256:
+expected str, got int``). What types cannot say (ranges, formats, cross-field rules,
+safe paths) stays with the loader, after decoding.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from bakery.errors import BakeryError
+
+__all__ = [
+    "Document",
+    "decode",
+    "try_decode",
+    "refuse",
+    "problems",
+    "read_toml",
+    "read_json",
+    "load_toml",
+]
+
+T = TypeVar("T")
+MAX_LISTED = 12  # problems spelt out in one refusal; the rest are counted
+_UNREADABLE = "check that the path names a readable file"
+_NOT_UTF8 = "save the file as UTF-8 text"
+_SYNTAX = "fix the syntax at the place named (or restore the file from git)"
+
+
+class Document(msgspec.Struct, forbid_unknown_fields=True):
+    """Base of every file schema: a misspelt field is an error, never a silent default.
+
+    Not frozen: a Document lives only until its loader has built the frozen values the
+    rest of bakery sees (and mypy's dataclass rules would make every subclass repeat it)."""
+
+
+def read_toml(path: Path, error: type[BakeryError]) -> dict[str, Any]:
+    """A TOML file as a dict; unreadable, not UTF-8 or not TOML is one ``error``."""
+    try:
+        return tomllib.loads(Path(path).read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise error(f"{path}: cannot read it ({exc.strerror})", hint=_UNREADABLE) from None
+    except UnicodeDecodeError as exc:
+        raise error(
+            f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})", hint=_NOT_UTF8
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{path}: not valid TOML ({exc})", hint=_SYNTAX) from None
+
+
+def read_json(path: Path, what: str, error: type[BakeryError]) -> Any:
+    """A JSON file's value; unreadable, not UTF-8 or not JSON is one ``error`` naming ``what``.
+
+    The stdlib parser, not msgspec's: it names the line, and it reads NaN so that the
+    loaders can refuse it with a message of their own."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise error(f"cannot read {what} {path} ({exc.strerror})", hint=_UNREADABLE) from None
+    except UnicodeDecodeError as exc:
+        raise error(
+            f"cannot read {what} {path} (not UTF-8, byte {exc.start})", hint=_NOT_UTF8
+        ) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno}: {exc.msg}"
+        raise error(f"cannot read {what} {path} (invalid JSON, {where})", hint=_SYNTAX) from None
+    except RecursionError:  # [[[[...]]]] nested past the interpreter's stack
+        raise error(f"cannot read {what} {path} (JSON nested too deeply)", hint=_SYNTAX) from None
+
+
+def decode(data: Any, kind: type[T], *, where: str, error: type[BakeryError], hint: str) -> T:
+    """``data`` (parsed from ``where``) as a ``kind``, or one ``error`` naming every bad field."""
+    value, found = try_decode(data, kind)
+    refuse(found, where=where, error=error, hint=hint)
+    assert value is not None  # try_decode gives a value or problems
+    return value
+
+
+def refuse(found: list[str], *, where: str, error: type[BakeryError], hint: str) -> None:
+    """Raise one ``error`` listing every problem (``path: what``) in ``where``, if any.
+
+    The loaders' own rule checks use it too, so every refusal of a file reads alike."""
+    if found:
+        shown = "; ".join(found[:MAX_LISTED])
+        if len(found) > MAX_LISTED:  # a hostile file must not make a megabyte-long line
+            shown += f"; and {len(found) - MAX_LISTED} more"
+        summary = shown if len(found) == 1 else f"{len(found)} problems: {shown}"
+        raise error(f"{where}: {summary}", hint=hint)
+
+
+def try_decode(data: Any, kind: type[T]) -> tuple[T | None, list[str]]:
+    """``(value, [])``, or ``(None, problems)`` for a caller that gathers several documents'
+    problems into one error (a JSONL file's lines)."""
+    try:
+        return msgspec.convert(data, kind, strict=True), []
+    except msgspec.ValidationError as exc:
+        # The walker misses nothing msgspec checks today; the fallback keeps a schema
+        # feature it does not know from losing msgspec's own message.
+        return None, problems(data, kind) or [_reword(str(exc))]
+
+
+def load_toml(path: Path, kind: type[T], *, error: type[BakeryError], hint: str) -> T:
+    """Read and decode one TOML file (see ``read_toml`` and ``decode``)."""
+    return decode(read_toml(path, error), kind, where=str(path), error=error, hint=hint)
+
+
+# --- every problem at once -------------------------------------------------------------
+# msgspec stops at the first bad field. On failure this walks the schema beside the data
+# so the message lists every unknown, missing and mistyped field, each with its concrete
+# path (msgspec spells a map's key as [...]); each leaf is still judged by msgspec.
+
+
+def problems(data: Any, kind: Any, at: str = "$") -> list[str]:
+    """Every place ``data`` departs from ``kind``, as ``path: what`` lines (empty if none)."""
+    kind = _without_none(kind) if data is not None else kind
+    origin = typing.get_origin(kind)
+    if isinstance(kind, type) and issubclass(kind, msgspec.Struct):
+        if not isinstance(data, dict):
+            return _leaf(data, kind, at)
+        fields = {f.encode_name: f for f in msgspec.structs.fields(kind)}
+        found = []
+        if kind.__struct_config__.forbid_unknown_fields:  # a server's answer may grow fields
+            known = ", ".join(fields)
+            found += [
+                f"{_child(at, k)}: unknown field (known: {known})" for k in data if k not in fields
+            ]
+        found += [
+            f"{at}.{name}: missing" for name, f in fields.items() if f.required and name not in data
+        ]
+        for name, field in fields.items():
+            if name in data:
+                found += problems(data[name], field.type, f"{at}.{name}")
+        return found
+    if origin is dict and isinstance(data, dict):
+        key_kind, value_kind = typing.get_args(kind)
+        found = [p for key in data for p in _leaf(key, key_kind, f"{at} key {key!r}")]
+        for key, value in data.items():
+            found += problems(value, value_kind, _child(at, key))
+        return found
+    if origin in (list, tuple) and isinstance(data, list):
+        args = typing.get_args(kind)
+        if origin is list or (len(args) == 2 and args[1] is Ellipsis):
+            return [p for i, v in enumerate(data) for p in problems(v, args[0], f"{at}[{i}]")]
+    return _leaf(data, kind, at)
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_./-]+")
+
+
+def _child(at: str, key: object) -> str:
+    """``at.key`` for a plain key; ``at['odd key']`` (quoted, escaped) for any other, so
+    a key holding a newline or a quote cannot break the one error line or fake a path."""
+    if isinstance(key, str) and _PLAIN_KEY.fullmatch(key):
+        return f"{at}.{key}"
+    return f"{at}[{key!r}]"
+
+
+def _without_none(kind: Any) -> Any:
+    """``X | None`` as ``X`` (the data is not None), so the walk can go into ``X``."""
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        rest = [arg for arg in typing.get_args(kind) if arg is not type(None)]
+        if len(rest) == 1:
+            return rest[0]
+    return kind
+
+
+def _leaf(data: Any, kind: Any, at: str) -> list[str]:
+    try:
+        msgspec.convert(data, kind, strict=True)
+    except msgspec.ValidationError as exc:
+        if typing.get_origin(kind) is typing.Literal:
+            allowed = ", ".join(map(repr, typing.get_args(kind)))
+            return [f"{at}: must be one of {allowed}, not {data!r}"]
+        return [f"{at}: {_reword(str(exc))}"]
+    return []
+
+
+_AT = re.compile(r" - at `\$(?P<rest>[^`]*)`$")
+
+
+def _reword(message: str) -> str:
+    """msgspec's ``Expected `int`, got `str` - at `$[0]``` as ``expected int, got str at [0]``."""
+    match = _AT.search(message)
+    if match:
+        message = message[: match.start()] + (f" at {match['rest']}" if match["rest"] else "")
+    message = message.replace("`object`", "a table/object").replace("`array`", "an array")
+    message = message.replace("`", "")
+    return message[:1].lower() + message[1:]
