@@ -235,7 +235,7 @@ def _candidate_problems(plan: Plan, table: GateTable, config: dict) -> list[Prob
 
 def _arg_problems(plan: Plan, table: GateTable, parsed: dict) -> list[Problem]:
     """The vLLM args (parsed by vLLM's parser, or ``vllm_args``) against the launcher's layout."""
-    out = _contradictions(plan, parsed)
+    out: list[Problem | None] = [*_contradictions(plan, parsed)]  # a feature may be allowed
     speculative = [
         f"--{k.replace('_', '-')}"
         for k in ("speculative_config", "spec_method", "spec_model", "spec_tokens")

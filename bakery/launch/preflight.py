@@ -120,11 +120,11 @@ def _gpu_problems(plan: Plan, gpus: tuple[Gpu, ...] | None, error: str | None) -
 
 
 def _probe_problems(plan: Plan, probe: dict | None, error: str | None) -> list[Problem]:
-    if error is not None:
+    if error is not None or probe is None:
         return [
             Problem(
                 "cannot run the serving Python",
-                error,
+                error or "the probe gave no answer",
                 str(plan.python),
                 "check --python and the baked tree",
             )
@@ -265,6 +265,8 @@ def run_preflight(plan: Plan, table: GateTable, series: Series, build: Path) -> 
         probe, probe_error = run_probe(plan), None
     except (OSError, ValueError) as exc:
         probe, probe_error = None, str(exc)
+    tree: Path | None  # the tree that serves: the baked one, or the installed wheel's
+    baked: Path | None
     if plan.tree is not None:
         tree, baked = plan.tree, plan.tree / MANIFEST
         tree_problems = _tree_problems(plan, series, build)
