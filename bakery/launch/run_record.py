@@ -52,6 +52,8 @@ _SECRET = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
 
 @dataclass(frozen=True)
 class Record:
+    """One run's folder; its log and pid file live at fixed names inside."""
+
     run_dir: Path
 
     @property
