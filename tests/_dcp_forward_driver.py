@@ -270,7 +270,7 @@ def build_step(case: Case, kind: str) -> Step:
 
 def caches(case: Case, step: Step, w: int):
     """The compressed caches of ``w`` ranks (vLLM placement, NaN where unwritten)."""
-    layout = ref.Layout(w, case.k if w > 1 else 1, case.bs)
+    layout = ref.ShardLayout(w, case.k if w > 1 else 1, case.bs)
     return ref.build_caches(step.states, layout, torch.Generator().manual_seed(case.seed + w))
 
 

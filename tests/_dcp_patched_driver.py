@@ -151,7 +151,7 @@ def build(case: Case):
     if real > 2:
         ids[2] = -1
     step = replace(step, topk_ids=ids)
-    layout = ref.Layout(case.w, case.k, case.bs)
+    layout = ref.ShardLayout(case.w, case.k, case.bs)
     caches = ref.build_caches(step.states, layout, gen)
     # token counts, not multiples of the ratio: the patch floors them to states
     seq_lens = [n * case.ratio + b % case.ratio for b, n in enumerate(case.n_states)]
@@ -373,7 +373,7 @@ def build_two_layer(tc: TwoLayerCase):
         step = ref.random_step(
             gen, case.n_states, case.tokens, heads=2 * case.w, topk=16, padding_rows=1
         )
-        layout = ref.Layout(case.w, case.k, case.bs)
+        layout = ref.ShardLayout(case.w, case.k, case.bs)
         if tables is None:  # the first layer's placement decides the pages
             caches = ref.build_caches(step.states, layout, gen)
             tables = [c.block_table for c in caches]
@@ -912,7 +912,7 @@ def check_case(report: Report, case: Case, outs: list[dict], how: str) -> None:
             step.is_valid,
         ),
     )[0]
-    dcp1_cache = ref.build_caches(step.states, ref.Layout(1, 1, case.bs), torch.Generator())[0]
+    dcp1_cache = ref.build_caches(step.states, ref.ShardLayout(1, 1, case.bs), torch.Generator())[0]
     dcp1 = ref.dcp1_attention(step, dcp1_cache, torch.float32)
     local = [step.sink[2 * r : 2 * r + 2] for r in range(case.w)]
     ref_sink = ref.run_spmd(case.w, lambda g: ref.gathered_sink(g, local[g.rank_in_group]))

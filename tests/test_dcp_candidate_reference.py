@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bakery.dcp import reference as ref
+from bakery.dcp.reference import candidates  # where the planted map bug goes
 
 PROPS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # value palette: few distinct values so ties are common
@@ -147,9 +148,9 @@ def test_candidate_attention_output_matches_dcp1(w, k, bs):
     )
     _, _, topk1 = dcp1_chain(c)
     per_rank = dcp_chain(c)
-    layout = ref.Layout(w, k, 2 * k)
+    layout = ref.ShardLayout(w, k, 2 * k)
     caches = ref.build_caches(step.states, layout, gen)
-    cache1 = ref.build_caches(step.states, ref.Layout(1, 1, 2 * k), gen)[0]
+    cache1 = ref.build_caches(step.states, ref.ShardLayout(1, 1, 2 * k), gen)[0]
     dcp1 = ref.dcp1_attention(replace(step, topk_ids=topk1), cache1, torch.float32)
 
     def rank(g):
@@ -185,6 +186,6 @@ def test_candidate_chain_catches_a_planted_map_bug(monkeypatch, bug):
         ends=torch.tensor([40, 33, 9], dtype=torch.int32),
     )
     assert_chain_matches(c)
-    monkeypatch.setattr(ref, "global_position", BUGS[bug])
+    monkeypatch.setattr(candidates, "global_position", BUGS[bug])
     with pytest.raises(AssertionError):
         assert_chain_matches(c)

@@ -30,7 +30,7 @@ def make_case(w: int, dtype: torch.dtype):
     step = ref.random_step(
         gen, [w - 1, 70, 33], [1, 1, 5], heads=2 * w, dtype=dtype, padding_rows=1
     )
-    layout = ref.Layout(w, 2, 4)
+    layout = ref.ShardLayout(w, 2, 4)
     return step, layout, ref.build_caches(step.states, layout, gen)
 
 
@@ -91,7 +91,7 @@ def test_gloo_matches_dcp1_and_emulation(gloo_results, w):
     ranks = [torch.load(gloo_results / f"w{w}_rank{r}.pt", weights_only=False) for r in range(w)]
     for dtype in (torch.float32, torch.bfloat16):
         step, layout, caches = make_case(w, dtype)
-        dcp1_cache = ref.build_caches(step.states, ref.Layout(1, 1, 4), torch.Generator())[0]
+        dcp1_cache = ref.build_caches(step.states, ref.ShardLayout(1, 1, 4), torch.Generator())[0]
         dcp1 = ref.dcp1_attention(step, dcp1_cache, dtype)
         tol = TOL[dtype]
         for combine in ("ag_rs", "a2a"):
@@ -111,7 +111,7 @@ def test_gloo_matches_dcp1_and_emulation(gloo_results, w):
                 torch.testing.assert_close(got.out, emulated[rank].out, atol=tol, rtol=tol)
     step, layout, caches = make_case(w, torch.float32)
     stage9 = ref.prefill_attention(step, ranks[0]["prefill"], torch.float32)
-    dcp1_cache = ref.build_caches(step.states, ref.Layout(1, 1, 4), torch.Generator())[0]
+    dcp1_cache = ref.build_caches(step.states, ref.ShardLayout(1, 1, 4), torch.Generator())[0]
     dcp1 = ref.dcp1_attention(step, dcp1_cache, torch.float32)
     torch.testing.assert_close(stage9.out, dcp1.out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(stage9.lse, dcp1.lse, atol=1e-4, rtol=1e-4)

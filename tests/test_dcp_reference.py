@@ -8,7 +8,10 @@ same code over real gloo process groups.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bakery.dcp import reference as ref
+from bakery.dcp.reference import attention  # where planted bugs go: the caller's module
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 LSE_TOL = 1e-4
@@ -33,7 +37,7 @@ def run_dcp(step, layout, combine, dtype, seed=0, caches=None):
 
 def run_dcp1(step, page_size, dtype, seed=1):
     gen = torch.Generator().manual_seed(seed)
-    cache = ref.build_caches(step.states, ref.Layout(1, 1, page_size), gen)[0]
+    cache = ref.build_caches(step.states, ref.ShardLayout(1, 1, page_size), gen)[0]
     return ref.dcp1_attention(step, cache, dtype)
 
 
@@ -79,7 +83,7 @@ def cases(draw, dtype=None):
         logit_scale=draw(st.sampled_from([0.3, 1.0, 3.0])),
         padding_rows=draw(st.integers(0, 2)),
     )
-    return step, ref.Layout(w, k, bs)
+    return step, ref.ShardLayout(w, k, bs)
 
 
 # ---- formulas ---------------------------------------------------------------
@@ -184,7 +188,7 @@ DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @COMBINES
 @DTYPES
 def test_context_shorter_than_w(combine, dtype):
-    layout = ref.Layout(4, 1, 4)
+    layout = ref.ShardLayout(4, 1, 4)
     step = ref.random_step(torch.Generator().manual_seed(3), [2], [3], heads=8, dtype=dtype)
     step = replace(step, topk_ids=torch.tensor([[0, 1, -1, -1]] * 3, dtype=torch.int32))
     assert_parity(step, layout, combine, dtype)
@@ -198,7 +202,7 @@ def test_context_shorter_than_w(combine, dtype):
 @COMBINES
 @DTYPES
 def test_all_candidates_on_one_rank(combine, dtype):
-    layout = ref.Layout(4, 2, 4)
+    layout = ref.ShardLayout(4, 2, 4)
     gen = torch.Generator().manual_seed(4)
     step = ref.random_step(gen, [64, 40], [1, 3], heads=8, dtype=dtype, topk=8)
     ids = torch.arange(64)
@@ -218,7 +222,7 @@ def test_all_candidates_on_one_rank(combine, dtype):
 @COMBINES
 @DTYPES
 def test_all_minus_one_rows(combine, dtype):
-    layout = ref.Layout(2, 2, 4)
+    layout = ref.ShardLayout(2, 2, 4)
     step = ref.random_step(torch.Generator().manual_seed(5), [30], [4], heads=4, dtype=dtype)
     topk = step.topk_ids.clone()
     topk[1:3] = -1  # rows 1-2: no compressed candidate (row SWA may remain)
@@ -229,7 +233,7 @@ def test_all_minus_one_rows(combine, dtype):
 @COMBINES
 @DTYPES
 def test_sink_only_rows(combine, dtype):
-    layout = ref.Layout(4, 1, 2)
+    layout = ref.ShardLayout(4, 1, 2)
     step = ref.random_step(torch.Generator().manual_seed(6), [9], [3], heads=8, dtype=dtype)
     step = replace(
         step,
@@ -252,7 +256,7 @@ def test_ids_at_page_interleave_rank_boundaries(combine, w, k, bs):
     edges = {k - 1, k, k * w - 1, k * w, bs - 1, bs, span - 1, span, 2 * span - 1}
     n = 2 * span + 1
     ids = sorted(i for i in edges | {n - 1} if 0 <= i < n)
-    layout = ref.Layout(w, k, bs)
+    layout = ref.ShardLayout(w, k, bs)
     step = ref.random_step(torch.Generator().manual_seed(7), [n], [2], heads=2 * w, topk=len(ids))
     topk = torch.tensor([ids, ids[::-1]], dtype=torch.int32)
     step = replace(step, topk_ids=topk)
@@ -350,16 +354,16 @@ def test_neutral_swa_and_sink_helpers():
         assert g.tolist() == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
 
 
-def test_layout_rejects_interleave_straddling_a_page():
+def test_shard_layout_rejects_interleave_straddling_a_page():
     with pytest.raises(ValueError):
-        ref.Layout(2, 4, 6)
+        ref.ShardLayout(2, 4, 6)
 
 
 # ---- the checks can fail --------------------------------------------------------
 
 
 def sensitive_case():
-    layout = ref.Layout(2, 2, 4)
+    layout = ref.ShardLayout(2, 2, 4)
     step = ref.random_step(torch.Generator().manual_seed(10), [37, 20], [2, 1], heads=4)
     return step, layout
 
@@ -375,7 +379,7 @@ def sensitive_case():
 def test_parity_catches_a_planted_lookup_bug(monkeypatch, name, bug):
     step, layout = sensitive_case()
     assert_parity(step, layout, "ag_rs", torch.float32)  # sane before the plant
-    monkeypatch.setattr(ref, name, bug)
+    monkeypatch.setattr(attention, name, bug)
     with pytest.raises(AssertionError):
         assert_parity(step, layout, "ag_rs", torch.float32)
 
@@ -386,7 +390,7 @@ def test_parity_catches_sink_on_every_rank(monkeypatch, combine):
     step, layout = sensitive_case()
     real = ref.sparse_attention
     monkeypatch.setattr(
-        ref,
+        attention,
         "sparse_attention",
         lambda q, src, sc, vd, sink, dt: real(q, src, sc, vd, step.sink, dt),
     )
@@ -429,6 +433,53 @@ def test_prefill_check_catches_a_planted_remap_bug(monkeypatch):
         slot = (base + vblock * w + (off // k) % w) * bs + loff
         return torch.where(ids >= 0, slot, -1)
 
-    monkeypatch.setattr(ref, "prefill_remap", page_major)
+    monkeypatch.setattr(attention, "prefill_remap", page_major)
     with pytest.raises(AssertionError):
         check(gathered())
+
+
+# ---- the dcp room needs torch only --------------------------------------------------
+
+# tools/gpu_*.py run on a host with torch and Triton and nothing else (no click, no vLLM):
+# they, and everything under bakery/dcp/, may add only the stdlib to what torch imports.
+GPU_TOOLS = ("gpu_dcp_bench", "gpu_triton_kernels", "gpu_candidate_blocks")
+DCP_MODULES = (
+    "bakery.dcp",
+    "bakery.dcp.baked_kernels",
+    "bakery.dcp.reference",
+    "bakery.dcp.reference.attention",
+    "bakery.dcp.reference.candidates",
+    "bakery.dcp.reference.cases",
+    "bakery.dcp.reference.combine",
+    "bakery.dcp.reference.groups",
+    "bakery.dcp.reference.shards",
+)
+_NON_STDLIB_AFTER_TORCH = """
+import importlib, os, sys
+import torch, torch.distributed
+before = set(sys.modules)
+sys.path.insert(0, "tools")
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+new = {m.split(".")[0] for m in set(sys.modules) - before}
+ours = {"bakery"} | {m for m in new if os.path.exists(f"tools/{m}.py")}
+print(" ".join(sorted(new - set(sys.stdlib_module_names) - ours)))
+"""
+
+
+def non_stdlib_imports(*modules: str) -> set[str]:
+    """Top-level packages beyond the stdlib that importing ``modules`` adds to torch's own."""
+    run = subprocess.run(
+        [sys.executable, "-c", _NON_STDLIB_AFTER_TORCH, *modules],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return set(run.stdout.split())
+
+
+def test_the_dcp_room_and_the_gpu_tools_import_nothing_but_torch():
+    assert non_stdlib_imports(*DCP_MODULES, *GPU_TOOLS) <= {"triton"}
+    # the check sees a planted dependency (click: the CLI's, absent on the GPU host)
+    assert "click" in non_stdlib_imports(*DCP_MODULES, "click")

@@ -16,6 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from bakery.dcp import reference as ref
+from bakery.dcp.reference import attention  # where the planted bugs go
 from tests.test_dcp_reference import assert_parity, cases, run_dcp, run_dcp1
 
 ATOL = 2e-5  # fp32 reference against a float64 loop
@@ -52,7 +53,7 @@ def explicit_attention(step: ref.Step) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
-def assert_explicit(step: ref.Step, layout: ref.Layout, combine: str = "ag_rs") -> None:
+def assert_explicit(step: ref.Step, layout: ref.ShardLayout, combine: str = "ag_rs") -> None:
     """DCP1 and every rank of DCP W equal the explicit attention, head slice by slice."""
     want_out, want_lse = explicit_attention(step)
     dcp1 = run_dcp1(step, layout.page_size, torch.float32)
@@ -69,7 +70,7 @@ def case(w: int = 2, k: int = 2, page: int = 4, seed: int = 10, padding: int = 1
     step = ref.random_step(
         torch.Generator().manual_seed(seed), [37, 20], [2, 1], heads=2 * w, padding_rows=padding
     )
-    return step, ref.Layout(w, k, page)
+    return step, ref.ShardLayout(w, k, page)
 
 
 @pytest.mark.parametrize("combine", ["ag_rs", "a2a"])
@@ -94,7 +95,7 @@ def test_a_scale_bug_cancels_in_parity_but_not_against_the_explicit_softmax(monk
     def scale_off(q, sources, scale, v_dim, sink, dtype):
         return real(q, sources, scale * 1.01, v_dim, sink, dtype)
 
-    monkeypatch.setattr(ref, "sparse_attention", scale_off)
+    monkeypatch.setattr(attention, "sparse_attention", scale_off)
     assert_parity(step, layout, "ag_rs", torch.float32)  # both sides share the bug
     with pytest.raises(AssertionError):
         assert_explicit(step, layout)
@@ -114,7 +115,7 @@ def test_off_by_one_at_the_end_of_the_used_slots(monkeypatch):
     step, layout = case(padding=1)
     # The padding row keeps its ids but has lens 0: slot 0 is the one just past the end.
     assert not step.is_valid[-1] and (step.topk_ids[-1] >= 0).any()
-    monkeypatch.setattr(ref, "_gather", _gather_one_past_lens)
+    monkeypatch.setattr(attention, "_gather", _gather_one_past_lens)
     with pytest.raises(AssertionError):
         assert_explicit(step, layout)
 
@@ -128,7 +129,7 @@ def test_off_by_one_at_the_virtual_block_boundary(monkeypatch):
     def last_of_block_moves(ids, w, k):  # only ids at the end of a virtual block
         return real(ids, w, k) + (ids % (k * w) == k * w - 1).long()
 
-    monkeypatch.setattr(ref, "local_index", last_of_block_moves)
+    monkeypatch.setattr(attention, "local_index", last_of_block_moves)
     with pytest.raises(AssertionError):
         assert_explicit(step, layout)
 
@@ -143,7 +144,7 @@ def test_wrong_on_the_last_rank_only(monkeypatch):
             lens = (lens - 1).clamp_min(0)
         return slots, lens
 
-    monkeypatch.setattr(ref, "filter_and_convert", last_rank_drops_one)
+    monkeypatch.setattr(attention, "filter_and_convert", last_rank_drops_one)
     with pytest.raises(AssertionError):
         assert_explicit(step, layout)
     with pytest.raises(AssertionError):
@@ -152,7 +153,7 @@ def test_wrong_on_the_last_rank_only(monkeypatch):
 
 def test_wrong_only_when_k_above_1(monkeypatch):
     """patch 09's "loff drops * K" slip: right at K == 1, so K > 1 cases must exist."""
-    monkeypatch.setattr(ref, "local_index", lambda ids, w, k: (ids // (k * w)) + ids % k)
+    monkeypatch.setattr(attention, "local_index", lambda ids, w, k: (ids // (k * w)) + ids % k)
     assert_explicit(*case(w=2, k=1, page=4))  # invisible at K == 1
     with pytest.raises(AssertionError):
         assert_explicit(*case(w=2, k=2, page=4))

@@ -161,7 +161,7 @@ def test_verbatim_check_catches_a_kernel_that_is_not_the_file(synthetic):
 
 def test_filter_comparison_flags_a_wrong_row():
     gen = torch.Generator().manual_seed(0)
-    layout = ref.Layout(2, 2, 16)
+    layout = ref.ShardLayout(2, 2, 16)
     ids = gtk.filter_rows(gen, layout, 64, 4)
     assert (ids == -1).all(dim=1).any(), "an all -1 row"
     owners = ref.owner_rank(ids.long().clamp_min(0), 2, 2)

@@ -25,7 +25,7 @@ from _launch_support import (
 
 from bakery.cli.launch import main
 from bakery.cli.root import main as bakery_main
-from bakery.launch import doctor, lifecycle, preflight
+from bakery.launch import doctor, lifecycle, preflight, run_record
 from bakery.launch.errors import LaunchError
 from bakery.launch.gates import load_gate_table
 from bakery.launch.plan import make_plan
@@ -101,7 +101,7 @@ def test_logs_prints_the_newest_runs_log(capsys, tmp_path):
 def test_logs_follow_prints_until_the_run_ends(capsys, tmp_path):
     art = tmp_path / "art"
     plan = shell_plan(art, "echo one; sleep 1; echo two; sleep 1; echo three")
-    record = lifecycle.new_record(plan)
+    record = run_record.new_record(plan)
     proc, write_fd = lifecycle._spawn(plan, record, 1.0)
     os.write(write_fd, b"detach\n")
     os.close(write_fd)

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from _launch_support import REPO, RUN_SH, free_port, marked, run_sh, wait_until
 
-from bakery.launch.lifecycle import group_members
+from bakery.launch.processes import group_members
 from bakery.verify import (
     CaptureSettings,
     ParityGates,

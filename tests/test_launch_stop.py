@@ -21,7 +21,7 @@ import pytest
 from _launch_support import PROFILES, PYTHON, REPO, SERIES, marked, wait_until
 
 from bakery.cli.launch import main
-from bakery.launch import lifecycle
+from bakery.launch import lifecycle, processes, run_record
 from bakery.launch.gates import load_gate_table
 from bakery.launch.plan import make_plan
 from bakery.launch.profiles import load_profile
@@ -45,10 +45,10 @@ def run(art, shell: str, profile: str = "cpu-tiny"):
         artifacts=art,
     )
     plan = dataclasses.replace(plan, command=("/bin/sh", "-c", shell))
-    record = lifecycle.new_record(plan)
+    record = run_record.new_record(plan)
     proc, write_fd = lifecycle._spawn(plan, record, 2.0)
     _SPAWNED.append(proc.pid)
-    lifecycle._write_pid(record, plan, proc)
+    run_record.write_pid(record, plan, proc)
     os.write(write_fd, b"detach\n")  # as start does once the server is ready
     os.close(write_fd)
     run_id = f"{profile}/{record.run_dir.name}"
@@ -161,7 +161,7 @@ def test_a_matching_pid_and_start_time_of_an_unrelated_process_is_left_alone(cap
         stop(capsys, art)  # the real run goes; its record is gone
         assert wait_until(lambda: not marked(run_id), 10)
         data["pgid"] = stranger.pid
-        data["start_ticks"] = lifecycle.start_ticks(stranger.pid)
+        data["start_ticks"] = processes.start_ticks(stranger.pid)
         record.pid_file.write_text(json.dumps(data))
         code, out = stop(capsys, art)
         assert code == 0
@@ -180,8 +180,8 @@ def test_a_run_recorded_before_the_command_line_was_kept_is_still_stopped(capsys
     try:
         run_dir = art / "cpu-tiny" / "20261130T000000Z"
         run_dir.mkdir(parents=True)
-        pid = {"pgid": old_server.pid, "start_ticks": lifecycle.start_ticks(old_server.pid)}
-        (run_dir / lifecycle.PID_FILE).write_text(json.dumps({**pid, "profile": "cpu-tiny"}))
+        pid = {"pgid": old_server.pid, "start_ticks": processes.start_ticks(old_server.pid)}
+        (run_dir / run_record.PID_FILE).write_text(json.dumps({**pid, "profile": "cpu-tiny"}))
         code, out = stop(capsys, art)
         assert code == 0
         assert f"cpu-tiny: stopped process group {old_server.pid}" in out

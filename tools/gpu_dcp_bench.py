@@ -144,9 +144,9 @@ def parity(group: ref.TorchGroup, device: torch.device, quick: bool) -> list[dic
                 dtype=dtype,
                 padding_rows=1,
             )
-            layout = ref.Layout(w, k, 64)
+            layout = ref.ShardLayout(w, k, 64)
             caches = ref.build_caches(step.states, layout, gen)
-            dcp1_cache = ref.build_caches(step.states, ref.Layout(1, 1, 64), gen)[0]
+            dcp1_cache = ref.build_caches(step.states, ref.ShardLayout(1, 1, 64), gen)[0]
             step_d = step.to(device)
             dcp1 = ref.dcp1_attention(step_d, dcp1_cache.to(device), dtype)
             heads = slice(rank * h, (rank + 1) * h)

@@ -74,13 +74,13 @@ def load(baked: Path) -> Loaded:
 # ---- check a: filter and convert --------------------------------------------
 
 
-def _owned_by(gen: torch.Generator, rank: int, layout: ref.Layout, hi: int, n: int):
+def _owned_by(gen: torch.Generator, rank: int, layout: ref.ShardLayout, hi: int, n: int):
     ids = torch.randperm(hi, generator=gen)
     ids = ids[ref.owner_rank(ids, layout.world_size, layout.interleave) == rank]
     return ids[:n]
 
 
-def filter_rows(gen: torch.Generator, layout: ref.Layout, topk: int, width: int):
+def filter_rows(gen: torch.Generator, layout: ref.ShardLayout, topk: int, width: int):
     """Rows of global ids: random with -1 tail, full, empty, single-owner, off-table."""
     span = width * layout.page_size * layout.world_size  # ids the table covers
     w = layout.world_size
@@ -111,7 +111,7 @@ def _compare_filter(out, counts, ref_out, ref_counts) -> dict[str, Any]:
 
 def check_filter(ns, device, world: int, k: int, page: int, topk: int, seed: int):
     gen = torch.Generator().manual_seed(seed)
-    layout = ref.Layout(world, k, page)
+    layout = ref.ShardLayout(world, k, page)
     # Wide enough that a full row fits the table; small pages give many pages.
     width, reqs = max(3, -(-2 * topk // (page * world))), 2
     ids = filter_rows(gen, layout, topk, width)

@@ -19,7 +19,7 @@ import click
 from bakery import project
 from bakery.bake.bake import tree_dir
 from bakery.cli.boundary import run_command
-from bakery.launch import lifecycle, preflight
+from bakery.launch import lifecycle, preflight, run_record
 from bakery.launch.gates import load_gate_table
 from bakery.launch.plan import make_plan, render_plan
 from bakery.launch.profiles import BACKENDS, load_profile, override
@@ -284,17 +284,17 @@ launch.add_command(doctor_cmd)
 @click.option("--profile", "profile", help="Only this profile's runs (default: all).")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing while the run lives.")
 @click.option(
-    "-n", "--lines", type=click.IntRange(0), default=lifecycle.TAIL_LINES, show_default=True
+    "-n", "--lines", type=click.IntRange(0), default=run_record.TAIL_LINES, show_default=True
 )
 @_paths
 def logs_cmd(profile, follow, lines, artifacts) -> None:
     """The newest run's server log (serve.log); -f follows it until the run ends."""
-    log = lifecycle.latest_log(artifacts, _profile_name(profile))
+    log = run_record.latest_log(artifacts, _profile_name(profile))
     _say(f"log: {log}")
     if follow:
-        lifecycle.follow(log, lines, lambda text: click.echo(text, nl=False))
+        run_record.follow(log, lines, lambda text: click.echo(text, nl=False))
     else:
-        click.echo(lifecycle.tail(log, lines))
+        click.echo(run_record.tail(log, lines))
 
 
 @launch.command("matrix")

@@ -156,6 +156,7 @@ class JitKernelStandIn:
 
     _warming = False
     bind_launch_inputs = True
+    kernel: Any  # the Triton JIT function; each baked subclass sets it
 
     def __class_getitem__(cls, _key: Any) -> type:
         return cls
@@ -219,14 +220,14 @@ def build_namespace(ex: Extracted, provided: Mapping[str, Any]) -> dict[str, Any
     flags = annotations.compiler_flag  # the __future__ feature; sparse_utils lacks it
     imports = ast.Module(body=ex.imports, type_ignores=[])
     exec(compile(imports, str(ex.path), "exec", flags=flags, dont_inherit=True), ns)
-    for name, module in ex.vllm_names.items():
-        ns[name] = provided.get(name, Unavailable(name, module))
+    for name, vllm_module in ex.vllm_names.items():
+        ns[name] = provided.get(name, Unavailable(name, vllm_module))
     body = ast.Module(body=ex.nodes, type_ignores=[])
     exec(compile(body, str(ex.path), "exec", flags=flags, dont_inherit=True), ns)
     return ns
 
 
-def _jit_types() -> tuple[type, ...]:
+def _jit_types() -> tuple[Any, ...]:  # Any: triton ships no types; .fn is read below
     import triton
     import triton.runtime.interpreter as interpreter
 
@@ -323,7 +324,10 @@ def verify_verbatim(ex: Extracted, ns: Mapping[str, Any]) -> dict[str, bool]:
         src = getattr(fn, "src", None)
         if src is None:  # the interpreter keeps no ``src``; getsource includes decorators
             src = textwrap.dedent(inspect.getsource(fn.fn))
-            src = src[re.search(r"^def ", src, re.MULTILINE).start() :]
+            start = re.search(r"^def ", src, re.MULTILINE)
+            if start is None:
+                raise ValueError(f"no def in the source Triton kept for {label}")
+            src = src[start.start() :]
         same_src = src.strip() == _def_source(ex, fn.fn.__name__).strip()
         result[label] = same_src and fn.fn.__code__.co_filename == str(ex.path)
     return result

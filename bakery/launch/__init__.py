@@ -10,8 +10,9 @@ vLLM's own (``--nnodes``/``--node-rank``/``--master-addr`` or Ray), not ours.
 
 Modules: ``gates`` (the stage table from stages.toml), ``profiles`` (profile
 files and flag overrides), ``plan`` (the command and env), ``preflight`` (every
-refusal, all reported in one run), ``lifecycle`` (start/stop/status, records),
-``cli`` (the click group), and two stdlib-only scripts run by the serving
+refusal, all reported in one run), ``lifecycle`` (start/stop/status),
+``run_record`` (the record each run leaves, read back by stop/status/logs),
+``processes`` (process groups and run markers), and two stdlib-only scripts run by the serving
 Python: ``probe`` (where vllm imports from, does it accept the flags) and
 ``keeper`` (holds the process group, tears it down when the launcher dies).
 """

@@ -22,9 +22,10 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 _lock = threading.Lock()
-_state = {"child": None, "down": False}
+_state: dict[str, Any] = {"child": None, "down": False}
 _finished = threading.Event()
 
 

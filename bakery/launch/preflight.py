@@ -122,11 +122,11 @@ def _gpu_problems(
 
 
 def _probe_problems(plan: LaunchPlan, probe: dict | None, error: str | None) -> list[Problem]:
-    if error is not None:
+    if error is not None or probe is None:
         return [
             Problem(
                 "cannot run the serving Python",
-                error,
+                error or "the probe gave no answer",
                 str(plan.python),
                 "check --python and the baked tree",
             )
@@ -268,7 +268,7 @@ def run_preflight(plan: LaunchPlan, table: GateTable, series: Series, build: Pat
         probe, probe_error = run_probe(plan), None
     except (OSError, ValueError) as exc:
         probe, probe_error = None, str(exc)
-    tree: Path | None
+    tree: Path | None  # the tree that serves: the baked one, or the installed wheel's
     baked: Path | None
     if plan.tree is not None:
         tree, baked = plan.tree, plan.tree / MANIFEST

@@ -16,6 +16,7 @@ import importlib.util
 import io
 import json
 import sys
+from typing import Any
 
 MARKER = "BAKERY_PROBE"
 # The parsed values preflight checks (bakery.launch.vllm_args reads the same
@@ -68,7 +69,7 @@ def _parse(module, args):
 
 def main(argv):
     module, args = argv[0], argv[1:]
-    out = {"vllm_file": None, "vllm_version": None, "torch_version": None}
+    out: dict[str, Any] = {"vllm_file": None, "vllm_version": None, "torch_version": None}
     try:
         import vllm
     except Exception as exc:  # reported: it is the answer

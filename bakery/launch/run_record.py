@@ -1,0 +1,279 @@
+"""The record each run leaves, and reading it back.
+
+A run folder ``artifacts/dcp2/<profile>/<UTC timestamp>/`` holds serve_command.sh
+(the exact vLLM command, re-runnable), run_environment.json (versions, baked tree,
+GPUs, env), serve.log and, while the server lives, server.pid: the process group,
+the leader's start time and its whole command line. ``lifecycle`` writes it at
+start; stop, status and logs read it back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shlex
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from bakery import __version__
+from bakery.bake.manifest import MANIFEST
+from bakery.clock import FOLDER, ISO, utc_stamp
+from bakery.launch.errors import LaunchError
+from bakery.launch.model_config import candidate_blocks
+from bakery.launch.plan import LaunchPlan
+from bakery.launch.preflight import Facts
+from bakery.launch.processes import cmdline, launched, start_ticks
+from bakery.tree import write_json_atomic
+
+__all__ = [
+    "Record",
+    "Running",
+    "new_record",
+    "write_record",
+    "write_pid",
+    "recorded",
+    "read_pid",
+    "tail",
+    "latest_log",
+    "follow",
+]
+
+PID_FILE = "server.pid"
+LOG_FILE = "serve.log"
+TAIL_LINES = 40
+_INHERITED = ("CUDA_", "NCCL_", "VLLM_", "HF_", "TORCH_", "OMP_", "GLOO_", "DSV41_", "RAY_")
+_SECRET = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One run's folder; its log and pid file live at fixed names inside."""
+
+    run_dir: Path
+
+    @property
+    def log(self) -> Path:
+        return self.run_dir / LOG_FILE
+
+    @property
+    def pid_file(self) -> Path:
+        return self.run_dir / PID_FILE
+
+
+@dataclass(frozen=True)
+class Running:
+    """One pid file, read back: the group, the leader's identity, where it serves.
+
+    ``error``: why the pid file could not be read (the run's processes are still
+    found by their marker); the other fields are then placeholders.
+    """
+
+    pid_file: Path
+    pgid: int
+    start_ticks: int
+    url: str | None
+    profile: str
+    # None: a pid file from before the command line was recorded (checked by start time alone)
+    cmdline: tuple[str, ...] | None = ()
+    error: str | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        return self.pid_file.parent
+
+    @property
+    def leader_verified(self) -> bool:
+        """The recorded leader is alive and is the process the launcher started."""
+        if self.error or self.pgid <= 0 or start_ticks(self.pgid) != self.start_ticks:
+            return False
+        if self.cmdline is None:
+            return True
+        return tuple(cmdline(self.pgid) or ()) == self.cmdline
+
+    @property
+    def alive(self) -> bool:
+        return self.leader_verified or bool(launched(self.run_dir))
+
+
+# ---- writing -------------------------------------------------------------------------
+
+
+def new_record(plan: LaunchPlan) -> Record:
+    stamp = utc_stamp(FOLDER)
+    for n in range(1, 100):
+        run_dir = plan.artifacts / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            run_dir.mkdir(parents=True)
+            return Record(run_dir)
+        except FileExistsError:
+            continue
+    raise LaunchError(f"cannot make a fresh run folder (100 taken): {str(plan.artifacts)!r}")
+
+
+def inherited_env() -> dict[str, str]:
+    """The caller's variables that shape a run (secrets left out by name)."""
+    return {
+        k: v
+        for k, v in sorted(os.environ.items())
+        if k.startswith(_INHERITED) and not any(s in k.upper() for s in _SECRET)
+    }
+
+
+def command_script(plan: LaunchPlan, run_id: str) -> str:
+    q = shlex.quote
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# {plan.profile.name}: the exact vLLM command of run {run_id}, re-runnable.",
+        "# Inherited from the caller's environment (secrets left out):",
+    ]
+    lines += [f"export {k}={q(v)}" for k, v in inherited_env().items()]
+    lines += ["# Set by the launcher:"]
+    lines += [f"export {k}={q(v)}" for k, v in plan.env]
+    lines += [f"export BAKERY_LAUNCH_RUN={q(run_id)}", "set -euo pipefail"]
+    lines += [f"cd {q(str(plan.cwd))}"]
+    lines.append("exec " + " ".join(q(a) for a in plan.command))
+    return "\n".join(lines) + "\n"
+
+
+def _baked(plan: LaunchPlan, facts: Facts) -> dict:
+    path = facts.manifest or (plan.tree / MANIFEST if plan.tree else None)
+    if path is None:
+        return {"path": None, "error": "no BAKED.json found"}
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        return {"path": str(path), "error": exc.strerror}
+    data = json.loads(raw)
+    return {
+        "path": str(path),
+        "sha256": hashlib.sha256(raw).hexdigest(),
+        "series_sha256": data["series"]["sha256"],
+        "series": data["series"]["name"],
+        "base": data["base"]["requirement"],
+    }
+
+
+def environment(plan: LaunchPlan, facts: Facts, argv: list[str]) -> dict:
+    probe = facts.probe or {}
+    server_env = {**os.environ, **dict(plan.env)}
+    return {
+        "created_utc": utc_stamp(ISO),
+        "profile": plan.profile.name,
+        "profile_source": str(plan.profile.source),
+        "profile_text": plan.profile.source.read_text(),
+        "launcher_argv": argv,
+        "host": platform.node(),
+        "versions": {
+            "python": platform.python_version(),
+            "bakery": __version__,
+            "vllm": probe.get("vllm_version"),
+            "torch": probe.get("torch_version"),
+        },
+        "python": str(plan.python),
+        "vllm_file": probe.get("vllm_file"),
+        "baked": _baked(plan, facts),
+        "gpus": [g.__dict__ for g in facts.gpus] if facts.gpus is not None else None,
+        "supported_heads": list(facts.heads) if facts.heads else None,
+        "candidate_source_layer_id": (
+            candidate_blocks(facts.model_config) if facts.model_config else None
+        ),
+        "dsv41": {k: v for k, v in sorted(server_env.items()) if k.startswith("DSV41_")},
+        "env_set": dict(plan.env),
+        "inherited_env": inherited_env(),
+        "command": list(plan.command),
+        "url": None if plan.headless else plan.url,
+    }
+
+
+def write_record(record: Record, plan: LaunchPlan, facts: Facts, argv: list[str]) -> None:
+    run_id = f"{plan.profile.name}/{record.run_dir.name}"
+    script = record.run_dir / "serve_command.sh"
+    script.write_text(command_script(plan, run_id))
+    script.chmod(0o755)
+    env = environment(plan, facts, argv)
+    (record.run_dir / "run_environment.json").write_text(json.dumps(env, indent=2) + "\n")
+
+
+def write_pid(record: Record, plan: LaunchPlan, proc: subprocess.Popen) -> None:
+    assert isinstance(proc.args, list), proc.args  # _spawn passes an argv list
+    data = {
+        "pgid": proc.pid,
+        "start_ticks": start_ticks(proc.pid),
+        "cmdline": list(proc.args),
+        "url": None if plan.headless else plan.url,
+        "profile": plan.profile.name,
+        "run_dir": str(record.run_dir),
+        "command": list(plan.command),
+    }
+    write_json_atomic(record.pid_file, data)  # stop and status never read half a file
+
+
+# ---- reading back ----------------------------------------------------------------------
+
+
+def recorded(artifacts: Path, profile: str | None) -> list[Running]:
+    """Every pid file under ``artifacts`` (``artifacts/<profile>/<stamp>/server.pid``)."""
+    pattern = f"{profile or '*'}/*/{PID_FILE}"
+    # Resolved: the run marker in each process holds the absolute run folder.
+    return [read_pid(path) for path in sorted(Path(artifacts).resolve().glob(pattern))]
+
+
+def read_pid(path: Path) -> Running:
+    try:
+        data = json.loads(path.read_bytes())
+        return Running(
+            path,
+            int(data["pgid"]),
+            int(data["start_ticks"] or -1),
+            data.get("url"),
+            str(data.get("profile", "?")),
+            tuple(str(a) for a in data["cmdline"]) if "cmdline" in data else None,
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        why = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
+        return Running(path, -1, -1, None, path.parent.parent.name, error=why[:200])
+
+
+def tail(path: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        with open(path, errors="replace") as handle:
+            return "".join(deque(handle, maxlen=lines)).rstrip()
+    except OSError as exc:
+        return f"(no log: {exc.strerror})"
+
+
+def latest_log(artifacts: Path, profile: str | None) -> Path:
+    """The serve.log of the newest recorded run (of ``profile``); raises LaunchError."""
+    runs = sorted(Path(artifacts).glob(f"{profile or '*'}/*/{LOG_FILE}"), key=_run_order)
+    if not runs:
+        raise LaunchError(
+            f"no run recorded under {artifacts}" + (f" for {profile}" if profile else ""),
+            hint="start one with `run.sh start`, or point at the runs with "
+            "`run.sh logs --artifacts DIR`",
+        )
+    return runs[-1]
+
+
+def _run_order(log: Path) -> tuple[str, str]:
+    return (log.parent.name, log.parent.parent.name)  # UTC stamps sort in time order
+
+
+def follow(log: Path, lines: int, write, poll_s: float = 0.5) -> None:
+    """Write the last ``lines`` of ``log``, then what is appended while the run lives."""
+    write(tail(log, lines) + "\n")
+    run_dir = log.parent
+    with open(log, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        while True:
+            chunk = handle.read()
+            if chunk:
+                write(chunk.decode(errors="replace"))
+            elif not launched(run_dir):
+                return  # the run is over and its log fully shown
+            else:
+                time.sleep(poll_s)
