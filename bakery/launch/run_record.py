@@ -28,7 +28,7 @@ from bakery.launch.model_config import candidate_blocks
 from bakery.launch.plan import LaunchPlan
 from bakery.launch.preflight import Facts
 from bakery.launch.processes import cmdline, launched, start_ticks
-from bakery.tree import write_json_atomic
+from bakery.tree import write_atomic, write_json_atomic
 
 __all__ = [
     "Record",
@@ -192,11 +192,9 @@ def environment(plan: LaunchPlan, facts: Facts, argv: list[str]) -> dict:
 
 def write_record(record: Record, plan: LaunchPlan, facts: Facts, argv: list[str]) -> None:
     run_id = f"{plan.profile.name}/{record.run_dir.name}"
-    script = record.run_dir / "serve_command.sh"
-    script.write_text(command_script(plan, run_id))
-    script.chmod(0o755)
-    env = environment(plan, facts, argv)
-    (record.run_dir / "run_environment.json").write_text(json.dumps(env, indent=2) + "\n")
+    script = command_script(plan, run_id).encode()
+    write_atomic(record.run_dir / "serve_command.sh", script, mode=0o755)
+    write_json_atomic(record.run_dir / "run_environment.json", environment(plan, facts, argv))
 
 
 def write_pid(record: Record, plan: LaunchPlan, proc: subprocess.Popen) -> None:
