@@ -32,10 +32,11 @@ bake: $(VENV)/.tool
 bake-cpu: $(VENV)/.tool
 	$(PY) -m bakery bake --base cpu
 
-# Code lint, then Electron's "patches are up to date" check: every patch applies
+# Code lint and types, then Electron's "patches are up to date" check: every patch applies
 # exactly to the pin, in order, and is byte-identical to what `bakery refresh` writes.
 lint: $(VENV)/.test
 	$(PY) -m ruff check bakery tools tests
+	$(PY) -m mypy
 	$(PY) -m bakery refresh --check
 
 test: $(VENV)/.test lint
@@ -71,4 +72,4 @@ bench-gpu:
 	python3 tools/gpu_triton_kernels.py build/baked-cpu --out $${OUT:-artifacts/gpu-dcp}
 
 clean:
-	rm -rf build artifacts .pytest_cache .ruff_cache
+	rm -rf build artifacts .pytest_cache .ruff_cache .mypy_cache
