@@ -32,7 +32,6 @@ import argparse
 import json
 import math
 import os
-import socket
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,13 +39,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpu_triton_kernels as gtk  # noqa: E402
 
 from bakery import markdown as md  # noqa: E402
+from bakery.dcp import ranks  # noqa: E402
 from bakery.dcp import reference as ref  # noqa: E402
 from bakery.dcp.baked_kernels import load_file  # noqa: E402
 
@@ -57,11 +56,6 @@ ROOTS = (
     "select_candidate_blocks_dcp",
     "apply_candidate_mask_dcp",
 )
-SAFE_ENV = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
 
 
 @dataclass(frozen=True)
@@ -361,14 +355,8 @@ def graph_check(select, out: torch.Tensor, loc: torch.Tensor) -> bool | str:
 
 
 def worker(rank: int, w: int, port: int, args: argparse.Namespace) -> None:
-    os.environ.update(SAFE_ENV, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    cuda = args.device == "cuda"
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group(
-        "nccl" if cuda else "gloo", rank=rank, world_size=w, device_id=device if cuda else None
-    )
+    device = ranks.join(rank, w, port, cuda=args.device == "cuda")
+    cuda = device.type == "cuda"
     try:
         ns, report = load_file(Path(args.baked), CANDIDATES, ROOTS)
         verbatim = report["kernels_verbatim"]
@@ -480,11 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small shapes (dry run)")
     ap.add_argument("--out", default=os.environ.get("OUT", "artifacts/gpu-candidates"))
     args = ap.parse_args(argv)
-    os.environ.update(SAFE_ENV)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(worker, args=(args.world_size, port, args), nprocs=args.world_size, join=True)
+    ranks.spawn(worker, args.world_size, args)
     res = json.loads((Path(args.out) / "gpu_candidate_blocks.json").read_text())
     return 0 if res["ok"] else 1
 

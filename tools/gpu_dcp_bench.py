@@ -28,31 +28,23 @@ Writes gpu_dcp_bench.json and gpu_dcp_bench.md to --out.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import socket
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bakery import markdown as md  # noqa: E402
 from bakery.clock import MINUTE, utc_stamp  # noqa: E402
+from bakery.dcp import ranks  # noqa: E402
 from bakery.dcp import reference as ref  # noqa: E402
 from bakery.dcp.baked_kernels import DCP_OPS, load_file  # noqa: E402
 
-# NVLink multicast off in NCCL, PyTorch and NVSHMEM: the GPU hosts we borrow are shared,
-# and a program that uses multicast there can take every GPU of the host out of service.
-SAFE_ENV = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
 HEAD_DIM = 512
 PARITY_TOL = {torch.bfloat16: (3e-2, 1e-4), torch.float32: (1e-5, 1e-4)}
 # What patch 09's _run_sm120_dcp calls (and CPTritonContext, one per layer).
@@ -81,10 +73,10 @@ def time_us(fn, device: torch.device, iters: int, repeats: int) -> float:
             end.synchronize()
             samples.append(start.elapsed_time(end) * 1e3 / iters)
         else:
-            t0 = datetime.datetime.now()
+            t0 = time.perf_counter()
             for _ in range(iters):
                 fn()
-            samples.append((datetime.datetime.now() - t0).total_seconds() * 1e6 / iters)
+            samples.append((time.perf_counter() - t0) * 1e6 / iters)
     return statistics.median(samples)
 
 
@@ -365,12 +357,7 @@ def kernel_bench(group: CollectiveGroup, device: torch.device, quick: bool, ns: 
 
 
 def worker(rank: int, w: int, port: int, args: argparse.Namespace) -> None:
-    os.environ.update(SAFE_ENV, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    cuda = args.device == "cuda"
-    if cuda:
-        torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=w)
+    device = ranks.join(rank, w, port, cuda=args.device == "cuda")
     try:
         group = ref.TorchGroup()
         result: dict = {}
@@ -576,13 +563,9 @@ def main() -> None:
         ap.error("--kernels-only needs --baked TREE")
     if args.baked and not (Path(args.baked) / DCP_OPS).is_file():
         ap.error(f"--baked {args.baked}: no {DCP_OPS} there (carry the baked file)")
-    os.environ.update(SAFE_ENV)
     if args.device == "cpu":  # the real Triton kernels run on CPU only interpreted
         os.environ["TRITON_INTERPRET"] = "1"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(worker, args=(args.world_size, port, args), nprocs=args.world_size, join=True)
+    ranks.spawn(worker, args.world_size, args)
     bad = failures(json.loads((Path(args.out) / "gpu_dcp_bench.json").read_text()))
     for line in bad:
         print(f"FAILED: {line}", file=sys.stderr)
