@@ -561,6 +561,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.kernels_only and not args.baked:
         ap.error("--kernels-only needs --baked TREE")
+    if args.world_size < 2:  # vLLM's combine returns early at W=1 (it is never called there)
+        ap.error(f"--world-size {args.world_size}: a DCP combine needs 2 ranks or more")
     if args.baked and not (Path(args.baked) / DCP_OPS).is_file():
         ap.error(f"--baked {args.baked}: no {DCP_OPS} there (carry the baked file)")
     if args.device == "cpu":  # the real Triton kernels run on CPU only interpreted
