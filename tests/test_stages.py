@@ -4,10 +4,11 @@ import shutil
 import tomllib
 from pathlib import Path
 
-from bakery.series.series import DEFAULT_SERIES, load_series
+from bakery import project
+from bakery.series.series import load_series
 from bakery.series.stages import load_stages, plan_table, render_table, stage_table_problems
 
-ROOT = Path(__file__).resolve().parents[1] / DEFAULT_SERIES
+ROOT = Path(__file__).resolve().parents[1] / project.SERIES
 
 
 def test_plan_table_is_generated_from_stages_toml():

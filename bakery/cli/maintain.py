@@ -24,7 +24,7 @@ from bakery.maintain import rebase_loop, refresh
 from bakery.maintain import status as status_mod
 from bakery.maintain.rebase_loop import refuse_during_rebase
 from bakery.series.diff import render_file_diff
-from bakery.series.series import DEFAULT_SERIES, load_series
+from bakery.series.series import load_series
 from bakery.tree import read_file, write_atomic
 
 
@@ -134,7 +134,7 @@ def _refuse_if_series_moved(series, base_key: str, tree: Path, build: Path) -> N
         for line in moved:
             click.echo(line, err=True)
         # The way out names this series and build folder, wherever they are.
-        where = "" if series.root == project.root() / DEFAULT_SERIES else f" --series {series.root}"
+        where = "" if series.root == project.root() / project.SERIES else f" --series {series.root}"
         where += "" if build == project.root() / "build" else f" --build {build}"
         raise BakeryError(
             f"the series changed after {tree} was baked: refresh would undo that change",

@@ -20,7 +20,7 @@ from bakery.cli.maintain import rebase_cmd, rebase_matrix_cmd, refresh_cmd, stat
 from bakery.cli.series import apply_cmd, stages_cmd
 from bakery.cli.verify import verify
 from bakery.errors import BakeryError
-from bakery.series.series import DEFAULT_SERIES, load_series
+from bakery.series.series import load_series
 
 
 def _print_version(ctx, param, value) -> None:
@@ -29,7 +29,7 @@ def _print_version(ctx, param, value) -> None:
         return
     click.echo(f"bakery {__version__}")
     try:
-        series = load_series(project.root() / DEFAULT_SERIES)
+        series = load_series(project.root() / project.SERIES)
     except BakeryError as exc:
         click.echo(f"series: none ({exc})")
         ctx.exit(0)

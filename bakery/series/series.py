@@ -20,6 +20,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
+from bakery import project
 from bakery.errors import SeriesError, UnsafePathError
 from bakery.schema import Document, decode, read_toml, refuse
 from bakery.series.diff import Patch, parse_patch
@@ -34,10 +35,8 @@ __all__ = [
     "SeriesDoc",
     "PinDoc",
     "is_sha256",
-    "DEFAULT_SERIES",
 ]
 
-DEFAULT_SERIES = Path("patches/dcp2")
 _PATCH_NAME = re.compile(r"^(?P<number>\d{2,})-(?P<slug>[^/\\\0]+)\.diff$")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 # The package is a folder of the wheel (import names joined by '/'); the series
@@ -300,7 +299,7 @@ def _entries(root: Path, docs: list[PatchDoc], where: str) -> tuple[PatchEntry, 
     return tuple(sorted(entries, key=lambda e: e.number))
 
 
-def load_series(root: Path = DEFAULT_SERIES) -> Series:
+def load_series(root: Path = project.SERIES) -> Series:
     root = Path(root)
     where = str(root / "series.toml")
     if not (root / "series.toml").exists():

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from bakery import markdown
+from bakery import markdown, project
 from bakery.errors import SeriesError
 from bakery.schema import Document, load_toml
-from bakery.series.series import DEFAULT_SERIES, load_series
+from bakery.series.series import load_series
 from bakery.tree import write_atomic
 
 __all__ = [
@@ -36,7 +36,7 @@ __all__ = [
 
 BEGIN = "<!-- stages:begin (generated from stages.toml by bakery stages --write) -->"
 END = "<!-- stages:end -->"
-_HINT = f"see {DEFAULT_SERIES}/stages.toml for the fields, their types and the rules"
+_HINT = f"see {project.SERIES}/stages.toml for the fields, their types and the rules"
 
 
 # stages.toml's schema, the one place that knows its shape. [[stages]] is this module's;
@@ -85,7 +85,7 @@ class Stage:
     patches: tuple[str, ...]
 
 
-def read_stages_doc(root: Path = DEFAULT_SERIES) -> StagesDoc:
+def read_stages_doc(root: Path = project.SERIES) -> StagesDoc:
     """``root/stages.toml`` decoded, types and field names checked (not yet the rules)."""
     where = Path(root) / "stages.toml"
     if not where.exists():
@@ -93,7 +93,7 @@ def read_stages_doc(root: Path = DEFAULT_SERIES) -> StagesDoc:
     return load_toml(where, StagesDoc, error=SeriesError, hint=_HINT)
 
 
-def load_stages(root: Path = DEFAULT_SERIES) -> tuple[Stage, ...]:
+def load_stages(root: Path = project.SERIES) -> tuple[Stage, ...]:
     """The stages 1..N of ``root/stages.toml``, in order, each checked for shape."""
     return stages_of(read_stages_doc(root), Path(root) / "stages.toml")
 
@@ -149,7 +149,7 @@ def plan_table(plan_text: str) -> str:
     return plan_text[start + len(BEGIN) : end].strip()
 
 
-def stage_table_problems(root: Path = DEFAULT_SERIES) -> list[str]:
+def stage_table_problems(root: Path = project.SERIES) -> list[str]:
     """Problems between stages.toml, PLAN.md and series.toml (empty when consistent).
 
     PLAN.md's table must equal the rendered one; every patch a stage names must
