@@ -19,6 +19,7 @@ import click
 from bakery import project
 from bakery.bake.bake import tree_dir
 from bakery.cli.boundary import run_command
+from bakery.cli.options import under_root
 from bakery.launch import lifecycle, preflight, run_record
 from bakery.launch.gates import load_gate_table
 from bakery.launch.plan import make_plan, render_plan
@@ -69,21 +70,12 @@ def _root() -> Path:
     return project.root().resolve()
 
 
-def _under_root(default: Path):
-    """A click callback: an option left out means ``default`` under the project root."""
-
-    def resolve(ctx, param, value):
-        return value if value is not None else _root() / default
-
-    return resolve
-
-
 def _dir_option(name: str, dest: str, default: Path, **kwargs):
     return click.option(
         name,
         dest,
         type=_DIR,
-        callback=_under_root(default),
+        callback=under_root(default, absolute=True),
         show_default=f"{default} in the project root",
         **kwargs,
     )
@@ -302,7 +294,7 @@ def logs_cmd(profile, follow, lines, artifacts) -> None:
     "--matrix",
     "matrix_file",
     type=click.Path(dir_okay=False, path_type=Path),
-    callback=_under_root(project.MATRIX),
+    callback=under_root(project.MATRIX, absolute=True),
     show_default=f"{project.MATRIX} in the project root",
     help="Baseline and candidate entries (profiles plus flag overrides).",
 )

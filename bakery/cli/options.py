@@ -11,11 +11,15 @@ from bakery import project
 __all__ = ["under_root", "series_option", "build_option", "base_option"]
 
 
-def under_root(default: Path):
-    """A click callback: an option left out means ``default`` under the project root."""
+def under_root(default: Path, absolute: bool = False):
+    """A click callback: an option left out means ``default`` under the project root
+    (``absolute``: resolved, for the launcher, whose server runs from another folder)."""
 
     def resolve(ctx, param, value):
-        return value if value is not None else project.root() / default
+        if value is not None:
+            return value
+        root = project.root()
+        return (root.resolve() if absolute else root) / default
 
     return resolve
 
