@@ -5,6 +5,7 @@ import tomllib
 from pathlib import Path
 
 from bakery import project
+from bakery.cli.root import main
 from bakery.series.series import load_series
 from bakery.series.stages import load_stages, plan_table, render_table, stage_table_problems
 
@@ -46,3 +47,16 @@ def test_check_reports_a_stale_table_and_an_unknown_patch(tmp_path):
     problems = stage_table_problems(copy)
     assert any("PLAN.md: stage table differs" in p for p in problems)
     assert any("'07-missing.diff'" in p for p in problems)
+
+
+def test_the_stages_command_fails_on_a_stale_table_and_write_renders_it(tmp_path, capsys):
+    copy = tmp_path / "dcp2"
+    shutil.copytree(ROOT, copy)
+    plan = copy / "PLAN.md"
+    fresh = plan.read_text()
+    plan.write_text(fresh.replace("| 9 | prefill-gather |", "| 9 | gather |"))
+    assert main(["stages", "--series", str(copy)]) == 1
+    err = capsys.readouterr().err
+    assert "PLAN.md: stage table differs" in err and "hint: edit stages.toml" in err
+    assert main(["stages", "--series", str(copy), "--write"]) == 0
+    assert plan.read_text() == fresh  # the table rendered back, the prose untouched

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from bakery.cli.options import series_option
-from bakery.errors import SeriesError
+from bakery.errors import BakeryError
 from bakery.series import apply as apply_mod
 from bakery.series import stages
 from bakery.series.diff import parse_patch, parse_renames, read_patch
@@ -119,5 +119,8 @@ def stages_cmd(series_dir: Path, write: bool) -> None:
     problems = stages.stage_table_problems(series_dir)
     for problem in problems:
         click.echo(problem, err=True)
-    if problems:
-        raise SeriesError(f"{len(problems)} stage problem(s) in {series_dir}")
+    if problems:  # a failed check, like `refresh --check`: exit 1
+        raise BakeryError(
+            f"{len(problems)} stage problem(s) in {series_dir}",
+            hint="edit stages.toml (the source), then `bakery stages --write`",
+        )
