@@ -83,3 +83,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
                 pytest.fail(f"{message} (CI must provide it: .ci/run installs it)")
             pytest.skip(message)
+
+
+@pytest.fixture(autouse=True)
+def _project_root_is_this_checkout(monkeypatch):
+    """Commands resolve the project root from the current folder (or $BAKERY_ROOT): run
+    every test from this checkout, whatever folder pytest was started in."""
+    monkeypatch.delenv("BAKERY_ROOT", raising=False)
+    monkeypatch.chdir(REPO)

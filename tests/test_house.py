@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import importlib.util
+import shutil
 from pathlib import Path
 
 import pytest
@@ -35,26 +37,29 @@ MAX_LINES = 500
 LONG_MODULES: dict[str, str] = {}
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     """Module -> the bakery modules it imports (a ``from pkg import name`` that names a
     submodule is an edge to the submodule)."""
-    files = {module_name(p): p for p in package.rglob("*.py")}
+    files = {module_name(p, package): p for p in package.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         edges: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            elif isinstance(node, ast.ImportFrom):
+                # ruff bans relative imports; resolved anyway, so one cannot hide an edge
+                package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+                module = importlib.util.resolve_name(
+                    "." * node.level + (node.module or ""), package
+                )
                 targets = [
-                    f"{node.module}.{alias.name}"
-                    if f"{node.module}.{alias.name}" in files
-                    else node.module
+                    f"{module}.{alias.name}" if f"{module}.{alias.name}" in files else module
                     for alias in node.names
                 ]
             else:
@@ -134,3 +139,14 @@ def test_no_module_over_the_size_limit():
     sizes = {module_name(p): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
     long = {m: n for m, n in sizes.items() if n > MAX_LINES and m not in LONG_MODULES}
     assert long == {}, f"split these (or name the reason in LONG_MODULES): {long}"
+
+
+def test_a_relative_import_is_an_edge_too(tmp_path):
+    """A planted ``from ..bake import wheel`` in a copy of the series room is seen."""
+    copy = tmp_path / "bakery"
+    shutil.copytree(PACKAGE, copy)
+    diff = copy / "series" / "diff.py"
+    diff.write_text(diff.read_text() + "\nfrom ..bake import wheel  # noqa\n")
+    assert "bakery.series.diff (series) imports bakery.bake.wheel (bake)" in layer_violations(
+        import_graph(copy)
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from bakery import project
@@ -45,15 +46,19 @@ def test_the_environment_wins(tmp_path, monkeypatch):
 def test_run_sh_serves_its_own_checkout_from_any_folder(tmp_path):
     """The launcher's defaults are the checkout's, not the caller's folder: run.sh names
     its checkout in $BAKERY_ROOT (the default artifacts folder shows in the refusal)."""
-    artifacts = tmp_path / "artifacts-of-the-checkout"
+    env = {
+        **os.environ,
+        "BAKERY_ROOT": "/nonexistent",  # run.sh sets its own
+        "BAKERY_PYTHON": sys.executable,
+    }
     proc = subprocess.run(
-        [str(REPO / "launcher/dcp2/run.sh"), "logs"],
+        [str(REPO / "launcher/dcp2/run.sh"), "logs", "--profile", "no-such-profile-ever"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "BAKERY_ROOT": "/nonexistent"},  # run.sh sets its own
+        env=env,
     )
     assert proc.returncode == 1
     assert f"no run recorded under {REPO / project.ARTIFACTS}" in proc.stderr, proc.stderr
-    assert not artifacts.exists() and list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == []  # nothing written in the caller's folder

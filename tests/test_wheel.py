@@ -8,7 +8,7 @@ import base64
 import csv
 import hashlib
 import io
-import os
+import random
 import stat
 import zipfile
 from pathlib import Path, PurePosixPath
@@ -26,6 +26,7 @@ from bakery.bake.wheel import (
     read_wheel,
     write_patched_wheel,
 )
+from bakery.bake.zipwriter import ZipWriter
 from bakery.errors import UnsafePathError, WheelError
 
 DIST = "Demo_Pkg-1.0.dist-info"
@@ -305,19 +306,40 @@ def test_patched_wheel_name_keeps_the_tags(tmp_path):
     assert patched_wheel_name(info, NEW) == "demo_pkg-1.0+p.1-py3-none-any.whl"
 
 
-def test_untouched_members_are_copied_raw(tmp_path):
-    base = _make_wheel(tmp_path)
+# Big and compressible: deflate at another level (a re-compressing copy) gives other bytes.
+_rng = random.Random(7)
+_WORDS = [
+    "".join(_rng.choice("abcdefghijklmnop") for _ in range(_rng.randint(2, 9))) for _ in range(500)
+]
+BIG = " ".join(_rng.choice(_WORDS) for _ in range(20000))
+
+
+def _stored(path: Path, name: str) -> bytes:
+    """A member's compressed bytes as they lie in the zip (located by zipfile's directory)."""
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(name)
+    with open(path, "rb") as raw:
+        raw.seek(info.header_offset + 26)
+        skip = sum(int.from_bytes(raw.read(2), "little") for _ in range(2))
+        raw.seek(info.header_offset + 30 + skip)
+        return raw.read(info.compress_size)
+
+
+def _untouched_differ(tmp_path: Path) -> list[str]:
+    base = _make_wheel(tmp_path, {**MEMBERS, "demo/big.py": BIG.encode()})
     out = _patch(tmp_path, base)
+    names = ["demo/big.py", "demo/tool.py", "demo/data/E=1,N=2.json", "demo/__init__.py"]
+    return [n for n in names if _stored(out, n) != _stored(base, n)]
 
-    def stored(path: Path, name: str) -> bytes:
-        with zipfile.ZipFile(path) as zf:
-            info = zf.getinfo(name)
-        with open(path, "rb") as raw:
-            raw.seek(info.header_offset + 26)
-            skip = sum(int.from_bytes(raw.read(2), "little") for _ in range(2))
-            raw.seek(info.header_offset + 30 + skip)
-            return raw.read(info.compress_size)
 
-    for name in ["demo/tool.py", "demo/data/E=1,N=2.json", "demo/__init__.py"]:
-        assert stored(out, name) == stored(base, name), name
-    assert os.path.getsize(out) > 0
+def test_untouched_members_are_copied_raw(tmp_path):
+    assert _untouched_differ(tmp_path) == []
+
+
+def test_planted_re_deflating_copy_is_caught(tmp_path, monkeypatch):
+    def re_deflate(self, name, source, info):
+        with zipfile.ZipFile(source) as zf:
+            self.add_bytes(name, zf.read(info), info.external_attr)
+
+    monkeypatch.setattr(ZipWriter, "add_raw", re_deflate)
+    assert _untouched_differ(tmp_path) == ["demo/big.py"]
