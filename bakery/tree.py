@@ -108,7 +108,13 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def write_json_atomic(
-    path: Path, data: Any, *, sort_keys: bool = False, strict: bool = False, default: Any = None
+    path: Path,
+    data: Any,
+    *,
+    sort_keys: bool = False,
+    strict: bool = False,
+    default: Any = None,
+    ascii_only: bool = False,
 ) -> None:
     """``data`` as indented UTF-8 JSON with a final newline, through ``write_atomic``.
 
@@ -116,12 +122,14 @@ def write_json_atomic(
     ``top_logprobs`` order is meaningful (the top-1 margin is first minus second).
     ``strict`` (reports, gates) refuses NaN and infinities, which are not JSON: a
     report that held one would be a bug, never a result. ``default`` as in ``json.dumps``.
+    ``ascii_only`` escapes the rest, for text from the environment or argv, which may hold
+    undecodable bytes (surrogates) that UTF-8 cannot encode.
     """
     text = json.dumps(
         data,
         indent=2,
         sort_keys=sort_keys,
-        ensure_ascii=False,
+        ensure_ascii=ascii_only,
         allow_nan=not strict,
         default=default,
     )

@@ -1,5 +1,6 @@
 """tree.write_text_atomic / write_json_atomic: exact bytes, and nothing left on failure."""
 
+import json
 import math
 import stat
 
@@ -34,3 +35,13 @@ def test_default_serializes_what_json_cannot(tmp_path):
     path = tmp_path / "summary.json"
     write_json_atomic(path, {"bundle": tmp_path / "b"}, default=str)
     assert path.read_text() == f'{{\n  "bundle": "{tmp_path / "b"}"\n}}\n'
+
+
+def test_ascii_only_json_holds_undecodable_environment_bytes(tmp_path):
+    # os.environ gives an undecodable byte as a lone surrogate; UTF-8 cannot encode one.
+    value = {"HF_HOME": "/data/caf\udce9"}
+    with pytest.raises(UnicodeEncodeError):
+        write_json_atomic(tmp_path / "utf8.json", value)
+    assert not list(tmp_path.iterdir())  # the failed write left nothing behind
+    write_json_atomic(tmp_path / "env.json", value, ascii_only=True)
+    assert json.loads((tmp_path / "env.json").read_text()) == value

@@ -24,9 +24,13 @@ import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bakery import markdown  # noqa: E402
+from bakery import (
+    markdown,  # noqa: E402
+    project,  # noqa: E402
+)
 from bakery.bake.bake import bake  # noqa: E402
 from bakery.bake.fetch import cache_dir, fetch  # noqa: E402
+from bakery.cli.boundary import run_command  # noqa: E402
 from bakery.maintain.rebase import matrix, release_pin  # noqa: E402
 from bakery.series import apply  # noqa: E402
 from bakery.series.series import Series, load_series  # noqa: E402
@@ -100,7 +104,7 @@ def _matrix_row(series: Series, version: str, work: Path) -> tuple[str, ...]:
 @click.option("--engine-only", is_flag=True, help="Only the engine rows (seconds, not minutes).")
 def main(base_key: str, engine_only: bool) -> int:
     """Benchmarks as ratios against baselines measured in the same run (`make bench`)."""
-    series = load_series()
+    series = load_series(project.root() / project.SERIES)
     pin = series.base(base_key)
     wheel = fetch(pin, cache=cache_dir())
     rows = []
@@ -149,4 +153,4 @@ def main(base_key: str, engine_only: bool) -> int:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main, sys.argv[1:], "tools/bench.py"))

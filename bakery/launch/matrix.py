@@ -294,7 +294,7 @@ def run_matrix(
         "passed": all(r["passed"] for r in rows),
     }
     # A killed run leaves the old summary or the new one, never half of one.
-    write_json_atomic(out / "summary.json", summary, default=str)
+    write_json_atomic(out / "summary.json", summary, default=str, ascii_only=True)
     write_text_atomic(out / "summary.md", summary_markdown(summary))
     return summary
 

@@ -194,7 +194,11 @@ def write_record(record: Record, plan: LaunchPlan, facts: Facts, argv: list[str]
     run_id = f"{plan.profile.name}/{record.run_dir.name}"
     script = command_script(plan, run_id).encode()
     write_atomic(record.run_dir / "serve_command.sh", script, mode=0o755)
-    write_json_atomic(record.run_dir / "run_environment.json", environment(plan, facts, argv))
+    write_json_atomic(
+        record.run_dir / "run_environment.json",
+        environment(plan, facts, argv),
+        ascii_only=True,
+    )
 
 
 def write_pid(record: Record, plan: LaunchPlan, proc: subprocess.Popen) -> None:
@@ -208,7 +212,9 @@ def write_pid(record: Record, plan: LaunchPlan, proc: subprocess.Popen) -> None:
         "run_dir": str(record.run_dir),
         "command": list(plan.command),
     }
-    write_json_atomic(record.pid_file, data)  # stop and status never read half a file
+    write_json_atomic(
+        record.pid_file, data, ascii_only=True
+    )  # stop and status never read half a file
 
 
 # ---- reading back ----------------------------------------------------------------------

@@ -20,7 +20,6 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from bakery import project
 from bakery.errors import SeriesError, UnsafePathError
 from bakery.schema import Document, decode, read_toml, refuse
 from bakery.series.diff import Patch, parse_patch
@@ -299,7 +298,7 @@ def _entries(root: Path, docs: list[PatchDoc], where: str) -> tuple[PatchEntry, 
     return tuple(sorted(entries, key=lambda e: e.number))
 
 
-def load_series(root: Path = project.SERIES) -> Series:
+def load_series(root: Path) -> Series:
     root = Path(root)
     where = str(root / "series.toml")
     if not (root / "series.toml").exists():

@@ -85,7 +85,7 @@ class Stage:
     patches: tuple[str, ...]
 
 
-def read_stages_doc(root: Path = project.SERIES) -> StagesDoc:
+def read_stages_doc(root: Path) -> StagesDoc:
     """``root/stages.toml`` decoded, types and field names checked (not yet the rules)."""
     where = Path(root) / "stages.toml"
     if not where.exists():
@@ -93,7 +93,7 @@ def read_stages_doc(root: Path = project.SERIES) -> StagesDoc:
     return load_toml(where, StagesDoc, error=SeriesError, hint=_HINT)
 
 
-def load_stages(root: Path = project.SERIES) -> tuple[Stage, ...]:
+def load_stages(root: Path) -> tuple[Stage, ...]:
     """The stages 1..N of ``root/stages.toml``, in order, each checked for shape."""
     return stages_of(read_stages_doc(root), Path(root) / "stages.toml")
 
@@ -149,7 +149,7 @@ def plan_table(plan_text: str) -> str:
     return plan_text[start + len(BEGIN) : end].strip()
 
 
-def stage_table_problems(root: Path = project.SERIES) -> list[str]:
+def stage_table_problems(root: Path) -> list[str]:
     """Problems between stages.toml, PLAN.md and series.toml (empty when consistent).
 
     PLAN.md's table must equal the rendered one; every patch a stage names must
