@@ -1,4 +1,5 @@
-"""``python -m bakery.launch start|stop|status ...``: what launcher/dcp2/run.sh execs."""
+"""``python -m bakery.launch start|stop|status ...``: the launcher's group (run.sh calls the
+same ``bakery.cli.launch.main``)."""
 
 import sys
 

@@ -2,7 +2,7 @@
 
 ``compare_bundles`` is the whole pipeline: load both bundles, check they ask the
 same questions, compute each case's metrics, apply the gates. It writes nothing;
-``report`` renders and writes, ``commands`` maps the verdict to an exit code.
+``report`` renders and writes, ``bakery.cli.verify`` maps the verdict to an exit code.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Serve the baked dcp2 tree: a thin door onto `python -m bakery.launch`.
+# Serve the baked dcp2 tree: a thin door onto `bakery.cli.launch` (as `python -m bakery.launch`).
 #   run.sh start|stop|status [--profile NAME|FILE] [--dry-run] [flags] [-- extra vLLM args]
 #   run.sh logs [--profile NAME] [-f]                       (the newest run's server log)
 #   run.sh matrix [--matrix FILE] [--baseline BUNDLE_DIR]   (the DCP parity matrix)
