@@ -12,6 +12,7 @@ import click
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bakery.cli.boundary import run_command  # noqa: E402
+from bakery.cli.options import under_root  # noqa: E402
 from bakery.verify import tiny_model  # noqa: E402
 
 
@@ -19,8 +20,8 @@ from bakery.verify import tiny_model  # noqa: E402
 @click.argument(
     "out_dir",
     required=False,
-    default=tiny_model.DEFAULT_DIR,
     type=click.Path(file_okay=False, path_type=Path),
+    callback=under_root(tiny_model.DEFAULT_DIR),
 )
 @click.option("--force", is_flag=True, help="Rebuild it even when a complete one is there.")
 def tiny(out_dir: Path, force: bool) -> None:

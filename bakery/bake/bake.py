@@ -18,6 +18,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from bakery import project
 from bakery.bake import manifest
 from bakery.bake.fetch import cache_dir, fetch
 from bakery.bake.record import record_hash
@@ -155,7 +156,7 @@ def _check_preimage(root: Path, wheel: WheelInfo, series: Series) -> None:
         )
 
 
-def staleness(series: Series, base_key: str, build: Path = Path("build")) -> list[str]:
+def staleness(series: Series, base_key: str, build: Path = project.BUILD) -> list[str]:
     """Why the baked tree cannot be trusted as this series' bake ([] if it can)."""
     tree = tree_dir(build, base_key)
     path = tree / manifest.MANIFEST
@@ -244,7 +245,7 @@ def bake(
     series: Series,
     base_key: str = "default",
     *,
-    build: Path = Path("build"),
+    build: Path = project.BUILD,
     wheel: Path | None = None,
     cache: Path | None = None,
 ) -> BakeResult:

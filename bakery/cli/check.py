@@ -29,7 +29,7 @@ def importcheck_cmd(series_dir, base_key, tree) -> None:
     """Import every touched module from the baked tree in a fresh interpreter."""
     series = load_series(series_dir)
     series.base(base_key)  # an unknown base is refused before anything else
-    tree = tree or tree_dir(project.root() / "build", base_key)
+    tree = tree or tree_dir(project.root() / project.BUILD, base_key)
     if not (tree / manifest.MANIFEST).is_file():
         raise BakeryError(
             f"no baked tree to import from: {str(tree)!r}",

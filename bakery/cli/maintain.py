@@ -135,7 +135,7 @@ def _refuse_if_series_moved(series, base_key: str, tree: Path, build: Path) -> N
             click.echo(line, err=True)
         # The way out names this series and build folder, wherever they are.
         where = "" if series.root == project.root() / project.SERIES else f" --series {series.root}"
-        where += "" if build == project.root() / "build" else f" --build {build}"
+        where += "" if build == project.root() / project.BUILD else f" --build {build}"
         raise BakeryError(
             f"the series changed after {tree} was baked: refresh would undo that change",
             hint=f"to keep the series as it is, re-bake (`bakery bake --base {base_key}{where}`, "
@@ -307,7 +307,7 @@ def _release_version(target: str, project: str) -> str:
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
-    callback=under_root(Path("build") / "matrix"),
+    callback=under_root(project.BUILD / "matrix"),
     show_default="build/matrix in the repo root",
 )
 @click.option("--fuzz", type=click.IntRange(0, 3), default=3, show_default=True)
@@ -350,7 +350,7 @@ def rebase_matrix_cmd(series_dir, base_key, releases, out, fuzz, no_linkcheck, s
 @click.option(
     "--artifacts",
     type=click.Path(file_okay=False, path_type=Path),
-    callback=under_root(Path("artifacts") / "dcp2"),
+    callback=under_root(project.ARTIFACTS),
     show_default="artifacts/dcp2 in the repo root",
     help="Where the launcher records its runs.",
 )

@@ -18,9 +18,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from bakery import project
+
 __all__ = ["TinySpec", "SPEC", "DEFAULT_DIR", "build", "ensure", "perturb", "MARKER"]
 
-DEFAULT_DIR = Path("build/tiny-llama")
+DEFAULT_DIR = project.BUILD / "tiny-llama"
 MARKER = "TINY.json"  # written last: a folder without it is incomplete
 
 _CORPUS = (
