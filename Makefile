@@ -63,7 +63,8 @@ verify: $(VENV)/.tool
 	launcher/dcp2/run.sh matrix --matrix $(MATRIX) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(GATES),--gates $(GATES))
 
 # GPU numbers come from the device machine (see docs/gpu-dcp.md); CI has no GPU.
-# On a host of W GPUs (torch + Triton, no vLLM; W=2 default, W=4 for issue 16's tables);
+# On a host of W GPUs (torch + Triton, no vLLM; W=2 default; W=4 measures the combine and
+# the candidate exchange where each rank holds a quarter of the context);
 # results and dates are in docs/gpu-dcp.md.
 W ?= 2
 bench-gpu:

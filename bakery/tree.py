@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import json
 import os
 import re
@@ -23,6 +24,7 @@ from typing import Any
 from bakery.errors import UnsafePathError
 
 __all__ = [
+    "sha256_file",
     "relative",
     "inside",
     "read_file",
@@ -87,6 +89,11 @@ def stage_beside(path: Path, data: bytes, mode: int | None = None, suffix: str =
         os.unlink(tmp)
         raise
     return Path(tmp)
+
+
+def sha256_file(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bakery.bake.fetch import fetch, sha256_file
+from bakery.bake.fetch import fetch
 from bakery.check.linkcheck import (
     Finding,
     SourceTree,
@@ -24,6 +24,7 @@ from bakery.check.linkcheck import (
 )
 from bakery.errors import SeriesError
 from bakery.series.series import Pin
+from bakery.tree import sha256_file
 
 REPO = Path(__file__).resolve().parents[1]
 SEED_PATCH = "09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff"

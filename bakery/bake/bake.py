@@ -38,6 +38,7 @@ from bakery.tree import (
     empty_trash,
     inside,
     remove_tree,
+    stage_beside,
     stamp,
     swap_into_place,
     sweep_dead,
@@ -105,8 +106,10 @@ def pristine(wheel: WheelInfo, sha256: str, cache: Path) -> Path:
     remove_tree(tmp)
     with step(f"extracting {wheel.path.name}"):
         extract(wheel, tmp)
-    stamp_tmp = stamp_path.with_name(f".{stamp_path.name}.tmp-{os.getpid()}")
-    stamp_tmp.write_text(json.dumps(stamp(tmp), sort_keys=True))
+    # staged as ".<name>.<random>.tmp-<pid>", which sweep_dead clears after a kill
+    stamp_tmp = stage_beside(
+        stamp_path, json.dumps(stamp(tmp), sort_keys=True).encode(), suffix=f".tmp-{os.getpid()}"
+    )
     try:
         os.rename(tmp, root)
     except OSError:  # a concurrent bake extracted the same bytes first: use its tree

@@ -7,7 +7,6 @@ pinned one. A cached file that no longer matches is discarded and fetched again.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -20,18 +19,13 @@ from packaging.utils import parse_wheel_filename
 
 from bakery.errors import FetchError, HashMismatch
 from bakery.series.series import Pin
-from bakery.tree import sweep_dead, write_atomic
+from bakery.tree import sha256_file, sweep_dead, write_atomic
 
-__all__ = ["cache_dir", "sha256_file", "fetch", "fetch_release", "wheel_platform"]
+__all__ = ["cache_dir", "fetch", "fetch_release", "wheel_platform"]
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("BAKERY_CACHE") or Path.home() / ".cache" / "bakery")
-
-
-def sha256_file(path: Path) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 # pip's failure, for a release fetched by version: once downloaded, it is read from the cache.
@@ -94,7 +88,7 @@ def wheel_platform(wheel_name: str) -> str:
     return sorted({t.platform for t in tags})[0]
 
 
-def _check(path: Path, pin: Pin) -> None:
+def _verify_pin(path: Path, pin: Pin) -> None:
     actual = sha256_file(path)
     if actual != pin.sha256:
         raise HashMismatch(
@@ -127,7 +121,7 @@ def fetch(
     if wheel is not None:
         if not Path(wheel).is_file():
             raise FetchError(f"no such wheel file: {str(wheel)!r}")
-        _check(Path(wheel), pin)
+        _verify_pin(Path(wheel), pin)
         _keep(Path(wheel), (cache or cache_dir()) / "wheels" / pin.sha256 / pin.wheel)
         return Path(wheel)
     folder = (cache or cache_dir()) / "wheels" / pin.sha256
@@ -135,7 +129,7 @@ def fetch(
     cached = folder / pin.wheel
     if cached.exists():
         try:
-            _check(cached, pin)
+            _verify_pin(cached, pin)
             return cached
         except HashMismatch:
             cached.unlink()  # corrupt or tampered cache entry: fetch it again
@@ -151,7 +145,7 @@ def fetch(
         downloaded = Path(tmp) / pin.wheel
         if not downloaded.is_file():
             raise FetchError(f"pip fetched another file than the pinned wheel: {pin.wheel!r}")
-        _check(downloaded, pin)
+        _verify_pin(downloaded, pin)
         os.replace(downloaded, cached)
     return cached
 

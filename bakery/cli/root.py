@@ -68,7 +68,7 @@ for command in (
     doctor_cmd,  # `bakery doctor`: the launcher's host checks, no profile
 ):
     cli.add_command(command)
-# The name before `launch matrix` took the parity meaning; kept so scripts keep working.
+# Hidden alias: this command's old name, so existing scripts keep working.
 cli.add_command(copy.copy(rebase_matrix_cmd), "matrix")
 cli.commands["matrix"].hidden = True
 

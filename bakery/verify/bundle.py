@@ -382,7 +382,7 @@ def _parse_position(entry: dict[str, Any] | None, path: Path) -> dict[int, float
         try:
             token = int(key)
         except ValueError:
-            raise BundleError(f"{where}: expected a token id key)", hint=_HINT) from None
+            raise BundleError(f"{where}: expected a token id key", hint=_HINT) from None
         scores[token] = logprob(value.get("logprob") if isinstance(value, dict) else value, where)
     return scores
 

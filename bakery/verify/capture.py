@@ -11,7 +11,6 @@ request; the bundle format itself lives in ``bundle``.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import shutil
 import tempfile
@@ -27,6 +26,7 @@ from packaging.version import InvalidVersion, Version
 from bakery import __version__
 from bakery.errors import UsageError
 from bakery.progress import step
+from bakery.tree import sha256_file
 from bakery.verify.bundle import (
     CASE_PREFIX,
     COMPLETIONS_PATH,
@@ -336,7 +336,7 @@ async def _run(
 
 def _sha256(path: Path) -> str:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return sha256_file(path)
     except OSError as exc:
         raise UsageError(f"cannot read BAKED.json {path} ({exc.strerror})") from exc
 
