@@ -183,8 +183,29 @@ MATRIX_CPU = (REPO / "launcher" / "dcp2" / "matrix-cpu.toml").read_text()
         ('profile = "cpu-tiny"\n', 'profile = "cpu-tiny"\nflags = { tpp = 2 }\n', "flags.tpp"),
         ('name = "tiny-same"', 'name = "tiny-same"\nflags = { dcp = "2" }', "flags.dcp: expected"),
         ('name = "tiny-same"', "name = 5", "$.candidates[0].name: expected str, got int"),
+        # a flag over a profile keeps the profile's ranges (an inf timeout never times out)
+        ('name = "tiny-same"', 'name = "tiny-same"\nflags = { port = 0 }', "flags.port: must be"),
+        (
+            'name = "tiny-same"',
+            'name = "tiny-same"\nflags = { startup_timeout_s = inf }',
+            "flags.startup_timeout_s: expected int, got float",
+        ),
+        (
+            'name = "tiny-same"',
+            'name = "tiny-same"\nflags = { startup_timeout_s = -5 }',
+            "$.candidates[0].flags.startup_timeout_s: must be at least 1, not -5",
+        ),
     ],
-    ids=["unknown-top", "type-top", "unknown-flag", "type-flag", "type-entry"],
+    ids=[
+        "unknown-top",
+        "type-top",
+        "unknown-flag",
+        "type-flag",
+        "type-entry",
+        "port-range",
+        "timeout-inf",
+        "timeout-range",
+    ],
 )
 def test_bad_matrix_toml_is_one_error_exit_2(capsys, tmp_path, old, new, phrase):
     matrix = tmp_path / "matrix.toml"

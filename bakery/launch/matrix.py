@@ -30,8 +30,8 @@ from bakery.launch import lifecycle, preflight
 from bakery.launch.errors import PreflightError, Problem, ProfileError
 from bakery.launch.gates import GateTable
 from bakery.launch.plan import LaunchPlan, make_plan
-from bakery.launch.profiles import load_profile, override
-from bakery.schema import Document, decode, read_toml
+from bakery.launch.profiles import load_profile, override, range_problems
+from bakery.schema import Document, decode, read_toml, refuse
 from bakery.series.series import Series
 from bakery.tree import write_json_atomic, write_text_atomic
 from bakery.verify import (
@@ -71,7 +71,7 @@ class FlagsDoc(Document):
     host: str | None = None
     port: int | None = None
     base: str | None = None
-    startup_timeout_s: float | None = None
+    startup_timeout_s: int | None = None  # as in a profile
     vllm_args: list[str] | None = None
 
 
@@ -148,6 +148,22 @@ def matrix_from_data(data: object, path: Path) -> Matrix:
     """A parsed matrix file (as read from ``path``) as a ``Matrix``, or one ProfileError."""
     where = str(path)
     doc = decode(data, MatrixDoc, where=where, error=ProfileError, hint=_HINT)
+    entries = {"baseline": doc.baseline} | {
+        f"candidates[{i}]": c for i, c in enumerate(doc.candidates)
+    }
+    refuse(
+        [
+            problem
+            for at, entry in entries.items()
+            for problem in range_problems(
+                f"$.{at}.flags.",
+                {"port": entry.flags.port, "startup_timeout_s": entry.flags.startup_timeout_s},
+            )
+        ],
+        where=where,
+        error=ProfileError,
+        hint=_HINT,
+    )
     candidates = tuple(_entry(t) for t in doc.candidates)
     names = [e.name for e in candidates]
     if not candidates or len(set(names)) != len(names):

@@ -144,15 +144,26 @@ def _resolve_path(ref: str, directory: Path) -> Path:
     return path
 
 
+def range_problems(prefix: str, values: dict[str, int | float | None]) -> list[str]:
+    """Ports in 1..65535 and a startup timeout of at least 1 s, for a profile and for the
+    flags a matrix entry puts over one (``prefix``: where those fields sit, e.g. "$.")."""
+    problems = []
+    for key, value in values.items():
+        if value is None:
+            continue
+        if key.endswith("port") and value not in range(1, 65536):
+            problems.append(f"{prefix}{key}: must be 1..65535, not {value!r}")
+        if key == "startup_timeout_s" and not value >= 1:
+            problems.append(f"{prefix}{key}: must be at least 1, not {value!r}")
+    return problems
+
+
 def _value_problems(doc: ProfileDoc) -> list[str]:
     """What the types cannot say: non-empty names, ranges, and no NUL in any string
     (no path, host or argv can carry it)."""
     problems = [f"$.{key}: must not be empty" for key in ("base", "model") if not getattr(doc, key)]
-    for key, port in (("port", doc.port), ("nodes.master_port", doc.nodes.master_port)):
-        if port is not None and port not in range(1, 65536):
-            problems.append(f"$.{key}: must be 1..65535, not {port!r}")
-    if doc.startup_timeout_s < 1:
-        problems.append(f"$.startup_timeout_s: must be at least 1, not {doc.startup_timeout_s!r}")
+    problems += range_problems("$.", {"port": doc.port, "startup_timeout_s": doc.startup_timeout_s})
+    problems += range_problems("$.nodes.", {"master_port": doc.nodes.master_port})
     strings = {
         "description": doc.description,
         "base": doc.base,
