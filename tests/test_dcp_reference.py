@@ -468,8 +468,8 @@ def non_stdlib_imports(*modules: str) -> set[str]:
         cwd=Path(__file__).resolve().parents[1],
         capture_output=True,
         text=True,
-        check=True,
     )
+    assert run.returncode == 0, run.stderr
     return set(run.stdout.split())
 
 

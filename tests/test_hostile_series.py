@@ -186,8 +186,10 @@ def test_every_range_problem_is_named_at_once(tmp_path):
 
     with pytest.raises(SeriesError, match=r"3 problems") as caught:
         load_series(_series_copy(tmp_path, change))
-    for phrase in ("strip: must be 0..16", "$.patches[1].stage: must be 1..9", "$.package:"):
+    phrases = ("$.policy.strip: must be 0..16", "$.patches[1].stage: must be 1..9", "$.package:")
+    for phrase in phrases:
         assert phrase in str(caught.value)
+    assert caught.value.exit_code == 2  # bad input, as a type problem is
 
 
 def test_the_real_series_is_valid():

@@ -67,6 +67,7 @@ def _gnu(tmp_path, diff: bytes, target: bytes) -> dict[int, int | None]:
         + ["-d", str(tree), "-i", str(tmp_path / "p.diff")],
         capture_output=True,
         text=True,
+        timeout=60,
     )
     hunks = re.findall(
         r"Hunk #(\d+) (succeeded|FAILED) at \d+(?: \(offset (-?\d+) lines?\))?", proc.stdout

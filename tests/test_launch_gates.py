@@ -388,7 +388,7 @@ def test_every_option_a_launcher_hint_names_exists(cpu_bake):
         for rel in ("engine/arg_utils.py", "entrypoints/launchers/cli_args.py")
     )
     named = set()
-    launcher = [*sorted((REPO / "bakery" / "launch").glob("*.py")), REPO / "bakery/cli/launch.py"]
+    launcher = [*sorted((REPO / "bakery" / "launch").rglob("*.py")), REPO / "bakery/cli/launch.py"]
     for path in launcher:
         for hint in _hints(path):
             named |= set(_FLAG.findall(hint))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from tests.conftest import REPO, run_tool
 @pytest.fixture
 def door(monkeypatch, tmp_path):
     """The door's command, with ``build`` recording its folder instead of training a model."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the door prepends the repo: undone after
     spec = importlib.util.spec_from_file_location("tiny_door", REPO / "tools" / "tiny_model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -38,7 +40,7 @@ def test_the_door_builds_only_what_is_missing_unless_forced(door, tmp_path, caps
     assert built == [] and capsys.readouterr().out == f"tiny model: {ready}\n"
     assert run_command(command, [str(ready), "--force"], "tiny") == 0
     assert built == [ready]
-    assert run_command(command, [], "tiny") == 0  # the default folder, relative to the cwd
+    assert run_command(command, [], "tiny") == 0  # the default, under the project root (none: .)
     assert built == [ready, tiny_model.DEFAULT_DIR]
 
 
