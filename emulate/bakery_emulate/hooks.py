@@ -1,0 +1,52 @@
+"""Post-import hooks: run a function right after a named vLLM module executes."""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+from collections.abc import Callable
+from types import ModuleType
+
+_HOOKS: dict[str, Callable[[ModuleType], None]] = {}
+
+
+def after(name: str):
+    def register(fn: Callable[[ModuleType], None]):
+        _HOOKS[name] = fn
+        return fn
+
+    return register
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner: importlib.abc.Loader, hook: Callable[[ModuleType], None]):
+        self.inner, self.hook = inner, hook
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module):
+        self.inner.exec_module(module)
+        self.hook(module)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        hook = _HOOKS.get(name)
+        if hook is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Loader(spec.loader, hook)
+                return spec
+        return None
+
+
+def install() -> None:
+    from bakery_emulate import patches  # noqa: F401  (registers the hooks)
+
+    sys.meta_path.insert(0, _Finder())
