@@ -24,32 +24,53 @@ def _interpreter_constexprs(module):
         return [i for i, p in enumerate(params) if p.annotation in (tl.constexpr, "tl.constexpr")]
 
     module.InterpretedFunction.constexprs = property(constexprs)
-    module._convert_float = _fp8_rounding(module._convert_float)
+    module._convert_float = _nearest_even(module._convert_float)
 
 
-def _fp8_rounding(convert):
-    """Triton 3.9's interpreter casts to fp8 by cutting the mantissa and adding the
-    cut-off bit: no carry into the exponent (31.25 -> 16.0), ties away from zero
-    (17.0 -> 18.0). CUDA rounds to nearest even (32.0, 16.0); torch does too."""
+def _nearest_even(convert):
+    """Triton 3.9's interpreter narrows floats by cutting the mantissa: to bf16 it
+    truncates (half of all fp32 values round wrong), to fp8 it adds the cut-off bit
+    with no carry into the exponent (31.25 -> 16.0) and ties away from zero
+    (17.0 -> 18.0). CUDA rounds to nearest even; so does torch, which does it here."""
     import numpy as np
     import torch
 
     def convert_float(input, input_dtype, output_dtype, rounding_mode):
         import triton.language as tl  # the interpreter loads while tl initialises
 
-        exact = {tl.float8e4nv: torch.float8_e4m3fn, tl.float8e5: torch.float8_e5m2}
+        narrow = {
+            tl.float8e4nv: torch.float8_e4m3fn,
+            tl.float8e5: torch.float8_e5m2,
+            tl.bfloat16: torch.bfloat16,
+            tl.float16: torch.float16,
+        }
         wide = {tl.float32: np.float32, tl.float16: np.float16}
-        if output_dtype in exact and (input_dtype in wide or input_dtype == tl.bfloat16):
+        source = input_dtype in wide or input_dtype == tl.bfloat16
+        if (
+            output_dtype in narrow
+            and source
+            and output_dtype.primitive_bitwidth < input_dtype.primitive_bitwidth
+            and rounding_mode != _RTZ()
+        ):
             if input_dtype == tl.bfloat16:
                 bits = np.frombuffer(input.tobytes(), dtype=np.uint16).astype(np.uint32) << 16
                 values = torch.from_numpy(bits.view(np.float32).copy())
             else:
                 values = torch.from_numpy(np.frombuffer(input.tobytes(), wide[input_dtype]).copy())
-            out = values.float().to(exact[output_dtype]).view(torch.uint8).numpy()
-            return out.reshape(input.shape)
+            out = values.float().to(narrow[output_dtype]).view(torch.uint8 if output_dtype
+                                                                .primitive_bitwidth == 8
+                                                                else torch.int16)
+            return out.numpy().view(np.uint8 if output_dtype.primitive_bitwidth == 8
+                                    else np.uint16).reshape(input.shape)
         return convert(input, input_dtype, output_dtype, rounding_mode)
 
     return convert_float
+
+
+def _RTZ():
+    from triton._C.libtriton import ir
+
+    return ir.ROUNDING_MODE.RTZ
 
 
 @after("vllm.platforms")
@@ -205,3 +226,21 @@ def _slot_mapping(module):
     from bakery_emulate import slot_mapping
 
     module.BlockTables.compute_slot_mappings = slot_mapping.compute_slot_mappings
+
+
+@after("vllm.v1.attention.ops.dcp")
+def _dcp_combine(module):
+    from bakery_emulate import dcp_combine
+
+    module._CORRECT_ATTN_CP_OUT_KERNEL = dcp_combine.CorrectAttnOut()
+    module._dcp_a2a_pack_send = dcp_combine.pack_send
+    module._dcp_a2a_unpack_combine = dcp_combine.unpack_combine
+
+
+@after("vllm.models.deepseek_v4.common.ops.fused_inv_rope_fp8_quant")
+def _inv_rope(module):
+    from bakery_emulate import inv_rope
+
+    module._FUSED_INV_ROPE_FP8_QUANT_KERNEL = inv_rope.InvRope(
+        module._FUSED_INV_ROPE_FP8_QUANT_KERNEL
+    )
