@@ -259,3 +259,10 @@ def _qkv_rmsnorm(module):
     from bakery_emulate import rmsnorm
 
     module._FUSED_Q_KV_RMSNORM_KERNEL = rmsnorm.FusedQKVRMSNorm()
+
+
+@after("vllm.v1.attention.backends.mla.sparse_swa")
+def _swa_indices(module):
+    from bakery_emulate import swa_indices
+
+    module._COMPUTE_SWA_INDICES_AND_LENS_KERNEL = swa_indices.SWAIndicesAndLens()
