@@ -37,7 +37,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         if hook is None:
             return None
         for finder in sys.meta_path:
-            if finder is self:
+            if isinstance(finder, _Finder):
                 continue
             spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
             if spec is not None and spec.loader is not None:
@@ -47,6 +47,8 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
+    """Idempotent: sitecustomize and a test driver may both call it."""
     from bakery_emulate import patches  # noqa: F401  (registers the hooks)
 
-    sys.meta_path.insert(0, _Finder())
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())

@@ -35,7 +35,6 @@ class SWAIndicesAndLens:
         blocks = block_table[req[:, None], (at // block_size).clamp(0, block_table.shape[1] - 1)]
         slots = torch.where(inside, blocks.long() * block_size + at % block_size, 0)
         slots = torch.where(offsets < length[:, None], slots, -1)
-        swa_indices[:num_tokens, :index_width] = torch.where(valid[:, None], slots, -1).to(
-            swa_indices.dtype
-        )
+        rows = swa_indices.view(swa_indices.shape[0], -1)  # [T, W] or [T, 1, W]: the row stride
+        rows[:num_tokens, :index_width] = torch.where(valid[:, None], slots, -1).to(rows.dtype)
         swa_lens[:num_tokens] = torch.where(valid, length, 0).to(swa_lens.dtype)
