@@ -1,7 +1,7 @@
 """Run check functions of a tests/emulate module in this (engine-like) interpreter.
 
-Usage: ``python tests/emulate/_child.py TREE MODULE NAME...`` (``_emu.run_checks``).
-Prints ``RESULT {name: {"ok", "kind", "detail"}}``; kind is "assert" for a failed
+Usage: ``python tests/emulate/_child.py TREE MODULE:NAME...`` (``_emu.run_checks``).
+Prints ``RESULT {"MODULE:NAME": {"ok", "kind", "detail"}}``; kind is "assert" for a failed
 comparison and "error" for anything else.
 """
 
@@ -17,12 +17,12 @@ from _dcp_child import MARK
 
 
 def main() -> None:
-    tree, module, names = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
-    mod = importlib.import_module(module)
+    tree, names = Path(sys.argv[1]), sys.argv[2:]
     out = {}
     for name in names:
+        module, _, func = name.partition(":")
         try:
-            getattr(mod, name)(tree)
+            getattr(importlib.import_module(module), func)(tree)
             out[name] = {"ok": True, "kind": "", "detail": ""}
         except AssertionError as exc:
             out[name] = {"ok": False, "kind": "assert", "detail": str(exc)[-2000:]}

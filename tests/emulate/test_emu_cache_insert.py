@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from _emu import baked, caught, passed, planted, run_checks, stand_in
+from _emu import baked, caught, passed, planted, stand_in
 
 pytestmark = pytest.mark.needs("triton")
 
@@ -75,15 +75,17 @@ def plant_fp8_max(tree) -> None:
 def plant_pad_slot_written(tree) -> None:
     # slot -1 kept: it lands on the last page's last token
     ci = stand_in("cache_insert")
-    _compare(tree, planted(ci.quantize_insert, "keep = slot_mapping >= 0", "keep = slot_mapping >= -1"))
+    _compare(
+        tree, planted(ci.quantize_insert, "keep = slot_mapping >= 0", "keep = slot_mapping >= -1")
+    )
 
 
 CHECKS = ["quantize_insert", "plant_fp8_max", "plant_pad_slot_written"]
 
 
 @pytest.fixture(scope="module")
-def results(tree):
-    return run_checks(tree, __name__, CHECKS)
+def results(child_results):
+    return child_results[__name__]
 
 
 def test_quantize_insert_matches_triton_bytes(results):
@@ -115,9 +117,10 @@ def _rope_case():
 def _complex_rope(x, pos, theta):
     out = x.double().clone()
     tail = out[..., 448:].reshape(*out.shape[:-1], 32, 2)
-    z = torch.complex(tail[..., 0], tail[..., 1]) * torch.polar(
-        torch.ones_like(theta[pos]), theta[pos]
-    )[:, None, :]
+    z = (
+        torch.complex(tail[..., 0], tail[..., 1])
+        * torch.polar(torch.ones_like(theta[pos]), theta[pos])[:, None, :]
+    )
     out[..., 448:] = torch.stack([z.real, z.imag], -1).reshape(*out.shape[:-1], 64)
     return out
 

@@ -46,8 +46,10 @@ def _mqa_reference(q, k, k_scale, w, ks, ke):
     out = torch.full((q.shape[0], k.shape[0]), NEG, dtype=torch.float64)
     for i in range(q.shape[0]):
         for j in range(int(ks[i]), int(ke[i])):
-            dots = [float(q[i, h].double() @ k[j].double()) * float(k_scale[j]) for h in
-                    range(q.shape[1])]
+            dots = [
+                float(q[i, h].double() @ k[j].double()) * float(k_scale[j])
+                for h in range(q.shape[1])
+            ]
             out[i, j] = sum(float(w[i, h]) * max(d, 0.0) for h, d in enumerate(dots))
     return out
 
@@ -65,8 +67,9 @@ def test_mqa_logits_match_loop():
 
 
 def test_mqa_logits_check_catches_an_off_by_one_range():
-    bad = planted(IX.fp8_fp4_mqa_logits, "cols < cu_seqlen_ke[:, None]",
-                  "cols <= cu_seqlen_ke[:, None]")
+    bad = planted(
+        IX.fp8_fp4_mqa_logits, "cols < cu_seqlen_ke[:, None]", "cols <= cu_seqlen_ke[:, None]"
+    )
     with pytest.raises(AssertionError):
         _check_mqa(bad)
 
@@ -82,8 +85,11 @@ def _paged_cache(keys: torch.Tensor):
     scale = keys.abs().amax(-1).clamp(min=1e-4) / 448.0
     values = (keys / scale[..., None]).to(FP8)
     page = torch.cat(
-        [values.view(torch.uint8).reshape(blocks, -1), scale.contiguous().view(torch.uint8)
-         .reshape(blocks, -1)], dim=1,
+        [
+            values.view(torch.uint8).reshape(blocks, -1),
+            scale.contiguous().view(torch.uint8).reshape(blocks, -1),
+        ],
+        dim=1,
     )
     return page.view(blocks, ps, 1, HD + 4), values, scale
 
@@ -109,9 +115,11 @@ def _paged_reference(q, values, scale, table, ctx, w, max_len):
             for p in range(int(ctx[i]) - next_n + 1 + j):  # visible: p <= ctx - next_n + j
                 page, off = int(table[i, p // ps]), p % ps
                 k = values[page, off].double()
-                s = sum(float(w[i * next_n + j, hh]) *
-                        max(float(q[i, j, hh].double() @ k) * float(scale[page, off]), 0.0)
-                        for hh in range(h))
+                s = sum(
+                    float(w[i * next_n + j, hh])
+                    * max(float(q[i, j, hh].double() @ k) * float(scale[page, off]), 0.0)
+                    for hh in range(h)
+                )
                 out[i * next_n + j, p] = s
     return out
 
@@ -133,8 +141,11 @@ def test_paged_mqa_logits_match_loop(two_d_lens):
 
 
 def test_paged_mqa_logits_check_catches_a_wrong_visible_range():
-    bad = planted(IX.fp8_fp4_paged_mqa_logits, "last = lens - next_n + 1 + torch.arange",
-                  "last = lens - next_n + torch.arange")
+    bad = planted(
+        IX.fp8_fp4_paged_mqa_logits,
+        "last = lens - next_n + 1 + torch.arange",
+        "last = lens - next_n + torch.arange",
+    )
     with pytest.raises(AssertionError):
         _check_paged(bad)
 
@@ -176,8 +187,11 @@ def test_cp_gather_matches_loop():
 
 
 def test_cp_gather_check_catches_a_wrong_page(monkeypatch):
-    bad = planted(IX.cp_gather_indexer_k_quant_cache, "pages = block_table[b, pos // page_size]",
-                  "pages = block_table[b, pos // page_size - (pos >= page_size).long()]")
+    bad = planted(
+        IX.cp_gather_indexer_k_quant_cache,
+        "pages = block_table[b, pos // page_size]",
+        "pages = block_table[b, pos // page_size - (pos >= page_size).long()]",
+    )
     with pytest.raises(AssertionError):
         _check_gather(bad)
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from _emu import baked, caught, passed, planted, run_checks, stand_in
+from _emu import baked, caught, passed, planted, stand_in
 
 pytestmark = pytest.mark.needs("triton")
 
@@ -26,9 +26,7 @@ def _fp8_cache(pages: int, seed: int) -> torch.Tensor:
     k = torch.randn(pages * PS, D, generator=gen) * torch.logspace(-2, 2, pages * PS)[:, None]
     cache = torch.zeros(pages, PS, 584, dtype=torch.uint8)
     slots = torch.randperm(pages * PS, generator=gen)
-    stand_in("cache_insert").quantize_insert(
-        k.to(torch.bfloat16), cache.view(pages, -1), slots, PS
-    )
+    stand_in("cache_insert").quantize_insert(k.to(torch.bfloat16), cache.view(pages, -1), slots, PS)
     return cache
 
 
@@ -100,8 +98,18 @@ def _attention(tree, with_sink: bool, fn=None) -> None:
     want_out = torch.full((t, H, D), math.nan, dtype=torch.bfloat16)
     want_lse = torch.full((t, H), math.nan)
     sm120_attention_with_lse(
-        q, dense_swa, None, swa_idx, swa_lens, dense_comp, idx, lens, want_out, scale,
-        sinks, want_lse,
+        q,
+        dense_swa,
+        None,
+        swa_idx,
+        swa_lens,
+        dense_comp,
+        idx,
+        lens,
+        want_out,
+        scale,
+        sinks,
+        want_lse,
     )
     out, lse = torch.full_like(want_out, math.nan), torch.full_like(want_lse, math.nan)
     with pytest.MonkeyPatch.context() as mp:
@@ -148,8 +156,8 @@ CHECKS = [
 
 
 @pytest.fixture(scope="module")
-def results(tree):
-    return run_checks(tree, __name__, CHECKS)
+def results(child_results):
+    return child_results[__name__]
 
 
 def test_dequantize_slots_matches_triton_gather(results):
