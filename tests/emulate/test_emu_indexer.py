@@ -322,33 +322,42 @@ def _owned(n: int, w: int, interleave: int, rank: int) -> list[int]:
         local += 1
 
 
-def _dcp_topk(scores: torch.Tensor, w: int, interleave: int, k: int, make=None):
-    """Each rank's local top-k of its shard, merged: every rank's result, rank order."""
+def _dcp_topk(scores: torch.Tensor, w: int, interleave: int, k: int, make=None, at=False):
+    """Each rank's local top-k of its shard, merged: every rank's result, rank order.
+    ``at``: as prefill does, each row's shard starts at its own column (row_starts) of a
+    wider logits tensor, and the local top-k is ``top_k_per_row_prefill``'s (relative)."""
     make = make or IX.make_merge_dcp_topk_global
     rows, n = scores.shape
     owned = [_owned(n, w, interleave, r) for r in range(w)]
-    width = max(1, max(map(len, owned)))
+    starts = (torch.arange(rows) * 3 + 1 if at else torch.zeros(rows, dtype=torch.long)).int()
+    width = int(starts.max()) + max(1, max(map(len, owned))) + 2
     local, topk = [], []
     for r in range(w):
-        shard = torch.full((rows, width), -7.0)  # past the shard: never visible
-        shard[:, : len(owned[r])] = scores[:, owned[r]]
+        shard = torch.full((rows, width), 1e30)  # outside the row's range: never visible
+        for i in range(rows):
+            shard[i, int(starts[i]) : int(starts[i]) + len(owned[r])] = scores[i, owned[r]]
         out = torch.full((rows, k), 99, dtype=torch.int32)
-        IX.IndexerTopk()(shard, torch.full((rows,), len(owned[r])), 1, out, k, width)
+        ends = starts + len(owned[r])
+        if at:
+            IX.top_k_per_row_prefill(shard, starts, ends, out, rows, width, 1, k)
+        else:
+            IX.IndexerTopk()(shard, ends, 1, out, k, width)
         local.append(shard)
         topk.append(out)
+    row_starts = starts if at else None
     first = _Gather()
     for r in range(w):  # pass 1: what each rank packs
-        make(lambda: first)(local[r], topk[r].clone(), k, r, w, interleave)
+        make(lambda: first)(local[r], topk[r].clone(), k, r, w, interleave, row_starts)
     merged = []
     for r in range(w):
         mine = topk[r].clone()
-        make(lambda: _Gather(first.seen))(local[r], mine, k, r, w, interleave)
+        make(lambda: _Gather(first.seen))(local[r], mine, k, r, w, interleave, row_starts)
         merged.append(mine)
     return merged
 
 
-def _check_merge(scores, w, interleave, k, make=None):
-    for got in _dcp_topk(scores, w, interleave, k, make):
+def _check_merge(scores, w, interleave, k, make=None, at=False):
+    for got in _dcp_topk(scores, w, interleave, k, make, at):
         for r in range(scores.shape[0]):
             row = scores[r].tolist()
             want = _rule_order(row, range(len(row)))[:k]
@@ -367,12 +376,13 @@ _SCORES = st.one_of(
     w=st.sampled_from([2, 4, 8]),
     interleave=st.sampled_from([1, 2]),
     k=st.integers(1, 10),
+    at=st.booleans(),
     rows=st.lists(st.lists(_SCORES, min_size=1, max_size=40), min_size=1, max_size=3).filter(
         lambda rs: len({len(r) for r in rs}) == 1
     ),
 )
-def test_dcp_merge_equals_the_dcp1_topk(w, interleave, k, rows):
-    _check_merge(torch.tensor(rows, dtype=torch.float32), w, interleave, k)
+def test_dcp_merge_equals_the_dcp1_topk(w, interleave, k, at, rows):
+    _check_merge(torch.tensor(rows, dtype=torch.float32), w, interleave, k, at=at)
 
 
 def test_dcp_merge_covers_every_world_and_interleave():
@@ -383,6 +393,7 @@ def test_dcp_merge_covers_every_world_and_interleave():
         for interleave in (1, 2):
             scores = torch.cat([_distinct(1, 37, gen), _tied(2, 37, gen)])
             _check_merge(scores, w, interleave, 9)
+            _check_merge(scores, w, interleave, 9, at=True)
 
 
 def test_dcp_merge_check_catches_a_wrong_global_id():
@@ -391,3 +402,16 @@ def test_dcp_merge_check_catches_a_wrong_global_id():
     _check_merge(scores, 2, 1, 9, bad)  # at interleave 1 the two formulas agree
     with pytest.raises(AssertionError):
         _check_merge(scores, 2, 2, 9, bad)
+
+
+def test_dcp_merge_check_catches_ids_from_the_absolute_column():
+    # the global id taken from the column in the wider logits, not the row-local index
+    bad = planted(
+        IX.make_merge_dcp_topk_global,
+        "(safe // cp_interleave) * (dcp_world_size",
+        "(col // cp_interleave) * (dcp_world_size",
+    )
+    scores = _distinct(2, 37, torch.Generator().manual_seed(11))
+    _check_merge(scores, 4, 2, 9, bad)  # row_starts None: col == safe
+    with pytest.raises(AssertionError):
+        _check_merge(scores, 4, 2, 9, bad, at=True)

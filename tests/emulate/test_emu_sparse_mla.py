@@ -119,6 +119,24 @@ def _attention(tree, with_sink: bool, fn=None) -> None:
         )
     torch.testing.assert_close(out, want_out, atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-5)
+    if fn is None:  # the DCP1 entry point: the same attention, query [T, 1, H, D], no LSE
+        dcp1 = torch.full_like(want_out, math.nan)
+        sm.trtllm_batch_decode_sparse_mla_dsv4(
+            query=q[:, None],
+            swa_kv_cache=swa,
+            workspace_buffer=None,
+            sparse_indices=swa_idx,
+            compressed_kv_cache=comp,
+            out=dcp1,
+            bmm1_scale=scale,
+            sinks=sinks,
+            kv_layout="NHD",
+            swa_topk_lens=swa_lens,
+            extra_sparse_indices=idx,
+            extra_sparse_topk_lens=lens,
+            bmm2_scale=1.0,
+        )
+        torch.testing.assert_close(dcp1, want_out, atol=1e-2, rtol=1e-2)
     empty = torch.tensor([2, 5])
     if sinks is None:
         assert (lse[empty] == -1e30).all() and (out[empty] == 0).all()
