@@ -43,11 +43,11 @@ def _cache() -> torch.Tensor:
     return torch.randint(0, 256, (PAGES, PAGE_BYTES + PAD), generator=gen, dtype=torch.uint8)
 
 
-def _compare(tree, insert=None) -> None:
+def _compare(tree, insert=None, fixed=True) -> None:
     import triton.runtime.interpreter as interpreter
 
     # the engine's interpreter: sitecustomize's hook wrapped the fp8 cast
-    assert "_fp8_rounding" in interpreter._convert_float.__qualname__
+    assert ("_fp8_rounding" in interpreter._convert_float.__qualname__) == fixed
     triton_insert = baked(tree, CACHE_UTILS, ["quantize_and_insert_k_cache"])[
         "quantize_and_insert_k_cache"
     ]
@@ -80,7 +80,18 @@ def plant_pad_slot_written(tree) -> None:
     )
 
 
-CHECKS = ["quantize_insert", "plant_fp8_max", "plant_pad_slot_written"]
+def plant_unfixed_interpreter(tree) -> None:
+    # Triton's own interpreter cast (the fix's wrapped original): its bytes differ
+    import triton.runtime.interpreter as interpreter
+
+    fixed = interpreter._convert_float
+    cells = dict(zip(fixed.__code__.co_freevars, fixed.__closure__ or (), strict=True))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(interpreter, "_convert_float", cells["convert"].cell_contents)
+        _compare(tree, fixed=False)
+
+
+CHECKS = ["quantize_insert", "plant_fp8_max", "plant_pad_slot_written", "plant_unfixed_interpreter"]
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +109,10 @@ def test_quantize_insert_check_catches_a_wrong_fp8_max(results):
 
 def test_quantize_insert_check_catches_a_written_pad_slot(results):
     caught(results, "plant_pad_slot_written")
+
+
+def test_quantize_insert_check_fails_without_the_fp8_fix(results):
+    caught(results, "plant_unfixed_interpreter")
 
 
 # ---- gptj_rope ---------------------------------------------------------------
