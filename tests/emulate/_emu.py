@@ -1,6 +1,6 @@
 """How tests/emulate loads what it compares, without leaking into the rest of the suite.
 
-- ``run_checks(tree, module, names)``: runs check functions ``module.NAME(tree)`` in a
+- ``run_checks(tree, ["module:func", ...])``: runs check functions ``func(tree)`` in one
   child the way the engine runs (``emulate/`` and the baked tree first on PYTHONPATH, so
   ``emulate/sitecustomize.py`` turns the interpreter on and installs every hook, the fp8
   rounding fix included); Triton and vLLM never load interpreted in the pytest process.
@@ -9,6 +9,7 @@
 - ``stand_in(name)``: ``emulate/bakery_emulate/<name>.py``, imported with ``emulate/``
   first on ``sys.path`` just for the import; the path and the ``bakery_emulate``
   entries of ``sys.modules`` are put back afterwards (the module object is returned).
+  In the child, where ``emulate/`` is on the path anyway, a plain import.
 - ``baked(tree, rel, roots, provided)``: the baked tree's own Triton code, loaded by
   ``bakery.dcp.baked_kernels`` (no vLLM import) under ``TRITON_INTERPRET=1``, with
   ``provided`` standing in for the vLLM names it imports.
@@ -19,7 +20,6 @@
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import importlib
 import os
@@ -28,8 +28,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-# Imported before any TRITON_INTERPRET=1 below: triton.language's own jit functions are
-# then the compiled kind, as for the rest of the suite (the interpreter runs them too).
+# Imported before any TRITON_INTERPRET=1 below, so triton.language stays the compiled kind
+# for the rest of the suite. Hence only kernels that call no triton.language jit function
+# (the fp8 cast) are interpreted in this process; the baked kernels run in the child.
 with contextlib.suppress(ImportError):  # without Triton, needs("triton") skips the tests
     import triton  # noqa: F401
     import triton.language  # noqa: F401
@@ -112,16 +113,6 @@ def baked(
     picked = {name: ns[name] for name in ex.names()}  # not the provided ones
     assert all(bk.verify_verbatim(ex, picked).values()), "a kernel is not the baked file's text"
     return ns
-
-
-def baked_constant(tree: Path, rel: str, name: str) -> Any:
-    """A module-level literal of a baked file, read with ``ast`` (no vLLM import)."""
-    for node in ast.parse((Path(tree) / rel).read_text()).body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == name for t in node.targets
-        ):
-            return ast.literal_eval(node.value)
-    raise LookupError(f"{rel}: no literal {name}")
 
 
 def fp8_fixed(monkeypatch: Any) -> None:
