@@ -120,7 +120,7 @@ def fp8_fixed(monkeypatch: Any) -> None:
 
     patches = stand_in("patches")
     monkeypatch.setattr(
-        interpreter, "_convert_float", patches._fp8_rounding(interpreter._convert_float)
+        interpreter, "_convert_float", patches._nearest_even(interpreter._convert_float)
     )
 
 
