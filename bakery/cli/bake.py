@@ -53,6 +53,8 @@ def bake_cmd(series_dir, base_key, wheel, build_dir, check_only) -> None:
         f"{len(result.plan.changed)} file(s) patched)"
     )
     click.echo(f"wheel {result.wheel}")
+    for name in result.superseded:
+        click.echo(f"removed older wheel: {result.wheel.parent / name}")
 
 
 @click.command("check")

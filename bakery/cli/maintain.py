@@ -66,16 +66,7 @@ def refresh_cmd(
     """Turn edits in the baked tree into the series' per-file patches."""
     series = load_series(series_dir)
     if check_only:
-        pristine_pkg = unpacked(series.base(base_key)) / series.package
-        problems = refresh.patches_out_of_date(series, pristine_pkg)
-        for problem in problems:
-            click.echo(problem)
-        if problems:
-            raise BakeryError(
-                f"{len(problems)} patch problem(s): the series needs a refresh",
-                hint="bake, edit build/baked, then run `bakery refresh`",
-            )
-        click.echo(f"ok: {len(series.entries)} patch(es) are clean and up to date")
+        _check_every_base(series, base_key)
         return
     refuse_during_rebase(build_dir)
     tree = tree_dir(build_dir, base_key)
@@ -121,6 +112,30 @@ def refresh_cmd(
     if lost:
         raise BakeryError(f"re-bake does not reproduce the edits (a bug): {lost!r}")
     click.echo(f"re-baked {result.tree}: the series reproduces every edit")
+
+
+def _check_every_base(series, base_key: str) -> None:
+    """`refresh --check`: the patches are up to date on every base of the series (a
+    rebase that moved one base must not leave another unbakeable), or on --base alone."""
+    source = click.get_current_context().get_parameter_source("base_key")
+    explicit = source is not click.core.ParameterSource.DEFAULT
+    keys = [base_key] if explicit else sorted(series.bases, key=lambda k: (k != "default", k))
+    problems = []
+    for key in keys:
+        found = refresh.patches_out_of_date(series, unpacked(series.base(key)) / series.package)
+        problems += [f"[bases.{key}] {problem}" for problem in found]
+    for problem in problems:
+        click.echo(problem)
+    if problems:
+        raise BakeryError(
+            f"{len(problems)} patch problem(s) on {len(keys)} base(s): the series needs a refresh",
+            hint="bake, edit build/baked, then run `bakery refresh` (a base the series cannot "
+            "serve any more: remove it from series.toml)",
+        )
+    click.echo(
+        f"ok: {len(series.entries)} patch(es) are clean and up to date on "
+        + ", ".join(f"{k} ({series.base(k).requirement})" for k in keys)
+    )
 
 
 def _refuse_if_series_moved(series, base_key: str, tree: Path, build: Path) -> None:
@@ -183,8 +198,35 @@ def _refuse_if_series_moved(series, base_key: str, tree: Path, build: Path) -> N
     is_flag=True,
     help="After --checkout: restore the series and the baked tree as they were.",
 )
+@click.option(
+    "--drop-base",
+    "drop",
+    multiple=True,
+    metavar="KEY",
+    help="With --continue: remove this other base (e.g. cpu) from series.toml when the "
+    "rebased series no longer bakes on it.",
+)
+@click.option(
+    "--keep-base",
+    "keep",
+    multiple=True,
+    metavar="KEY",
+    help="With --continue: keep this other base's pin although the rebased series no "
+    "longer bakes on it.",
+)
 def rebase_cmd(
-    series_dir, base_key, build_dir, target, out, fuzz, in_place, checkout, resume, abort
+    series_dir,
+    base_key,
+    build_dir,
+    target,
+    out,
+    fuzz,
+    in_place,
+    checkout,
+    resume,
+    abort,
+    drop,
+    keep,
 ) -> int | None:
     """Try the series on another release: per-hunk report, refreshed series, linkcheck.
 
@@ -207,8 +249,15 @@ def rebase_cmd(
         raise UsageError("--checkout writes into the baked tree and takes no --out")
     if not (resume or abort) and not target:
         raise UsageError("missing --to NAME==X.Y.Z", hint="e.g. `bakery rebase --to vllm==0.33.0`")
+    if (drop or keep) and not resume:
+        raise UsageError("--drop-base and --keep-base go with --continue")
+    if set(drop) & set(keep):
+        raise UsageError(
+            "a base is either dropped or kept, not both: "
+            + ", ".join(sorted(set(drop) & set(keep)))
+        )
     if resume:
-        _rebase_continue(build_dir)
+        _rebase_continue(build_dir, tuple(drop), tuple(keep))
         return None
     if abort:
         state = rebase_loop.abort(build_dir)
@@ -267,8 +316,8 @@ def _rebase_checkout(series, version: str, build_dir: Path, base_key: str, fuzz:
     return 0
 
 
-def _rebase_continue(build_dir: Path) -> None:
-    report = rebase_loop.resume(build_dir, cache_dir())
+def _rebase_continue(build_dir: Path, drop: tuple[str, ...], keep: tuple[str, ...]) -> None:
+    report = rebase_loop.resume(build_dir, cache_dir(), drop, keep)
     for action, file in report["changes"]:
         click.echo(f"{action}: {file}")
     for rel in report["strays"]:

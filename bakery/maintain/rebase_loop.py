@@ -38,6 +38,7 @@ from bakery.maintain.rebase import (
     release_pin,
     survey,
 )
+from bakery.series import apply
 from bakery.series.engine import apply_file_patch
 from bakery.series.series import Pin, Series, load_series
 from bakery.tree import clone_tree, empty_trash, read_file, remove_tree, sweep_dead, write_atomic
@@ -270,12 +271,14 @@ def conflicts_left(state: dict, build: Path) -> list[str]:
     return [p for p in state["files"] if has_markers(read_file(package, p))]
 
 
-def _repin(series: Series, state: dict) -> None:
+def _repin(series: Series, state: dict, drop: tuple[str, ...] = ()) -> None:
     path = series.root / "series.toml"
     doc = tomlkit.parse(path.read_text())
     doc["bases"][state["base_key"]].update(state["pin"])
     for key, table in state["other_bases"].items():
         doc["bases"][key].update(table)
+    for key in drop:
+        del doc["bases"][key]
     for name, table in state["dependencies"].items():
         doc.setdefault("dependencies", tomlkit.table())[name] = table
     write_atomic(path, tomlkit.dumps(doc).encode())
@@ -291,13 +294,35 @@ def _load_state(build: Path) -> dict:
     return state
 
 
-def resume(build: Path, cache: Path) -> dict:
-    """Refresh the series from the fixed tree onto the new pins, re-bake, linkcheck."""
+def resume(
+    build: Path, cache: Path, drop: tuple[str, ...] = (), keep: tuple[str, ...] = ()
+) -> dict:
+    """Refresh the series from the fixed tree onto the new pins, re-bake, linkcheck.
+
+    Every other base must still bake the refreshed series; one that does not is refused
+    (series restored, rebase still in progress) unless ``drop`` removes it from the series
+    or ``keep`` keeps its pin knowingly unbakeable."""
     with build_lock(build):
-        return _resume(build, cache)
+        return _resume(build, cache, drop, keep)
 
 
-def _resume(build: Path, cache: Path) -> dict:
+def _unbakeable(series: Series, skip: str, cache: Path) -> dict[str, str]:
+    """Base key -> why the series does not apply to it (the bases other than ``skip``)."""
+    out = {}
+    for key, pin in sorted(series.bases.items()):
+        if key == skip:
+            continue
+        try:
+            apply.plan(
+                unpacked(pin, cache) / series.package, series.patches, max_fuzz=series.max_fuzz
+            )
+        except HunkFailed as exc:
+            first = str(exc).splitlines()[0]
+            out[key] = f"[bases.{key}] ({pin.requirement}) would not bake: {first}"
+    return out
+
+
+def _resume(build: Path, cache: Path, drop: tuple[str, ...], keep: tuple[str, ...]) -> dict:
     state = _load_state(build)
     if not _checked_out(state, build):
         raise UsageError(
@@ -311,19 +336,38 @@ def _resume(build: Path, cache: Path) -> dict:
         )
     base_key = state["base_key"]
     series = load_series(Path(state["series"]))
+    for key in (*drop, *keep):
+        if key == base_key or key not in series.bases:
+            others = sorted(set(series.bases) - {base_key})
+            raise UsageError(
+                f"--drop-base and --keep-base take another base of the series, not {key!r}",
+                hint=f"the other bases: {', '.join(others) or 'none'}",
+            )
     tree = tree_dir(build, base_key)
     pin = Pin.parse(base_key, state["pin"], "rebase state")
     strays: list[str] = []
     edited = refresh.differing_files(
         unpacked(pin, cache) / series.package, tree / series.package, strays
     )
-    _repin(series, state)
+    _repin(series, state, drop)
     repinned = load_series(series.root)
     changes = refresh.plan_refresh(repinned, edited)
     saved = load_series(build / STATE / "series")
     remembered = {e.file: {"stage": e.stage, "summary": e.summary} for e in saved.entries}
     refresh.write_refresh(repinned, changes, remembered=remembered)
     rebased = load_series(series.root)
+    broken = _unbakeable(rebased, base_key, cache)
+    refused = {k: why for k, why in broken.items() if k not in keep}
+    if refused:
+        _restore_series(series.root, build / STATE / "series")
+        names = " ".join(sorted(refused))
+        raise BakeryError(
+            f"the rebased series would leave {len(refused)} other base(s) unbakeable: "
+            + "; ".join(refused.values()),
+            hint=f"choose: `bakery rebase --continue --drop-base {names}` removes it from "
+            f"series.toml, `--keep-base {names}` keeps its pin knowingly unbakeable, or "
+            "`bakery rebase --abort`",
+        )
     result = bake(rebased, base_key, build=build, cache=cache)
     package = result.tree / rebased.package
     lost = [p for p, (_, new) in edited.items() if read_file(package, p) != new]
@@ -336,7 +380,9 @@ def _resume(build: Path, cache: Path) -> dict:
         "release": state["release"],
         "changes": [(c.action, c.file) for c in changes],
         "strays": strays,
-        "notes": state["notes"],
+        "notes": state["notes"]
+        + [f"{why} (kept: --keep-base)" for why in broken.values()]
+        + [f"[bases.{key}] removed from the series (--drop-base)" for key in drop],
         "tree": str(result.tree),
         "linkcheck": [format_finding(f) for f in findings],
     }

@@ -12,7 +12,13 @@ from pathlib import Path
 
 from bakery import __version__
 from bakery.bake import manifest
-from bakery.bake.bake import pristine_edits, staleness, tree_dir
+from bakery.bake.bake import (
+    baked_wheel,
+    pristine_edits,
+    staleness,
+    superseded_wheels,
+    tree_dir,
+)
 from bakery.bake.fetch import cache_dir
 from bakery.launch import lifecycle
 from bakery.maintain import refresh
@@ -43,7 +49,17 @@ def _base(series: Series, key: str, build: Path, cache: Path, rebasing: bool) ->
         return {**row, "baked": False, "baked_series": None, "stale": [], "pending": None}
     baked = manifest.load(path)
     stale = staleness(series, key, build) + pristine_edits(pin.sha256, cache)
-    row |= {"baked": True, "baked_series": baked["series"]["sha256"], "stale": stale}
+    wheel = baked_wheel(build, baked)
+    row |= {
+        "baked": True,
+        "baked_series": baked["series"]["sha256"],
+        "stale": stale,
+        "wheel": str(wheel) if wheel else None,
+        "wheel_present": bool(wheel and wheel.is_file()),
+        "older_wheels": [str(p) for p in superseded_wheels(wheel.parent, wheel.name, series.name)]
+        if wheel
+        else [],
+    }
     if rebasing or refresh.series_changes_since_bake(series, baked):
         return {**row, "pending": None, "why": "the tree is not a bake of this series"}
     return {**row, **_pending(series, key, tree, cache)}
@@ -85,6 +101,9 @@ def lines(status: dict) -> list[str]:
         verdict = "stale" if base["stale"] else "up to date"
         out.append(f"{head}: baked from series {base['baked_series'][:8]}, {verdict}")
         out += [f"  stale: {problem}" for problem in base["stale"]]
+        missing = "" if base["wheel_present"] else " (missing: run `bakery bake`)"
+        out.append(f"  wheel: {base['wheel'] or 'none named in BAKED.json'}{missing}")
+        out += [f"  older wheel: {p} (`bakery clean` removes it)" for p in base["older_wheels"]]
         if base["pending"] is None:
             out.append(f"  pending edits: unknown ({base['why']})")
         else:
