@@ -485,6 +485,9 @@ VARIANTS = [
     ["--model", "m", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}'],
     ["--model", "m", "--spec-method", "mtp", "--spec-tokens", "3", "--revision", "abc"],
     ["--model", "m", "-tp", "2", "-tp", "4"],
+    ["--model", "m", "--dcp-comm-backend", "a2a", "--no-swa-bounded-replay", "--enable-dbo"],
+    ["--model", "m", "--dcp_comm_backend=ag_rs", "--swa-bounded-replay", "--dcp-q-replicate"],
+    ["--model", "m", "--ubatch-size", "2", "--no-dcp-q-replicate", "--no-enable-dbo"],
 ]
 
 # What vLLM's parser fills in for a flag that is not given (the reader leaves None).
@@ -503,6 +506,11 @@ VLLM_DEFAULTS = {
     "distributed_executor_backend": None,
     "nnodes": 1,
     "node_rank": 0,
+    "dcp_comm_backend": None,
+    "dcp_q_replicate": None,
+    "swa_bounded_replay": True,
+    "enable_dbo": False,
+    "ubatch_size": 0,
 }
 
 _ORACLE = """

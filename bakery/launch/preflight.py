@@ -263,7 +263,8 @@ def _parsed(probe: dict | None, own: dict) -> tuple[dict, list[str]]:
     """vLLM's own parse when the probe got one, else the launcher's reading of the args."""
     args = (probe or {}).get("args") or {}
     if args.get("ok"):
-        return args.get("parsed") or {}, []
+        # a field the probe's answer lacks is read from the args (same spellings)
+        return {**own, **(args.get("parsed") or {})}, []
     return own, ["vLLM flags read by the launcher (the pinned vLLM parser gave no answer)"]
 
 
