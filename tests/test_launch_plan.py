@@ -153,6 +153,7 @@ def test_run_sh_dry_run_prints_the_golden(tmp_path):
         "--profile",
         "dsv41-sm120-tp2-dcp2",
         "--dry-run",
+        "--json",
         "--python",
         str(PYTHON),
         env={"PYTHONPATH": ""},

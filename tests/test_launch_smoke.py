@@ -122,7 +122,8 @@ def test_smoke_start_health_completion_stop(launch_args):
     assert group_members(pgid) == []
     assert marked(run_id) == [], "a process of the run outlived stop"
     assert not pid_file.exists()
-    assert run_sh("status", "--artifacts", str(art), timeout=60).returncode == 1
+    after = run_sh("status", "--artifacts", str(art), timeout=60)
+    assert after.returncode == 0 and after.stdout == "no server running\n"  # a clean state
 
 
 def _teacher_forced_parity_against_the_real_server(url: str, tmp: Path) -> None:

@@ -41,6 +41,8 @@ __all__ = [
     "tail",
     "latest_log",
     "follow",
+    "rebaked_under",
+    "launcher_argv",
 ]
 
 PID_FILE = "server.pid"
@@ -241,6 +243,45 @@ def read_pid(path: Path) -> Running:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         why = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
         return Running(path, -1, -1, None, path.parent.parent.name, error=why[:200])
+
+
+def launcher_argv(run_dir: Path) -> list[str]:
+    """The `start ...` arguments a run was launched with (for `restart`)."""
+    path = run_dir / "run_environment.json"
+    try:
+        argv = json.loads(path.read_bytes())["launcher_argv"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        argv, why = None, f"{type(exc).__name__}"
+    else:
+        why = "it holds no `start` command"
+    if isinstance(argv, list) and all(isinstance(a, str) for a in argv) and "start" in argv:
+        return argv[argv.index("start") :]
+    raise LaunchError(
+        f"cannot tell how the run was started ({why}): {str(path)!r}",
+        hint="stop it with `run.sh stop`, then `run.sh start --profile NAME ...`",
+    )
+
+
+def rebaked_under(run_dir: Path) -> str | None:
+    """Why the tree a run serves is no longer the series it started with (a re-bake or
+    re-install under the running server), else None. The BAKED.json read is the one
+    run_environment.json names, only when it is that file name: never another path."""
+    try:
+        served = json.loads((run_dir / "run_environment.json").read_bytes())["baked"]
+        then, path = str(served["series_sha256"]), Path(served["path"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # an old or damaged record: nothing to compare
+    if path.name != MANIFEST:
+        return None
+    try:
+        now = json.loads(path.read_bytes())["series"]["sha256"]
+    except FileNotFoundError:
+        return f"it serves series {then[:8]}; {path} is gone"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"it serves series {then[:8]}; {path} is unreadable ({type(exc).__name__})"
+    if now == then:
+        return None
+    return f"it serves series {then[:8]}, {path.parent} now holds {str(now)[:8]}"
 
 
 def tail(path: Path, lines: int = TAIL_LINES) -> str:

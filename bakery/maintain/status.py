@@ -114,9 +114,10 @@ def lines(status: dict) -> list[str]:
         left = ", ".join(rebase["conflicts"]) or "none (run `bakery rebase --continue`)"
         out.append(f"rebase onto {rebase['release']} in progress; conflicts left: {left}")
     servers = status["servers"]
-    out += [
-        f"server {r['profile']}: {r['health']} pgid {r['pgid']} {r['url'] or ''}" for r in servers
-    ]
+    for r in servers:
+        out.append(f"server {r['profile']}: {r['health']} pgid {r['pgid']} {r['url'] or ''}")
+        if r.get("rebaked"):
+            out.append(f"  re-baked under it: {r['rebaked']} (`run.sh restart` serves it)")
     if not servers:
         out.append("servers: none running")
     return out
