@@ -138,6 +138,7 @@ def test_restart_stops_the_server_and_starts_its_recorded_command(
     assert code == 0, captured.err
     assert "cpu-tiny: stopped process group" in captured.out
     assert f"starting again: run.sh {' '.join(argv)}" in captured.err
+
     def gone() -> bool:
         return not any(pid in marked(old_id) for pid in old_pids)
 

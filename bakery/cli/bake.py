@@ -10,7 +10,7 @@ from bakery.bake import manifest
 from bakery.bake.bake import bake as run_bake
 from bakery.bake.bake import pristine_edits, staleness, tree_dir
 from bakery.cli.options import base_option, build_option, series_option
-from bakery.errors import BakeryError
+from bakery.errors import BakeryError, HunkFailed
 from bakery.maintain.rebase_loop import refuse_during_rebase
 from bakery.series import apply as apply_mod
 from bakery.series.series import load_series
@@ -44,7 +44,16 @@ def bake_cmd(series_dir, base_key, wheel, build_dir, check_only) -> None:
         click.echo(f"ok: {tree_dir(build_dir, base_key)} is series {series.sha256[:8]}")
         return
     refuse_during_rebase(build_dir)
-    result = run_bake(series, base_key, build=build_dir, wheel=wheel)
+    try:
+        result = run_bake(series, base_key, build=build_dir, wheel=wheel)
+    except HunkFailed as exc:
+        # bake has no --fuzz: the series' fuzz is its policy, in series.toml.
+        exc.hint = (
+            f"refresh the patch against this base (`bakery rebase --checkout` writes the "
+            f"conflicts to fix), or allow fuzz in the series (`max_fuzz` under [policy] in "
+            f"{series.root / 'series.toml'})"
+        )
+        raise
     for outcome in result.plan.outcomes:
         if outcome.status is apply_mod.ApplyStatus.ALREADY_APPLIED:
             click.echo(f"warning: {outcome.patch.name} is already in the base", err=True)

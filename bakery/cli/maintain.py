@@ -23,7 +23,7 @@ from bakery.maintain import rebase as rebase_mod
 from bakery.maintain import rebase_loop, refresh
 from bakery.maintain import status as status_mod
 from bakery.maintain.rebase_loop import refuse_during_rebase
-from bakery.series.diff import render_file_diff
+from bakery.series.diff import NEW_PREFIX, OLD_PREFIX, render_file_diff
 from bakery.series.series import load_series
 from bakery.tree import read_file, write_atomic
 
@@ -89,7 +89,7 @@ def refresh_cmd(
         for change in changes:
             click.echo(f"would {change.action}: {change.file}")
             old = (series.root / change.file).read_bytes() if change.action != "add" else None
-            diff = render_file_diff(change.file, old, change.data)
+            diff = _relabel(render_file_diff(change.file, old, change.data), series.root)
             click.echo(diff.decode("utf-8", "replace"), nl=False)
         click.echo("dry run: nothing written")
         return
@@ -112,6 +112,20 @@ def refresh_cmd(
     if lost:
         raise BakeryError(f"re-bake does not reproduce the edits (a bug): {lost!r}")
     click.echo(f"re-baked {result.tree}: the series reproduces every edit")
+
+
+def _relabel(diff: bytes, root: Path) -> bytes:
+    """A diff of a patch file, labelled as that file (committed / as refresh writes it),
+    not with the series' own tree labels (baked-ours/, baked/)."""
+    lines = diff.split(b"\n", 2)
+    if len(lines) < 3:
+        return diff
+    for i, (side, prefix) in enumerate(((b"--- ", OLD_PREFIX), (b"+++ ", NEW_PREFIX))):
+        label = lines[i][len(side) :]
+        if label.startswith(prefix.encode()):
+            name = label[len(prefix) :].decode("utf-8", "surrogateescape")
+            lines[i] = side + str(root / name).encode("utf-8", "surrogateescape")
+    return b"\n".join(lines)
 
 
 def _check_every_base(series, base_key: str) -> None:

@@ -223,7 +223,24 @@ def write_refresh(
                 }
             )
             patches.append(table)
-    write_atomic(toml_path, tomlkit.dumps(doc).encode())
+    write_atomic(toml_path, _spaced(tomlkit.dumps(doc)).encode())
+
+
+def _spaced(text: str) -> str:
+    """A blank line before each ``[[patches]]`` that follows a value line (tomlkit
+    appends tables flush against the one before)."""
+    lines = text.split("\n")
+    out: list[str] = []
+    for line in lines:
+        if (
+            line.strip() == "[[patches]]"
+            and out
+            and out[-1].strip()
+            and not out[-1].startswith("#")
+        ):
+            out.append("")
+        out.append(line)
+    return "\n".join(out)
 
 
 def record(series: Series, base_key: str, tree: Path, cache: Path | None = None) -> None:

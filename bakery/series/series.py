@@ -228,7 +228,11 @@ class Series:
             return self.bases[key]
         except KeyError:
             known = ", ".join(sorted(self.bases))
-            raise SeriesError(f"unknown base (known: {known}): {key!r}") from None
+            raise SeriesError(
+                f"unknown base (known: {known}): {key!r}",
+                hint=f"pass one of them as `--base KEY` (the [bases.KEY] tables of "
+                f"{self.root / 'series.toml'})",
+            ) from None
 
     def patch_bytes(self, entry: PatchEntry) -> bytes:
         path = self.root / entry.file
