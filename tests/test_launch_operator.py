@@ -203,3 +203,32 @@ def test_dry_run_prints_the_shell_command_and_json_on_request(tmp_path, cpu_bake
     assert json.loads(shown.stdout)["command"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     bad = run_sh("start", "--profile", "cpu-tiny", "--json", timeout=60)
     assert bad.returncode == 2 and "--json goes with --dry-run" in bad.stderr
+
+
+def test_matrix_model_reaches_every_entry(tmp_path, monkeypatch, capsys):
+    """`make verify MODEL=...` -> `run.sh matrix --model`: each entry's plan serves it."""
+    from bakery.errors import BakeryError
+    from bakery.launch import matrix as matrix_mod
+
+    seen = {}
+
+    def capture(matrix, ctx, **kwargs):
+        seen["plans"] = [matrix_mod._plan(e, ctx) for e in (matrix.baseline, *matrix.candidates)]
+        raise BakeryError("captured")
+
+    monkeypatch.setattr(matrix_mod, "run_matrix", capture)
+    model = tmp_path / "DeepSeek-V4.1"
+    model.mkdir()
+    monkeypatch.chdir(tmp_path)  # --model is read from the caller's folder
+    monkeypatch.setenv("BAKERY_ROOT", str(REPO))
+    code = main(["matrix", "--model", "DeepSeek-V4.1", "--artifacts", str(tmp_path / "art")])
+    assert code == 1 and "error: captured" in capsys.readouterr().err
+    assert len(seen["plans"]) == 4
+    assert {p.profile.model for p in seen["plans"]} == {str(model)}
+    # Without --model, the profiles' own model stays.
+    code = main(["matrix", "--artifacts", str(tmp_path / "art")])
+    assert {p.profile.model for p in seen["plans"]} == {"deepseek-ai/DeepSeek-V4.1"}
+    make = subprocess.run(
+        ["make", "-n", "verify", "MODEL=/models/V41"], cwd=REPO, capture_output=True, text=True
+    )
+    assert "run.sh matrix --matrix launcher/dcp2/matrix.toml --model /models/V41" in make.stdout

@@ -387,6 +387,7 @@ def logs_cmd(profile, follow, lines, artifacts) -> None:
     help="Output folder (default: <artifacts>/matrix/<UTC timestamp>).",
 )
 @click.option("--grace", type=SECONDS, default=30.0, show_default=True)
+@click.option("--model", help="Model folder or id every entry serves (overrides the profiles).")
 @click.option(
     "--python",
     "python",
@@ -397,6 +398,7 @@ def logs_cmd(profile, follow, lines, artifacts) -> None:
 @_sources
 @_paths
 def matrix_cmd(
+    model,
     matrix_file,
     baseline_dir,
     gates_file,
@@ -421,6 +423,7 @@ def matrix_cmd(
         series=load_series(series_dir),
         table=load_gate_table(series_dir),
         grace_s=grace,
+        model=_model(model),
     )
     summary = matrix_mod.run_matrix(
         matrix_mod.load_matrix(matrix_file),

@@ -126,6 +126,7 @@ class Context:
     series: Series
     table: GateTable
     grace_s: float = 30.0
+    model: str | None = None  # `run.sh matrix --model`: every entry serves this model
 
 
 def _entry(doc: EntryDoc) -> Entry:
@@ -183,7 +184,8 @@ def matrix_from_data(data: object, path: Path) -> Matrix:
 
 
 def _plan(entry: Entry, ctx: Context) -> LaunchPlan:
-    profile = override(load_profile(entry.profile, ctx.profiles, ctx.table), **dict(entry.flags))
+    flags = dict(entry.flags) | ({"model": ctx.model} if ctx.model else {})
+    profile = override(load_profile(entry.profile, ctx.profiles, ctx.table), **flags)
     return make_plan(
         profile,
         python=ctx.python,
