@@ -318,6 +318,15 @@ def test_when_the_guess_is_frozen_gnu_scans_up_from_below_it():
     assert ours(target, diff, 0) == expected
 
 
+def test_a_fully_fuzzed_hunk_whose_guess_is_frozen_fails_like_gnu():
+    """Found by the overlapping property: fuzz 1 drops hunk 2's only line, so GNU's first
+    upward probe matches at once, at line 0, which GNU reads as "not found"."""
+    target = b"a\na\na\na\na\na"
+    diff = b"--- a/f\n+++ b/f\n@@ -1 +0,0 @@\n-a\n@@ -1 +1,2 @@\n+new 0\n a\n"
+    assert _gnu(target, diff, 1) == (None, {})
+    assert ours(target, diff, 1) == (None, {})
+
+
 def test_a_change_on_frozen_lines_fails_as_misordered(tmp_path):
     target = _words("a1 a2 a3 a4 a5 a6 a7 a8 a9")
     diff = (

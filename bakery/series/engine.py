@@ -127,6 +127,10 @@ class _Matcher:
             # guess - min_where, so its "+offset" probe walks up from 2 * guess - min_where
             # (frozen lines included) after one probe at min_where: one increasing scan.
             start = first_guess + max_neg
+            if prefix_fuzz >= pat_lines - suffix_fuzz:
+                # Fuzz dropped every line: GNU's first probe matches, even at line 0 or
+                # above (0 reads as "not found"; above fails as misordered).
+                return start
             for where in (start, min_where):
                 if self.matches(where, pattern, prefix_fuzz, suffix_fuzz):
                     return where
