@@ -1,7 +1,10 @@
-"""`bakery bake` and `bakery check`: the pinned wheel to a patched tree and wheel."""
+"""`bakery bake` and `bakery check`: the pinned wheel to a patched tree and wheel, and
+the re-hash of a baked tree or an installed patched wheel."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import click
@@ -10,7 +13,7 @@ from bakery.bake import manifest
 from bakery.bake.bake import bake as run_bake
 from bakery.bake.bake import pristine_edits, staleness, tree_dir
 from bakery.cli.options import base_option, build_option, series_option
-from bakery.errors import BakeryError, HunkFailed
+from bakery.errors import BakeryError, HunkFailed, UsageError
 from bakery.maintain.rebase_loop import refuse_during_rebase
 from bakery.series import apply as apply_mod
 from bakery.series.series import load_series
@@ -67,15 +70,34 @@ def bake_cmd(series_dir, base_key, wheel, build_dir, check_only) -> None:
 
 
 @click.command("check")
-@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
-def check_cmd(directory: Path) -> None:
-    """Re-hash a baked tree or patched site-packages against its BAKED.json."""
+@click.argument(
+    "directory", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path)
+)
+@click.option(
+    "--python",
+    "python",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Check the patched wheel installed in this Python's environment (bakery need not "
+    "be installed there).",
+)
+def check_cmd(directory: Path | None, python: Path | None) -> None:
+    """Re-hash a baked tree or patched site-packages: the touched files against its
+    BAKED.json, every other file against RECORD."""
+    if (directory is None) == (python is None):
+        raise UsageError(
+            "give a DIRECTORY or --python, one of the two",
+            hint="e.g. `bakery check build/baked` or `bakery check --python /opt/vllm/bin/python`",
+        )
+    if python is not None:
+        directory = _site_packages(python)
+    assert directory is not None
     path = manifest.find(directory)
     data = manifest.load(path)
     drift = manifest.drift(directory, data)
+    others, checked = manifest.record_drift(directory, path, data)
     for label, paths in (
-        ("modified", drift.modified),
-        ("missing", drift.missing),
+        ("modified", drift.modified + others.modified),
+        ("missing", drift.missing + others.missing),
         ("extra", drift.extra),
     ):
         for rel in paths:
@@ -84,10 +106,38 @@ def check_cmd(directory: Path) -> None:
     linked = pristine_edits(data["base"]["sha256"]) if path.parent == directory else []
     for line in linked:
         click.echo(line)
-    if not drift.clean or linked:
-        count = len(drift.modified) + len(drift.missing) + len(drift.extra) + len(linked)
+    count = sum(len(d.modified) + len(d.missing) + len(d.extra) for d in (drift, others))
+    if count or linked:
         raise BakeryError(
-            f"{count} file(s) drifted from {path}",
+            f"{count + len(linked)} file(s) drifted from {path} and RECORD",
             hint="re-run `make bake` (or reinstall the patched wheel)",
         )
-    click.echo(f"ok: {len(data['files'])} touched file(s) match {path}")
+    click.echo(
+        f"ok: {len(data['files'])} touched file(s) match {path}; "
+        f"{checked} other file(s) match RECORD"
+    )
+
+
+def _site_packages(python: Path) -> Path:
+    """The site-packages of ``python`` holding a patched wheel (its BAKED.json)."""
+    code = (
+        "import json, sysconfig; p = sysconfig.get_paths(); "
+        "print(json.dumps([p['purelib'], p['platlib']]))"
+    )
+    try:
+        proc = subprocess.run(
+            [str(python), "-I", "-c", code], capture_output=True, text=True, timeout=60
+        )
+        folders = [Path(p) for p in json.loads(proc.stdout)] if proc.returncode == 0 else []
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"cannot run that Python ({exc}): {str(python)!r}") from None
+    if not folders:
+        raise UsageError(f"that Python did not name its site-packages: {str(python)!r}")
+    found = [f for f in dict.fromkeys(folders) if list(f.glob(f"*.dist-info/{manifest.MANIFEST}"))]
+    if not found:
+        raise BakeryError(
+            f"no patched wheel installed for {python} (no *.dist-info/{manifest.MANIFEST} "
+            f"in {', '.join(map(str, dict.fromkeys(folders)))})",
+            hint="pip install the wheel `bakery status` names into that environment",
+        )
+    return found[0]
