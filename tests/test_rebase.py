@@ -119,10 +119,17 @@ def _tree_stat(root) -> dict:
 
 
 def _take_both_sides(path) -> None:
-    """The scripted fix: keep the release's lines and then the patch's (a union merge)."""
-    lines = path.read_bytes().splitlines(keepends=True)
-    markers = (b"<<<<<<< ", b"=======", b">>>>>>> ")
-    path.write_bytes(b"".join(line for line in lines if not line.startswith(markers)))
+    """The scripted fix: keep the release's lines and then the patch's (a union merge),
+    without zdiff3's base section (the old pristine lines)."""
+    kept, in_base = [], False
+    for line in path.read_bytes().splitlines(keepends=True):
+        if line.startswith(b"||||||| "):
+            in_base = True
+        elif line.startswith(b"======="):
+            in_base = False
+        elif not in_base and not line.startswith((b"<<<<<<< ", b">>>>>>> ")):
+            kept.append(line)
+    path.write_bytes(b"".join(kept))
 
 
 def test_rebase_loop_onto_0_33_abort_then_fix_and_continue(tmp_path):

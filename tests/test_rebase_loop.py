@@ -51,7 +51,10 @@ def test_checkout_writes_conflicts_then_continue_gives_a_clean_series(loop):
             refused.returncode == 2 and "a rebase onto vllm==0.2.0 is in progress" in refused.stderr
         )
     proc = cli("rebase", "--continue")
-    assert proc.returncode == 1 and "still have conflict markers: ['b.py']" in proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    assert f"1 file(s) still have conflict markers (file:lines): {package / 'b.py'}:2\n" in (
+        proc.stderr
+    )
     (package / "b.py").write_bytes(b"B = 1\nLIMIT = 24  # dcp: twice upstream's\nNAME = 'b'\n")
     (package / "b.py.orig").write_bytes(b"stray\n")
     proc = cli("rebase", "--continue")

@@ -318,7 +318,8 @@ def _rebase_checkout(series, version: str, build_dir: Path, base_key: str, fuzz:
     )
     tree = tree_dir(build_dir, base_key) / series.package
     for path, info in state["files"].items():
-        click.echo(f"{info['status']}: {tree / path} ({info['patch']})")
+        fuzzed = f", fuzz {info['fuzz']}: review it" if info.get("fuzz") else ""
+        click.echo(f"{info['status']}: {tree / path} ({info['patch']}{fuzzed})")
     for note in state["notes"]:
         click.echo(f"warning: {note}", err=True)
     conflict = rebase_loop.CheckoutStatus.CONFLICT  # state.json holds its word

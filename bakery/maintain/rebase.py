@@ -172,9 +172,12 @@ def other_base_pins(
         try:
             moved[key] = fetch_release(f"{base.name}=={version}", wheel_platform(base.wheel), cache)
         except FetchError as exc:
+            # pip's last ERROR line says why; the rest (its whole version list) is noise.
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            why = next((ln for ln in reversed(lines) if ln.startswith("ERROR:")), lines[0])
             notes.append(
                 f"[bases.{key}] stays at {base.requirement}: {base.name}=={version} "
-                f"could not be fetched ({exc})"
+                f"could not be fetched ({why[:300]})"
             )
     return moved, notes
 

@@ -54,7 +54,9 @@ __all__ = [
 ]
 
 STATE = ".rebase"  # under the build folder: state.json, series/ (saved), baked/ (saved)
-_MARKERS = (b"<<<<<<< ", b"=======", b">>>>>>> ")
+_MARKERS = (b"<<<<<<< ", b"||||||| ", b"=======", b">>>>>>> ")
+# zdiff3: each conflict also shows the old pristine lines (the base) between the sides.
+_STYLE = ("--zdiff3", "--diff3")  # the second for git before 2.35
 NEXT_STEP = "fix them in the tree, then `bakery rebase --continue` (or `bakery rebase --abort`)"
 
 
@@ -121,15 +123,20 @@ def _merge(current: bytes, base: bytes, other: bytes, labels: tuple[str, str, st
             path.write_bytes(data)
             paths.append(str(path))
         args = [arg for label in labels for arg in ("-L", label)]
-        try:
-            proc = subprocess.run(
-                ["git", "merge-file", "-p", *args, *paths], capture_output=True, check=False
-            )
-        except FileNotFoundError:
-            raise BakeryError(
-                "git is needed for 3-way merges and is not installed",
-                hint="install git, or use `bakery rebase --to ...` (report only)",
-            ) from None
+        for style in _STYLE:
+            try:
+                proc = subprocess.run(
+                    ["git", "merge-file", "-p", style, *args, *paths],
+                    capture_output=True,
+                    check=False,
+                )
+            except FileNotFoundError:
+                raise BakeryError(
+                    "git is needed for 3-way merges and is not installed",
+                    hint="install git, or use `bakery rebase --to ...` (report only)",
+                ) from None
+            if proc.returncode != 129:  # 129: git does not know the option
+                break
     if proc.returncode < 0 or proc.returncode > 127:
         raise BakeryError(f"git merge-file failed: {proc.stderr.decode(errors='replace')}")
     return proc.stdout, proc.returncode
@@ -137,6 +144,13 @@ def _merge(current: bytes, base: bytes, other: bytes, labels: tuple[str, str, st
 
 def has_markers(data: bytes | None) -> bool:
     return any(line.startswith(_MARKERS) for line in (data or b"").splitlines())
+
+
+def marker_lines(data: bytes | None) -> list[int]:
+    """The 1-based line of each conflict's opening marker (or of a stray marker line)."""
+    lines = (data or b"").splitlines()
+    opening = [i + 1 for i, line in enumerate(lines) if line.startswith(_MARKERS[0])]
+    return opening or [i + 1 for i, line in enumerate(lines) if line.startswith(_MARKERS)]
 
 
 class CheckoutStatus(StrEnum):
@@ -154,6 +168,7 @@ class _Outcome:
     patch: str
     status: CheckoutStatus
     data: bytes | None
+    fuzz: int = 0  # the most fuzz a hunk of an applied patch needed
 
 
 def _place(series: Series, old_pkg: Path, new_pkg: Path, release: str, max_fuzz: int):
@@ -168,11 +183,14 @@ def _place(series: Series, old_pkg: Path, new_pkg: Path, release: str, max_fuzz:
         for fp in patch.files:
             before_old = old[fp.path]
             old[fp.path] = apply_file_patch(patch.name, fp, before_old, series.max_fuzz).after
+            fuzz = 0
             if upstream:
                 status = CheckoutStatus.UPSTREAM
             else:
                 try:
-                    new[fp.path] = apply_file_patch(patch.name, fp, new[fp.path], max_fuzz).after
+                    placed = apply_file_patch(patch.name, fp, new[fp.path], max_fuzz)
+                    new[fp.path] = placed.after
+                    fuzz = max((p.fuzz for p in placed.placements), default=0)
                     status = CheckoutStatus.APPLIED
                 except HunkFailed:
                     labels = (release, f"{fp.path} before {patch.name}", patch.name)
@@ -180,7 +198,7 @@ def _place(series: Series, old_pkg: Path, new_pkg: Path, release: str, max_fuzz:
                         new[fp.path] or b"", before_old or b"", old[fp.path] or b"", labels
                     )
                     status = CheckoutStatus.CONFLICT if conflicts else CheckoutStatus.MERGED
-            out[fp.path] = _Outcome(fp.path, patch.name, status, new[fp.path])
+            out[fp.path] = _Outcome(fp.path, patch.name, status, new[fp.path], fuzz)
     return out
 
 
@@ -221,7 +239,8 @@ def checkout(
             "other_bases": {key: pin_table(p) for key, p in others.items()},
             "notes": notes,
             "files": {
-                p: {"patch": o.patch, "status": o.status} for p, o in sorted(outcomes.items())
+                p: {"patch": o.patch, "status": o.status, "fuzz": o.fuzz}
+                for p, o in sorted(outcomes.items())
             },
         }
         _swap_in(series, build, tree, new_root, outcomes, state)
@@ -331,8 +350,13 @@ def _resume(build: Path, cache: Path, drop: tuple[str, ...], keep: tuple[str, ..
         )
     left = conflicts_left(state, build)
     if left:
+        package = tree_dir(build, state["base_key"]) / load_series(Path(state["series"])).package
+        where = [
+            f"{package / p}:{','.join(map(str, marker_lines(read_file(package, p))))}" for p in left
+        ]
         raise BakeryError(
-            f"{len(left)} file(s) still have conflict markers: {left!r}", hint=NEXT_STEP
+            f"{len(left)} file(s) still have conflict markers (file:lines): " + ", ".join(where),
+            hint=NEXT_STEP,
         )
     base_key = state["base_key"]
     series = load_series(Path(state["series"]))

@@ -46,7 +46,15 @@ def _base(series: Series, key: str, build: Path, cache: Path, rebasing: bool) ->
     row: dict[str, object] = {"pin": str(pin.requirement), "sha256": pin.sha256, "tree": str(tree)}
     path = tree / manifest.MANIFEST
     if not path.is_file():
-        return {**row, "baked": False, "baked_series": None, "stale": [], "pending": None}
+        checkout = rebasing and tree.is_dir()  # the conflict tree: written, not baked
+        return {
+            **row,
+            "baked": False,
+            "checkout": checkout,
+            "baked_series": None,
+            "stale": [],
+            "pending": None,
+        }
     baked = manifest.load(path)
     stale = staleness(series, key, build) + pristine_edits(pin.sha256, cache)
     wheel = baked_wheel(build, baked)
@@ -96,7 +104,8 @@ def lines(status: dict) -> list[str]:
     for key, base in status["bases"].items():
         head = f"{key} ({base['pin']}): {base['tree']}"
         if not base["baked"]:
-            out.append(f"{head}: not baked")
+            what = "the rebase's checkout (fix, then --continue)" if base.get("checkout") else ""
+            out.append(f"{head}: {what or 'not baked'}")
             continue
         verdict = "stale" if base["stale"] else "up to date"
         out.append(f"{head}: baked from series {base['baked_series'][:8]}, {verdict}")

