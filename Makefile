@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 BASE   ?= default
 
-.PHONY: bake bake-cpu test test-fast lint bench bench-gpu clean smoke tiny-model verify
+.PHONY: bake bake-cpu test test-fast test-props lint bench bench-gpu clean smoke tiny-model verify
 
 $(VENV)/.tool: pyproject.toml
 	@echo "make: creating $(VENV) with bakery (about a minute)"
@@ -48,6 +48,11 @@ test: $(VENV)/.test lint
 
 test-fast: $(VENV)/.test
 	$(PY) -m pytest -m "not slow"
+
+# Nightly-style: every property test with fresh seeds (CI runs them derandomized, the
+# same examples each time). Turn each example it finds into a fixed test beside it.
+test-props: $(VENV)/.test
+	HYPOTHESIS_PROFILE=fresh $(PY) -m pytest -m property -p no:cacheprovider
 
 bench: $(VENV)/.test
 	$(PY) tools/bench.py
