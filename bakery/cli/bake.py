@@ -9,11 +9,13 @@ from pathlib import Path
 
 import click
 
-from bakery.bake import manifest
+from bakery.bake import clean, manifest
 from bakery.bake.bake import bake as run_bake
 from bakery.bake.bake import pristine_edits, staleness, tree_dir
+from bakery.bake.fetch import cache_dir
 from bakery.cli.options import base_option, build_option, series_option
 from bakery.errors import BakeryError, HunkFailed, UsageError
+from bakery.maintain import rebase_loop
 from bakery.maintain.rebase_loop import refuse_during_rebase
 from bakery.series import apply as apply_mod
 from bakery.series.series import load_series
@@ -141,3 +143,48 @@ def _site_packages(python: Path) -> Path:
             hint="pip install the wheel `bakery status` names into that environment",
         )
     return found[0]
+
+
+@click.command("clean")
+@series_option
+@build_option
+@click.option("--all", "everything", is_flag=True, help="Also the baked trees and current wheels.")
+@click.option(
+    "--cache",
+    "gc_cache",
+    is_flag=True,
+    help="Also the cache ($BAKERY_CACHE): wheels, pristine trees and sources no pin of this "
+    "series, bake or rebase wants (the cache may be shared: another checkout re-fetches).",
+)
+@click.option("--dry-run", is_flag=True, help="List what would go, and its size; remove nothing.")
+def clean_cmd(series_dir, build_dir, everything, gc_cache, dry_run) -> None:
+    """Remove superseded wheels, reports and trash from the build folder (and the cache)."""
+    series = load_series(series_dir)
+    state = rebase_loop.in_progress(build_dir)
+    if state and everything:
+        raise UsageError(
+            f"a rebase onto {state['release']} is in progress in {build_dir}: --all would "
+            "drop its saved series and tree",
+            hint="finish it with `bakery rebase --continue` or `bakery rebase --abort` first",
+        )
+    removals = clean.build_garbage(build_dir, series.name, everything)
+    cache_removals = []
+    if gc_cache:
+        tables = (
+            [state["pin"], *state["dependencies"].values(), *state["other_bases"].values()]
+            if state
+            else []
+        )
+        extra = [str(t.get("sha256")) for t in tables if isinstance(t, dict)]
+        pins = [*series.bases.values(), *series.dependencies.values()]
+        keep = clean.wanted_hashes(pins, build_dir, extra)
+        cache_removals = clean.cache_garbage(cache_dir(), keep)
+    verb = "would remove" if dry_run else "removed"
+    for removal in removals + cache_removals:
+        click.echo(f"{verb}: {removal.path} ({removal.size / 1e6:.1f} MB; {removal.why})")
+    if not dry_run:
+        clean.remove(removals, build_dir if build_dir.is_dir() else None)
+        clean.remove(cache_removals)
+    total = sum(r.size for r in removals + cache_removals)
+    what = f"{len(removals + cache_removals)} item(s), {total / 1e6:.1f} MB"
+    click.echo(f"dry run: {what} would go" if dry_run else f"clean: {what} freed")

@@ -11,7 +11,7 @@ import sys
 import click
 
 from bakery import __version__, project
-from bakery.cli.bake import bake_cmd, check_cmd
+from bakery.cli.bake import bake_cmd, check_cmd, clean_cmd
 from bakery.cli.boundary import run_command
 from bakery.cli.check import importcheck_cmd, linkcheck_cmd
 from bakery.cli.launch import doctor_cmd
@@ -57,6 +57,7 @@ for command in (
     stages_cmd,
     bake_cmd,
     check_cmd,
+    clean_cmd,
     importcheck_cmd,
     linkcheck_cmd,
     refresh_cmd,
