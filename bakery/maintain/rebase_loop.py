@@ -377,7 +377,7 @@ def _resume(build: Path, cache: Path, drop: tuple[str, ...], keep: tuple[str, ..
     repinned = load_series(series.root)
     changes = refresh.plan_refresh(repinned, edited)
     saved = load_series(build / STATE / "series")
-    remembered = {e.file: {"stage": e.stage, "summary": e.summary} for e in saved.entries}
+    remembered = {e.file: e.header() for e in saved.entries}
     refresh.write_refresh(repinned, changes, remembered=remembered)
     rebased = load_series(series.root)
     broken = _unbakeable(rebased, base_key, cache)

@@ -32,7 +32,7 @@ from bakery.bake.wheel import patched_wheel_name, read_wheel
 from bakery.errors import BakeryError, HunkFailed, SeriesError
 from bakery.series import apply
 from bakery.series.diff import render_file_diff
-from bakery.series.series import Series
+from bakery.series.series import HEADER, Series
 from bakery.tree import read_file, write_atomic
 
 __all__ = [
@@ -220,6 +220,8 @@ def write_refresh(
                     "file": change.file,
                     "stage": stage if stage is not None else int(old.get("stage", 1)),
                     "summary": summary or str(old.get("summary") or default_summary),
+                    # The header comes back with the name (quilt keeps it with the patch).
+                    **{k: str(old[k]) for k in HEADER if old.get(k)},
                 }
             )
             patches.append(table)

@@ -85,6 +85,7 @@ def collect(series: Series, build: Path, artifacts: Path, cache: Path | None = N
             "sha256": series.sha256,
             "patches": len(series.entries),
         },
+        "patches": [{"file": e.file, **e.header()} for e in series.entries],
         "bases": {
             key: _base(series, key, build, cache, bool(state and state["base_key"] == key))
             for key in sorted(series.bases, key=lambda k: (k != "default", k))
@@ -101,6 +102,13 @@ def lines(status: dict) -> list[str]:
         f"bakery {status['tool']['version']}, series {s['name']} {s['sha256'][:8]} "
         f"({s['patches']} patches) at {s['root']}"
     ]
+    for patch in status.get("patches", []):
+        facts = [f"stage {patch['stage']}"]
+        facts += [f"{k} {patch[k]}" for k in ("upstream", "author") if patch.get(k)]
+        head = f"  {patch['file']} ({'; '.join(facts)}): "
+        room = max(20, 100 - len(head))
+        summary = patch["summary"]
+        out.append(head + (summary if len(summary) <= room else summary[: room - 3] + "..."))
     for key, base in status["bases"].items():
         head = f"{key} ({base['pin']}): {base['tree']}"
         if not base["baked"]:
