@@ -9,6 +9,7 @@ at any moment leaves the previous tree intact.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -30,7 +31,7 @@ from bakery.bake.wheel import (
     read_wheel,
     write_patched_wheel,
 )
-from bakery.errors import BakeryError, PreimageMismatch
+from bakery.errors import BakeryError, PreimageMismatch, UsageError
 from bakery.progress import interactive, step, warn
 from bakery.series import apply
 from bakery.series.series import Pin, Series
@@ -49,6 +50,7 @@ from bakery.tree import (
 __all__ = [
     "BakeResult",
     "bake",
+    "up_to",
     "tree_dir",
     "pristine",
     "unpacked",
@@ -279,6 +281,23 @@ def build_lock(build: Path) -> Iterator[None]:
             _HELD.discard(key)
 
 
+def up_to(series: Series, last: str) -> Series:
+    """The series' first patches, through ``last`` (a patch number or file name; "0":
+    none): quilt's ``push N``, for narrowing a bad bake down."""
+    numbers = [e.number for e in series.entries]
+    files = [e.file for e in series.entries]
+    if last.isdigit() and (int(last) == 0 or int(last) in numbers):
+        count = 0 if int(last) == 0 else numbers.index(int(last)) + 1
+    elif Path(last).name in files:
+        count = files.index(Path(last).name) + 1
+    else:
+        raise UsageError(
+            f"not a patch of series {series.name} (a number or file name; 0 for none): {last!r}",
+            hint="`bakery status` lists the patches",
+        )
+    return dataclasses.replace(series, entries=series.entries[:count])
+
+
 def bake(
     series: Series,
     base_key: str = "default",
@@ -286,7 +305,10 @@ def bake(
     build: Path = project.BUILD,
     wheel: Path | None = None,
     cache: Path | None = None,
+    write_wheel: bool = True,
 ) -> BakeResult:
+    """``write_wheel`` False: the tree and its BAKED.json only (a bisect step's partial
+    series, whose wheel would replace the real one in dist/)."""
     pin = series.base(base_key)
     cache = cache or cache_dir()
     with step(f"fetching {pin.wheel}"):
@@ -318,9 +340,11 @@ def bake(
                     if content is not None:
                         write_atomic(inside(staging, member), content, modes.get(member))
                 manifest.write(staging / manifest.MANIFEST, data)
-            out = _write_wheel(base, build / "dist", wheel_name, version, changed, data, trash)
+            out = build / "dist" / wheel_name
+            if write_wheel:
+                out = _write_wheel(base, build / "dist", wheel_name, version, changed, data, trash)
             swap_into_place(staging, tree, trash)
-            old = superseded_wheels(build / "dist", wheel_name, series.name)
+            old = superseded_wheels(build / "dist", wheel_name, series.name) if write_wheel else []
             for path in old:
                 os.rename(path, trash / f"{path.name}-{os.getpid()}")
         except BaseException:

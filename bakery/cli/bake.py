@@ -3,6 +3,7 @@ the re-hash of a baked tree or an installed patched wheel."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -11,7 +12,7 @@ import click
 
 from bakery.bake import clean, manifest
 from bakery.bake.bake import bake as run_bake
-from bakery.bake.bake import pristine_edits, staleness, tree_dir
+from bakery.bake.bake import pristine_edits, staleness, tree_dir, up_to
 from bakery.bake.fetch import cache_dir
 from bakery.cli.options import base_option, build_option, series_option
 from bakery.errors import BakeryError, HunkFailed, UsageError
@@ -36,9 +37,27 @@ from bakery.series.series import load_series
     is_flag=True,
     help="Write nothing; exit 1 if the baked tree is missing or stale.",
 )
-def bake_cmd(series_dir, base_key, wheel, build_dir, check_only) -> None:
+@click.option(
+    "--upto",
+    metavar="NN",
+    help="Bake only the patches up to this one (number or file name; 0: none), tree only, "
+    "no wheel: a bisect step (quilt's push NN). `bakery bake` bakes the whole series again.",
+)
+def bake_cmd(series_dir, base_key, wheel, build_dir, check_only, upto) -> None:
     """Fetch the pinned wheel, apply the series, write tree + BAKED.json + wheel."""
     series = load_series(series_dir)
+    if upto is not None:
+        if check_only:
+            raise UsageError("--upto bakes; it does not go with --check")
+        refuse_during_rebase(build_dir)
+        part = up_to(series, upto)
+        result = run_bake(part, base_key, build=build_dir, wheel=wheel, write_wheel=False)
+        last = part.entries[-1].file if part.entries else "none"
+        click.echo(
+            f"baked {result.tree} with {len(part.entries)} of {len(series.entries)} patch(es) "
+            f"(up to {last}); no wheel. `bakery bake --base {base_key}` bakes the whole series"
+        )
+        return
     if check_only:
         problems = staleness(series, base_key, build_dir)
         problems += pristine_edits(series.base(base_key).sha256)
@@ -188,3 +207,55 @@ def clean_cmd(series_dir, build_dir, everything, gc_cache, dry_run) -> None:
     total = sum(r.size for r in removals + cache_removals)
     what = f"{len(removals + cache_removals)} item(s), {total / 1e6:.1f} MB"
     click.echo(f"dry run: {what} would go" if dry_run else f"clean: {what} freed")
+
+
+@click.command("bisect", context_settings={"ignore_unknown_options": True})
+@series_option
+@base_option
+@build_option
+@click.option(
+    "--good",
+    default="0",
+    show_default=True,
+    metavar="NN",
+    help="The last patch known good (0: the pristine base passes).",
+)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def bisect_cmd(series_dir, base_key, build_dir, good, command) -> int:
+    """Find the first patch that makes COMMAND fail, as `git bisect run` does: bake the
+    patches up to N (tree only), run COMMAND, exit 0 is good, anything else bad. The
+    whole series is baked again at the end."""
+    series = load_series(series_dir)
+    refuse_during_rebase(build_dir)
+    total = len(series.entries)
+    low = len(up_to(series, good).entries)  # known good: this many patches
+
+    def passes(count: int) -> bool:
+        part = dataclasses.replace(series, entries=series.entries[:count])
+        run_bake(part, base_key, build=build_dir, write_wheel=False)
+        code = subprocess.run(list(command), check=False).returncode
+        last = series.entries[count - 1].file if count else "none"
+        click.echo(
+            f"bisect: {count} of {total} patch(es) (up to {last}): "
+            + ("good" if code == 0 else f"bad (exit {code})")
+        )
+        return code == 0
+
+    try:
+        if passes(total):
+            click.echo("bisect: the whole series passes; nothing to find")
+            return 1
+        if not passes(low):
+            raise BakeryError(
+                f"COMMAND fails with {low} patch(es) too (--good {good})",
+                hint="pass an earlier --good, or check COMMAND on the pristine base (--good 0)",
+            )
+        high = total
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if passes(mid) else (low, mid)
+    finally:
+        run_bake(series, base_key, build=build_dir)  # the whole series, as before
+    entry = series.entries[high - 1]
+    click.echo(f"first bad patch: {entry.file} (stage {entry.stage}): {entry.summary}")
+    return 0

@@ -11,7 +11,7 @@ import sys
 import click
 
 from bakery import __version__, project
-from bakery.cli.bake import bake_cmd, check_cmd, clean_cmd
+from bakery.cli.bake import bake_cmd, bisect_cmd, check_cmd, clean_cmd
 from bakery.cli.boundary import run_command
 from bakery.cli.check import importcheck_cmd, linkcheck_cmd
 from bakery.cli.launch import doctor_cmd
@@ -56,6 +56,7 @@ for command in (
     apply_cmd,
     stages_cmd,
     bake_cmd,
+    bisect_cmd,
     check_cmd,
     clean_cmd,
     importcheck_cmd,

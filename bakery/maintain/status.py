@@ -58,7 +58,12 @@ def _base(series: Series, key: str, build: Path, cache: Path, rebasing: bool) ->
     baked = manifest.load(path)
     stale = staleness(series, key, build) + pristine_edits(pin.sha256, cache)
     wheel = baked_wheel(build, baked)
+    files = [p.get("file") for p in baked["patches"]]
+    ours = [e.file for e in series.entries]
+    part = len(files) < len(ours) and files == ours[: len(files)]
     row |= {
+        # a bisect step (`bake --upto`): the series' first patches only
+        "up_to": (files[-1] if files else "none") if part else None,
         "baked": True,
         "baked_series": baked["series"]["sha256"],
         "stale": stale,
@@ -116,6 +121,8 @@ def lines(status: dict) -> list[str]:
             out.append(f"{head}: {what or 'not baked'}")
             continue
         verdict = "stale" if base["stale"] else "up to date"
+        if base.get("up_to"):
+            verdict = f"a bisect bake up to {base['up_to']} (`bakery bake` bakes the whole series)"
         out.append(f"{head}: baked from series {base['baked_series'][:8]}, {verdict}")
         out += [f"  stale: {problem}" for problem in base["stale"]]
         missing = "" if base["wheel_present"] else " (missing: run `bakery bake`)"

@@ -233,6 +233,7 @@ class PatchEntry:
 
 HEADER = ("description", "author", "upstream")  # optional per-patch fields
 
+
 @dataclass(frozen=True)
 class Series:
     root: Path
