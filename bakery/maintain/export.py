@@ -158,7 +158,7 @@ def import_git(series: Series, base_key: str, repo: Path, yes: bool = False) -> 
     if f"{pin.requirement} {pin.sha256}" not in _trailers(first).get("Base", []):
         raise UsageError(
             f"{repo}'s {PRISTINE_TAG} is not the {base_key} base {pin.requirement}",
-            hint="export the series again from this checkout, or pass --base",
+            hint="export again with `bakery export --git DIR --base KEY` for the base you import",
         )
     if _git(repo, "status", "--porcelain").strip():
         raise UsageError(f"{repo} has uncommitted changes", hint="commit or stash them first")
