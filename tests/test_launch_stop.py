@@ -210,6 +210,22 @@ def test_stop_leaves_another_artifacts_folders_run_alone(capsys, art, tmp_path):
     assert wait_until(lambda: not group(theirs.pid), 10)
 
 
+def test_stop_leaves_a_run_whose_folder_extends_this_runs_folder_alone(capsys, art):
+    """Their marker BAKERY_LAUNCH_DIR=<my run folder>-x/... holds mine as a substring: stop
+    must match the whole variable, or it ends a run it did not start."""
+    _, mine, my_dir = run(art, "sleep 300 & wait")
+    _, theirs, their_dir = run(Path(f"{my_dir}-x"), "sleep 300 & wait")
+    assert str(their_dir).startswith(str(my_dir))
+    assert wait_until(lambda: min(map(len, map(launched_in, (my_dir, their_dir)))) >= 3, 20)
+    their_pids = launched_in(their_dir)
+    code, out = stop(capsys, art)
+    assert code == 0 and f"cpu-tiny: stopped process group {mine.pid}" in out, out
+    assert wait_until(lambda: not launched_in(my_dir), 10)
+    assert all(alive(p) for p in their_pids), "a run stop did not start must survive"
+    assert main(["stop", "--artifacts", f"{my_dir}-x", "--grace", "2"]) == 0
+    assert wait_until(lambda: not launched_in(their_dir), 10)
+
+
 def in_group(pid: int, pgid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as handle:
