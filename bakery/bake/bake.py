@@ -39,6 +39,8 @@ from bakery.tree import (
     clone_tree,
     empty_trash,
     inside,
+    open_own,
+    own_folder,
     remove_tree,
     stage_beside,
     stamp,
@@ -260,7 +262,7 @@ def build_lock(build: Path) -> Iterator[None]:
         yield
         return
     build.mkdir(parents=True, exist_ok=True)
-    with open(build / ".bake.lock", "a+") as handle:
+    with open(open_own(build / ".bake.lock"), "r+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -328,7 +330,7 @@ def bake(
     with build_lock(build):
         # Partial trees and wheels of killed bakes (only those whose process is gone);
         # the cache may sit on another filesystem than the trash.
-        trash = build / ".trash"
+        trash = own_folder(build / ".trash")  # before anything moves into it
         for folder in (build, build / "dist"):
             sweep_dead(folder, trash)
         sweep_dead(cache / "pristine")

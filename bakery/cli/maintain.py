@@ -271,10 +271,12 @@ def rebase_cmd(
             + ", ".join(sorted(set(drop) & set(keep)))
         )
     if resume:
-        _rebase_continue(build_dir, tuple(drop), tuple(keep))
+        _rebase_continue(build_dir, series_dir, tuple(drop), tuple(keep))
         return None
     if abort:
-        state = rebase_loop.abort(build_dir)
+        state = rebase_loop.abort(build_dir, series_dir)
+        for name in state["kept"]:
+            click.echo(f"kept: {name} (changed after --continue wrote it)", err=True)
         click.echo(f"aborted the rebase onto {state['release']}: series and tree restored")
         return None
     series = load_series(series_dir)
@@ -331,8 +333,10 @@ def _rebase_checkout(series, version: str, build_dir: Path, base_key: str, fuzz:
     return 0
 
 
-def _rebase_continue(build_dir: Path, drop: tuple[str, ...], keep: tuple[str, ...]) -> None:
-    report = rebase_loop.resume(build_dir, cache_dir(), drop, keep)
+def _rebase_continue(
+    build_dir: Path, series_dir: Path, drop: tuple[str, ...], keep: tuple[str, ...]
+) -> None:
+    report = rebase_loop.resume(build_dir, cache_dir(), series_dir, drop, keep)
     for action, file in report["changes"]:
         click.echo(f"{action}: {file}")
     for rel in report["strays"]:

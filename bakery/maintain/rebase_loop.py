@@ -13,8 +13,10 @@ re-bakes and runs linkcheck. Each step holds the bake's build lock.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -38,10 +40,23 @@ from bakery.maintain.rebase import (
     release_pin,
     survey,
 )
+from bakery.schema import Document, read_json, try_decode
 from bakery.series import apply
 from bakery.series.engine import apply_file_patch
 from bakery.series.series import Pin, Series, load_series
-from bakery.tree import clone_tree, empty_trash, read_file, remove_tree, sweep_dead, write_atomic
+from bakery.tree import (
+    clone_tree,
+    empty_trash,
+    own_folder,
+    own_path,
+    read_bounded,
+    read_file,
+    relative,
+    remove_tree,
+    replace_files,
+    sweep_dead,
+    write_atomic,
+)
 
 __all__ = [
     "STATE",
@@ -64,37 +79,62 @@ def _state_path(build: Path) -> Path:
     return build / STATE / "state.json"
 
 
-# What state.json holds, and what each key's JSON type is.
-_STATE_KEYS = {
-    "release": str,
-    "base_key": str,
-    "series": str,
-    "had_tree": bool,
-    "pin": dict,
-    "dependencies": dict,
-    "other_bases": dict,
-    "notes": list,
-    "files": dict,
-}
+class CheckoutStatus(StrEnum):
+    """How ``checkout`` wrote one file onto the release (state.json keeps the word)."""
+
+    APPLIED = "applied"  # its patch placed
+    UPSTREAM = "upstream"  # the release already has its patch: left as the release has it
+    MERGED = "merged"  # 3-way merged without a clash
+    CONFLICT = "conflict"  # merged with conflict markers: a hand must fix it
+
+
+class _FileDoc(Document):
+    patch: str
+    status: CheckoutStatus
+
+
+class _StateDoc(Document):
+    """state.json: every value is read back before anything moves, so an edited or
+    forged one is refused, never followed (its names are checked with ``own_path``)."""
+
+    release: str
+    base_key: str
+    series: str
+    had_tree: bool
+    pin: dict[str, str]
+    dependencies: dict[str, dict[str, str]]
+    other_bases: dict[str, dict[str, str]]
+    notes: list[str]
+    files: dict[str, _FileDoc]
+    series_sha256: str = ""  # the series checked out (a later loop's series is not ours)
+    wrote: dict[str, str | None] = {}  # series file -> sha256 --continue wrote (None: removed)
+
+
+_BASE_KEY = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 
 
 def in_progress(build: Path) -> dict | None:
     """The rebase in progress in ``build`` (None if none); a damaged one is refused."""
     path = _state_path(build)
-    if not path.parent.exists():
+    if not path.parent.exists() and not path.parent.is_symlink():
         return None
     try:
-        state = json.loads(path.read_text())
+        own_path(build, f"{STATE}/state.json", "the rebase state")
+        data = read_json(path, "state.json", UnreadableInput, limit=4 << 20)
+        found = try_decode(data, _StateDoc)[1]
+        if not found and not _BASE_KEY.fullmatch(data["base_key"]):
+            found = [f"$.base_key: not a base name: {data['base_key']!r}"]
+        if not found:
+            for name in [*data["files"], *data["wrote"]]:
+                relative(name)
     except FileNotFoundError:
         problem = "it has no state.json"
-    except (OSError, ValueError) as exc:  # a bad byte, bad JSON, no permission
-        problem = f"state.json is unreadable ({exc})"
+    except BakeryError as exc:
+        problem = str(exc)
     else:
-        fields = state if isinstance(state, dict) else {}
-        bad = [k for k, kind in _STATE_KEYS.items() if not isinstance(fields.get(k), kind)]
-        if not bad:
-            return state
-        problem = f"state.json lacks or mistypes {', '.join(bad)}"
+        if not found:
+            return data
+        problem = f"state.json: {'; '.join(found[:6])}"
     raise UnreadableInput(
         f"the rebase state in {path.parent} is damaged ({problem})",
         hint=f"the series as it was is in {path.parent / 'series'} and the tree, if one was "
@@ -151,15 +191,6 @@ def marker_lines(data: bytes | None) -> list[int]:
     lines = (data or b"").splitlines()
     opening = [i + 1 for i, line in enumerate(lines) if line.startswith(_MARKERS[0])]
     return opening or [i + 1 for i, line in enumerate(lines) if line.startswith(_MARKERS)]
-
-
-class CheckoutStatus(StrEnum):
-    """How ``checkout`` wrote one file onto the release (state.json keeps the word)."""
-
-    APPLIED = "applied"  # its patch placed
-    UPSTREAM = "upstream"  # the release already has its patch: left as the release has it
-    MERGED = "merged"  # 3-way merged without a clash
-    CONFLICT = "conflict"  # merged with conflict markers: a hand must fix it
 
 
 @dataclass(frozen=True)
@@ -233,6 +264,8 @@ def checkout(
             "release": str(pin.requirement),
             "base_key": base_key,
             "series": str(series.root.resolve()),
+            "series_sha256": series.sha256,
+            "wrote": {},
             "had_tree": tree.exists(),
             "pin": pin_table(pin),
             "dependencies": {dep.name: pin_table(dep) for dep in deps},
@@ -278,51 +311,75 @@ def _swap_in(
     empty_trash(trash)
 
 
+def _tree(build: Path, state: dict) -> Path:
+    return own_path(build, tree_dir(build, state["base_key"]).name, "the rebase's tree")
+
+
 def _checked_out(state: dict, build: Path) -> bool:
     """Whether the tree in place is the checkout's (checkout moves the old tree into
     the state first, then the new one in; abort moves the old one back)."""
-    saved = build / STATE / "baked"
-    return tree_dir(build, state["base_key"]).exists() and (saved.exists() or not state["had_tree"])
+    saved = own_path(build, f"{STATE}/baked", "the saved tree")
+    return _tree(build, state).exists() and (saved.exists() or not state["had_tree"])
 
 
-def conflicts_left(state: dict, build: Path) -> list[str]:
-    package = tree_dir(build, state["base_key"]) / load_series(Path(state["series"])).package
+def conflicts_left(state: dict, build: Path, series: Series) -> list[str]:
+    package = _tree(build, state) / series.package
     return [p for p in state["files"] if has_markers(read_file(package, p))]
 
 
-def _repin(series: Series, state: dict, drop: tuple[str, ...] = ()) -> None:
-    path = series.root / "series.toml"
-    doc = tomlkit.parse(path.read_text())
-    doc["bases"][state["base_key"]].update(state["pin"])
-    for key, table in state["other_bases"].items():
-        doc["bases"][key].update(table)
-    for key in drop:
-        del doc["bases"][key]
-    for name, table in state["dependencies"].items():
-        doc.setdefault("dependencies", tomlkit.table())[name] = table
-    write_atomic(path, tomlkit.dumps(doc).encode())
-
-
-def _load_state(build: Path) -> dict:
+def _load_state(build: Path, series_root: Path) -> dict:
+    """The rebase in progress, if it is this series' (its names all checked)."""
     state = in_progress(build)
     if state is None:
         raise UsageError(
             f"no rebase in progress in {build}",
             hint="start one with `bakery rebase --to vllm==X.Y.Z --checkout`",
         )
+    if Path(state["series"]) != Path(series_root).resolve():
+        raise UsageError(
+            f"the rebase in progress in {build} is of another series: {state['series']!r}",
+            hint=f"pass that series with --series, or delete {build / STATE} if it is not yours",
+        )
+    _tree(build, state)
     return state
 
 
+def _series_files(root: Path) -> dict[str, str]:
+    """sha256 of each regular file directly in the series folder."""
+    return {
+        p.name: hashlib.sha256(read_bounded(p)).hexdigest()
+        for p in sorted(root.iterdir())
+        if p.is_file() and not p.is_symlink()
+    }
+
+
+def _ours(state: dict, root: Path) -> bool:
+    """Whether the series folder is still the one this loop checked out, or exactly what
+    its own --continue wrote: else another loop (another build folder) has finished a
+    rebase of it, or a hand changed it, and this loop must not write over that."""
+    try:
+        if load_series(root).sha256 == state["series_sha256"]:
+            return True
+    except BakeryError:
+        pass
+    now = _series_files(root)
+    return bool(state["wrote"]) and all(now.get(n) == h for n, h in state["wrote"].items())
+
+
 def resume(
-    build: Path, cache: Path, drop: tuple[str, ...] = (), keep: tuple[str, ...] = ()
+    build: Path,
+    cache: Path,
+    series_root: Path,
+    drop: tuple[str, ...] = (),
+    keep: tuple[str, ...] = (),
 ) -> dict:
     """Refresh the series from the fixed tree onto the new pins, re-bake, linkcheck.
 
     Every other base must still bake the refreshed series; one that does not is refused
-    (series restored, rebase still in progress) unless ``drop`` removes it from the series
+    (series untouched, rebase still in progress) unless ``drop`` removes it from the series
     or ``keep`` keeps its pin knowingly unbakeable."""
     with build_lock(build):
-        return _resume(build, cache, drop, keep)
+        return _resume(build, cache, series_root, drop, keep)
 
 
 def _unbakeable(series: Series, skip: str, cache: Path) -> dict[str, str]:
@@ -341,16 +398,27 @@ def _unbakeable(series: Series, skip: str, cache: Path) -> dict[str, str]:
     return out
 
 
-def _resume(build: Path, cache: Path, drop: tuple[str, ...], keep: tuple[str, ...]) -> dict:
-    state = _load_state(build)
+def _resume(
+    build: Path, cache: Path, series_root: Path, drop: tuple[str, ...], keep: tuple[str, ...]
+) -> dict:
+    state = _load_state(build, series_root)
     if not _checked_out(state, build):
         raise UsageError(
             f"the checkout onto {state['release']} did not finish (or an abort did not)",
             hint="undo it with `bakery rebase --abort`, then check out again",
         )
-    left = conflicts_left(state, build)
+    root = Path(state["series"])
+    if not _ours(state, root):
+        raise UsageError(
+            f"{root} changed after this rebase was checked out (another rebase loop "
+            "finished, or a hand edit): --continue would write over it",
+            hint="`bakery rebase --abort` drops this loop and leaves the series as it is",
+        )
+    saved_root = own_path(build, f"{STATE}/series", "the saved series")
+    saved = load_series(saved_root)
+    left = conflicts_left(state, build, saved)
     if left:
-        package = tree_dir(build, state["base_key"]) / load_series(Path(state["series"])).package
+        package = _tree(build, state) / saved.package
         where = [
             f"{package / p}:{','.join(map(str, marker_lines(read_file(package, p))))}" for p in left
         ]
@@ -359,31 +427,31 @@ def _resume(build: Path, cache: Path, drop: tuple[str, ...], keep: tuple[str, ..
             hint=NEXT_STEP,
         )
     base_key = state["base_key"]
-    series = load_series(Path(state["series"]))
     for key in (*drop, *keep):
-        if key == base_key or key not in series.bases:
-            others = sorted(set(series.bases) - {base_key})
+        if key == base_key or key not in saved.bases:
+            others = sorted(set(saved.bases) - {base_key})
             raise UsageError(
                 f"--drop-base and --keep-base take another base of the series, not {key!r}",
                 hint=f"the other bases: {', '.join(others) or 'none'}",
             )
-    tree = tree_dir(build, base_key)
+    tree = _tree(build, state)
     pin = Pin.parse(base_key, state["pin"], "rebase state")
     strays: list[str] = []
     edited = refresh.differing_files(
-        unpacked(pin, cache) / series.package, tree / series.package, strays
+        unpacked(pin, cache) / saved.package, tree / saved.package, strays
     )
-    _repin(series, state, drop)
-    repinned = load_series(series.root)
+    # The new series is made in a copy of the saved one, then written all at once.
+    work = own_path(build, f"{STATE}/next", "the series being written")
+    remove_tree(work)
+    shutil.copytree(saved_root, work)
+    _repin(work, state, drop)
+    repinned = load_series(work)
     changes = refresh.plan_refresh(repinned, edited)
-    saved = load_series(build / STATE / "series")
     remembered = {e.file: e.header() for e in saved.entries}
     refresh.write_refresh(repinned, changes, remembered=remembered)
-    rebased = load_series(series.root)
-    broken = _unbakeable(rebased, base_key, cache)
+    broken = _unbakeable(load_series(work), base_key, cache)
     refused = {k: why for k, why in broken.items() if k not in keep}
-    if refused:
-        _restore_series(series.root, build / STATE / "series")
+    if refused:  # refused before the series is written: nothing to put back
         names = " ".join(sorted(refused))
         raise BakeryError(
             f"the rebased series would leave {len(refused)} other base(s) unbakeable: "
@@ -392,6 +460,15 @@ def _resume(build: Path, cache: Path, drop: tuple[str, ...], keep: tuple[str, ..
             f"series.toml, `--keep-base {names}` keeps its pin knowingly unbakeable, or "
             "`bakery rebase --abort`",
         )
+    writes = _folder_changes(work, root, saved_root)
+    state["wrote"] |= {  # a rerun after a failed bake keeps what the first run wrote
+        name: None if data is None else hashlib.sha256(data).hexdigest()
+        for name, data in writes.items()
+    }
+    write_atomic(_state_path(build), (json.dumps(state, indent=2) + "\n").encode())
+    replace_files(root, writes)  # the series is the old one or the new one, never half
+    remove_tree(work)
+    rebased = load_series(root)
     result = bake(rebased, base_key, build=build, cache=cache)
     package = result.tree / rebased.package
     lost = [p for p, (_, new) in edited.items() if read_file(package, p) != new]
@@ -412,43 +489,64 @@ def _resume(build: Path, cache: Path, drop: tuple[str, ...], keep: tuple[str, ..
     }
 
 
-def abort(build: Path) -> dict:
-    """Put the series folder and the baked tree back exactly as they were; from any
-    point a checkout or an earlier abort stopped at, so a rerun always finishes."""
+def _repin(root: Path, state: dict, drop: tuple[str, ...] = ()) -> None:
+    path = root / "series.toml"
+    doc = tomlkit.parse(path.read_text())
+    doc["bases"][state["base_key"]].update(state["pin"])
+    for key, table in state["other_bases"].items():
+        doc["bases"][key].update(table)
+    for key in drop:
+        del doc["bases"][key]
+    for name, table in state["dependencies"].items():
+        doc.setdefault("dependencies", tomlkit.table())[name] = table
+    write_atomic(path, tomlkit.dumps(doc).encode())
+
+
+def _folder_changes(new: Path, old: Path, saved: Path) -> dict[str, bytes | None]:
+    """The writes and removals that make ``old``'s top-level files ``new``'s; only a file
+    the saved series had is removed (a file a hand added meanwhile is not the loop's)."""
+    after, before = _series_files(new), _series_files(old)
+    had = _series_files(saved)
+    out: dict[str, bytes | None] = {n: None for n in before if n not in after and n in had}
+    out |= {n: read_bounded(new / n) for n, h in after.items() if before.get(n) != h}
+    return out
+
+
+def abort(build: Path, series_root: Path) -> dict:
+    """Put back the series files --continue wrote and the baked tree, as they were; from
+    any point a checkout or an earlier abort stopped at, so a rerun always finishes.
+    Nothing the loop did not write is deleted or overwritten: a file changed since
+    --continue wrote it (by a hand, or by another loop) is left as it is."""
     with build_lock(build):
-        state = _load_state(build)
-        _restore_series(Path(state["series"]), build / STATE / "series")
-        tree, saved = tree_dir(build, state["base_key"]), build / STATE / "baked"
+        state = _load_state(build, series_root)
+        root = Path(state["series"])
+        tree = _tree(build, state)
+        saved_tree = own_path(build, f"{STATE}/baked", "the saved tree")
+        now = _series_files(root)
+        ours = {n: h for n, h in state["wrote"].items() if now.get(n) == h}
+        saved = own_path(build, f"{STATE}/series", "the saved series")
+        if ours and not saved.is_dir():  # checked before anything moves
+            raise UnreadableInput(
+                f"the saved series {saved} is missing: cannot put back {sorted(ours)!r}",
+                hint=f"restore {root} from git, then delete {build / STATE}",
+            )
+        back: dict[str, bytes | None] = {}
+        for name in ours:
+            copy = own_path(saved, name, "a saved series file")
+            back[name] = read_bounded(copy) if copy.is_file() else None
+        if back:
+            replace_files(root, back)
         if tree.exists() and _checked_out(state, build):
             _to_trash(build, tree)
-        if saved.exists():
-            os.rename(saved, tree)
+        if saved_tree.exists():
+            os.rename(saved_tree, tree)
         _discard_state(build)
+    state["kept"] = sorted(set(state["wrote"]) - set(ours))
     return state
 
 
-def _restore_series(root: Path, saved: Path) -> None:
-    """``root`` as ``saved`` has it: files and subfolders, nothing more."""
-    for path in root.iterdir():
-        if not (saved / path.name).exists() or path.is_dir() or path.is_symlink():
-            _remove(path)
-    for path in saved.iterdir():
-        if path.is_dir():
-            shutil.copytree(path, root / path.name)
-        else:
-            shutil.copy2(path, root / path.name)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
-
-
 def _to_trash(build: Path, path: Path) -> None:
-    trash = build / ".trash"
-    trash.mkdir(exist_ok=True)
+    trash = own_folder(build / ".trash")
     os.rename(path, trash / f"{path.name}-{uuid.uuid4().hex[:12]}")
 
 

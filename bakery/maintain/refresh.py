@@ -33,7 +33,7 @@ from bakery.errors import BakeryError, HunkFailed, SeriesError
 from bakery.series import apply
 from bakery.series.diff import render_file_diff
 from bakery.series.series import HEADER, Series
-from bakery.tree import read_file, write_atomic
+from bakery.tree import read_file, replace_files
 
 __all__ = [
     "ChangeAction",
@@ -202,16 +202,13 @@ def write_refresh(
     toml_path = series.root / "series.toml"
     doc = tomlkit.parse(toml_path.read_text())
     patches = doc.setdefault("patches", tomlkit.aot())
+    writes: dict[str, bytes | None] = {}
     for change in changes:
-        target = series.root / change.file
+        writes[change.file] = change.data
         if change.action is ChangeAction.REMOVE:
-            target.unlink()
             index = next(i for i, t in enumerate(patches) if t["file"] == change.file)
             del patches[index]
-            continue
-        assert change.data is not None  # only a remove comes without bytes
-        write_atomic(target, change.data)
-        if change.action is ChangeAction.ADD:
+        elif change.action is ChangeAction.ADD:
             old = (remembered or {}).get(change.file, {})
             default_summary = f"refreshed from the baked tree: {change.paths[0]}"
             table = tomlkit.table()
@@ -225,7 +222,8 @@ def write_refresh(
                 }
             )
             patches.append(table)
-    write_atomic(toml_path, _spaced(tomlkit.dumps(doc)).encode())
+    writes["series.toml"] = _spaced(tomlkit.dumps(doc)).encode()
+    replace_files(series.root, writes)  # all or nothing: a fault or a kill leaves the old
 
 
 def _spaced(text: str) -> str:

@@ -81,7 +81,10 @@ def _base(series: Series, key: str, build: Path, cache: Path, rebasing: bool) ->
 def collect(series: Series, build: Path, artifacts: Path, cache: Path | None = None) -> dict:
     cache = cache or cache_dir()
     state = in_progress(build)
-    rebase = state and {"release": state["release"], "conflicts": conflicts_left(state, build)}
+    rebase = state and {
+        "release": state["release"],
+        "conflicts": conflicts_left(state, build, series),
+    }
     return {
         "tool": {"name": "bakery", "version": __version__},
         "series": {
