@@ -221,6 +221,9 @@ def test_a_bound_whose_metric_could_not_be_computed_fails_the_gate():
             "tokens_match": False,
             "first_token_mismatch_low_margin": True,
             "first_token_mismatch": {"step": 0},
+            "first_token_mismatch_oracle_actual_rank": 2,  # a near tie: the fork gate
+            "first_token_mismatch_actual_oracle_rank": 2,  # excuses it
+            "first_token_mismatch_topk_overlap": 1.0,
             key: None,
         }
         assert evaluate_gates(case, ParityGates()) == []
