@@ -23,11 +23,12 @@ from pathlib import Path
 from bakery import __version__
 from bakery.bake.manifest import MANIFEST
 from bakery.clock import FOLDER, ISO, utc_stamp
-from bakery.launch.errors import LaunchError
+from bakery.launch.errors import LaunchError, ProfileError
 from bakery.launch.model_config import candidate_blocks
 from bakery.launch.plan import LaunchPlan
 from bakery.launch.preflight import Facts
 from bakery.launch.processes import cmdline, launched, start_ticks
+from bakery.launch.profiles import ENV_NAME
 from bakery.tree import write_atomic, write_json_atomic
 
 __all__ = [
@@ -133,7 +134,11 @@ def command_script(plan: LaunchPlan, run_id: str) -> str:
         f"# {plan.profile.name}: the exact vLLM command of run {run_id}, re-runnable.",
         "# Inherited from the caller's environment (secrets left out):",
     ]
-    lines += [f"export {k}={q(v)}" for k, v in inherited_env().items()]
+    bad = [k for k, _ in plan.env if not ENV_NAME.fullmatch(k)]
+    if bad:  # the profile's check refuses these first; never write one into a script
+        raise ProfileError(f"not a variable name (refused): {bad[0]!r}")
+    inherited = {k: v for k, v in inherited_env().items() if ENV_NAME.fullmatch(k)}
+    lines += [f"export {k}={q(v)}" for k, v in inherited.items()]
     lines += ["# Set by the launcher:"]
     lines += [f"export {k}={q(v)}" for k, v in plan.env]
     lines += [f"export BAKERY_LAUNCH_RUN={q(run_id)}", "set -euo pipefail"]
