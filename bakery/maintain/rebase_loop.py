@@ -16,13 +16,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import tempfile
-import uuid
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 import tomlkit
@@ -40,18 +37,30 @@ from bakery.maintain.rebase import (
     release_pin,
     survey,
 )
-from bakery.schema import Document, read_json, try_decode
+from bakery.maintain.rebase_state import (
+    STATE,
+    CheckoutStatus,
+    checked_out,
+    discard_state,
+    folder_changes,
+    in_progress,
+    is_ours,
+    load_state,
+    loop_tree,
+    refuse_during_rebase,
+    series_files,
+    state_path,
+    to_trash,
+)
 from bakery.series import apply
 from bakery.series.engine import apply_file_patch
 from bakery.series.series import Pin, Series, load_series
 from bakery.tree import (
     clone_tree,
     empty_trash,
-    own_folder,
     own_path,
     read_bounded,
     read_file,
-    relative,
     remove_tree,
     replace_files,
     sweep_dead,
@@ -68,90 +77,10 @@ __all__ = [
     "abort",
 ]
 
-STATE = ".rebase"  # under the build folder: state.json, series/ (saved), baked/ (saved)
 _MARKERS = (b"<<<<<<< ", b"||||||| ", b"=======", b">>>>>>> ")
 # zdiff3: each conflict also shows the old pristine lines (the base) between the sides.
 _STYLE = ("--zdiff3", "--diff3")  # the second for git before 2.35
 NEXT_STEP = "fix them in the tree, then `bakery rebase --continue` (or `bakery rebase --abort`)"
-
-
-def _state_path(build: Path) -> Path:
-    return build / STATE / "state.json"
-
-
-class CheckoutStatus(StrEnum):
-    """How ``checkout`` wrote one file onto the release (state.json keeps the word)."""
-
-    APPLIED = "applied"  # its patch placed
-    UPSTREAM = "upstream"  # the release already has its patch: left as the release has it
-    MERGED = "merged"  # 3-way merged without a clash
-    CONFLICT = "conflict"  # merged with conflict markers: a hand must fix it
-
-
-class _FileDoc(Document):
-    patch: str
-    status: CheckoutStatus
-
-
-class _StateDoc(Document):
-    """state.json: every value is read back before anything moves, so an edited or
-    forged one is refused, never followed (its names are checked with ``own_path``)."""
-
-    release: str
-    base_key: str
-    series: str
-    had_tree: bool
-    pin: dict[str, str]
-    dependencies: dict[str, dict[str, str]]
-    other_bases: dict[str, dict[str, str]]
-    notes: list[str]
-    files: dict[str, _FileDoc]
-    series_sha256: str = ""  # the series checked out (a later loop's series is not ours)
-    wrote: dict[str, str | None] = {}  # series file -> sha256 --continue wrote (None: removed)
-
-
-_BASE_KEY = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
-
-
-def in_progress(build: Path) -> dict | None:
-    """The rebase in progress in ``build`` (None if none); a damaged one is refused."""
-    path = _state_path(build)
-    if not path.parent.exists() and not path.parent.is_symlink():
-        return None
-    try:
-        own_path(build, f"{STATE}/state.json", "the rebase state")
-        data = read_json(path, "state.json", UnreadableInput, limit=4 << 20)
-        found = try_decode(data, _StateDoc)[1]
-        if not found and not _BASE_KEY.fullmatch(data["base_key"]):
-            found = [f"$.base_key: not a base name: {data['base_key']!r}"]
-        if not found:
-            for name in [*data["files"], *data["wrote"]]:
-                relative(name)
-    except FileNotFoundError:
-        problem = "it has no state.json"
-    except BakeryError as exc:
-        problem = str(exc)
-    else:
-        if not found:
-            return data
-        problem = f"state.json: {'; '.join(found[:6])}"
-    raise UnreadableInput(
-        f"the rebase state in {path.parent} is damaged ({problem})",
-        hint=f"the series as it was is in {path.parent / 'series'} and the tree, if one was "
-        f"set aside, in {path.parent / 'baked'}: put back what you need, then delete "
-        f"{path.parent}",
-    )
-
-
-def refuse_during_rebase(build: Path) -> None:
-    """Commands that would overwrite the conflict tree refuse while a rebase runs."""
-    state = in_progress(build)
-    if state:
-        raise UsageError(
-            f"a rebase onto {state['release']} is in progress in {build}",
-            hint="finish it with `bakery rebase --continue`, or undo it with "
-            "`bakery rebase --abort`",
-        )
 
 
 def _merge(current: bytes, base: bytes, other: bytes, labels: tuple[str, str, str]):
@@ -311,59 +240,9 @@ def _swap_in(
     empty_trash(trash)
 
 
-def _tree(build: Path, state: dict) -> Path:
-    return own_path(build, tree_dir(build, state["base_key"]).name, "the rebase's tree")
-
-
-def _checked_out(state: dict, build: Path) -> bool:
-    """Whether the tree in place is the checkout's (checkout moves the old tree into
-    the state first, then the new one in; abort moves the old one back)."""
-    saved = own_path(build, f"{STATE}/baked", "the saved tree")
-    return _tree(build, state).exists() and (saved.exists() or not state["had_tree"])
-
-
 def conflicts_left(state: dict, build: Path, series: Series) -> list[str]:
-    package = _tree(build, state) / series.package
+    package = loop_tree(build, state) / series.package
     return [p for p in state["files"] if has_markers(read_file(package, p))]
-
-
-def _load_state(build: Path, series_root: Path) -> dict:
-    """The rebase in progress, if it is this series' (its names all checked)."""
-    state = in_progress(build)
-    if state is None:
-        raise UsageError(
-            f"no rebase in progress in {build}",
-            hint="start one with `bakery rebase --to vllm==X.Y.Z --checkout`",
-        )
-    if Path(state["series"]) != Path(series_root).resolve():
-        raise UsageError(
-            f"the rebase in progress in {build} is of another series: {state['series']!r}",
-            hint=f"pass that series with --series, or delete {build / STATE} if it is not yours",
-        )
-    _tree(build, state)
-    return state
-
-
-def _series_files(root: Path) -> dict[str, str]:
-    """sha256 of each regular file directly in the series folder."""
-    return {
-        p.name: hashlib.sha256(read_bounded(p)).hexdigest()
-        for p in sorted(root.iterdir())
-        if p.is_file() and not p.is_symlink()
-    }
-
-
-def _ours(state: dict, root: Path) -> bool:
-    """Whether the series folder is still the one this loop checked out, or exactly what
-    its own --continue wrote: else another loop (another build folder) has finished a
-    rebase of it, or a hand changed it, and this loop must not write over that."""
-    try:
-        if load_series(root).sha256 == state["series_sha256"]:
-            return True
-    except BakeryError:
-        pass
-    now = _series_files(root)
-    return bool(state["wrote"]) and all(now.get(n) == h for n, h in state["wrote"].items())
 
 
 def resume(
@@ -401,14 +280,14 @@ def _unbakeable(series: Series, skip: str, cache: Path) -> dict[str, str]:
 def _resume(
     build: Path, cache: Path, series_root: Path, drop: tuple[str, ...], keep: tuple[str, ...]
 ) -> dict:
-    state = _load_state(build, series_root)
-    if not _checked_out(state, build):
+    state = load_state(build, series_root)
+    if not checked_out(state, build):
         raise UsageError(
             f"the checkout onto {state['release']} did not finish (or an abort did not)",
             hint="undo it with `bakery rebase --abort`, then check out again",
         )
     root = Path(state["series"])
-    if not _ours(state, root):
+    if not is_ours(state, root):
         raise UsageError(
             f"{root} changed after this rebase was checked out (another rebase loop "
             "finished, or a hand edit): --continue would write over it",
@@ -418,7 +297,7 @@ def _resume(
     saved = load_series(saved_root)
     left = conflicts_left(state, build, saved)
     if left:
-        package = _tree(build, state) / saved.package
+        package = loop_tree(build, state) / saved.package
         where = [
             f"{package / p}:{','.join(map(str, marker_lines(read_file(package, p))))}" for p in left
         ]
@@ -434,7 +313,7 @@ def _resume(
                 f"--drop-base and --keep-base take another base of the series, not {key!r}",
                 hint=f"the other bases: {', '.join(others) or 'none'}",
             )
-    tree = _tree(build, state)
+    tree = loop_tree(build, state)
     pin = Pin.parse(base_key, state["pin"], "rebase state")
     strays: list[str] = []
     edited = refresh.differing_files(
@@ -460,12 +339,12 @@ def _resume(
             f"series.toml, `--keep-base {names}` keeps its pin knowingly unbakeable, or "
             "`bakery rebase --abort`",
         )
-    writes = _folder_changes(work, root, saved_root)
+    writes = folder_changes(work, root, saved_root)
     state["wrote"] |= {  # a rerun after a failed bake keeps what the first run wrote
         name: None if data is None else hashlib.sha256(data).hexdigest()
         for name, data in writes.items()
     }
-    write_atomic(_state_path(build), (json.dumps(state, indent=2) + "\n").encode())
+    write_atomic(state_path(build), (json.dumps(state, indent=2) + "\n").encode())
     replace_files(root, writes)  # the series is the old one or the new one, never half
     remove_tree(work)
     rebased = load_series(root)
@@ -476,7 +355,7 @@ def _resume(
         raise BakeryError(f"re-bake does not reproduce the fixed tree (a bug): {lost!r}")
     thirdparty = [unpacked(dep, cache) for dep in rebased.dependencies.values()]
     findings = run_linkcheck(rebased, unpacked(pin, cache), thirdparty)
-    _discard_state(build)
+    discard_state(build)
     return {
         "release": state["release"],
         "changes": [(c.action, c.file) for c in changes],
@@ -502,27 +381,17 @@ def _repin(root: Path, state: dict, drop: tuple[str, ...] = ()) -> None:
     write_atomic(path, tomlkit.dumps(doc).encode())
 
 
-def _folder_changes(new: Path, old: Path, saved: Path) -> dict[str, bytes | None]:
-    """The writes and removals that make ``old``'s top-level files ``new``'s; only a file
-    the saved series had is removed (a file a hand added meanwhile is not the loop's)."""
-    after, before = _series_files(new), _series_files(old)
-    had = _series_files(saved)
-    out: dict[str, bytes | None] = {n: None for n in before if n not in after and n in had}
-    out |= {n: read_bounded(new / n) for n, h in after.items() if before.get(n) != h}
-    return out
-
-
 def abort(build: Path, series_root: Path) -> dict:
     """Put back the series files --continue wrote and the baked tree, as they were; from
     any point a checkout or an earlier abort stopped at, so a rerun always finishes.
     Nothing the loop did not write is deleted or overwritten: a file changed since
     --continue wrote it (by a hand, or by another loop) is left as it is."""
     with build_lock(build):
-        state = _load_state(build, series_root)
+        state = load_state(build, series_root)
         root = Path(state["series"])
-        tree = _tree(build, state)
+        tree = loop_tree(build, state)
         saved_tree = own_path(build, f"{STATE}/baked", "the saved tree")
-        now = _series_files(root)
+        now = series_files(root)
         ours = {n: h for n, h in state["wrote"].items() if now.get(n) == h}
         saved = own_path(build, f"{STATE}/series", "the saved series")
         if ours and not saved.is_dir():  # checked before anything moves
@@ -536,21 +405,10 @@ def abort(build: Path, series_root: Path) -> dict:
             back[name] = read_bounded(copy) if copy.is_file() else None
         if back:
             replace_files(root, back)
-        if tree.exists() and _checked_out(state, build):
-            _to_trash(build, tree)
+        if tree.exists() and checked_out(state, build):
+            to_trash(build, tree)
         if saved_tree.exists():
             os.rename(saved_tree, tree)
-        _discard_state(build)
+        discard_state(build)
     state["kept"] = sorted(set(state["wrote"]) - set(ours))
     return state
-
-
-def _to_trash(build: Path, path: Path) -> None:
-    trash = own_folder(build / ".trash")
-    os.rename(path, trash / f"{path.name}-{uuid.uuid4().hex[:12]}")
-
-
-def _discard_state(build: Path) -> None:
-    """The state (and the old tree saved in it) goes last: until then a rerun works."""
-    _to_trash(build, build / STATE)
-    empty_trash(build / ".trash")
