@@ -248,7 +248,7 @@ def conflicts_left(state: dict, build: Path, series: Series) -> list[str]:
 def resume(
     build: Path,
     cache: Path,
-    series_root: Path,
+    series_root: Path | None = None,
     drop: tuple[str, ...] = (),
     keep: tuple[str, ...] = (),
 ) -> dict:
@@ -256,7 +256,8 @@ def resume(
 
     Every other base must still bake the refreshed series; one that does not is refused
     (series untouched, rebase still in progress) unless ``drop`` removes it from the series
-    or ``keep`` keeps its pin knowingly unbakeable."""
+    or ``keep`` keeps its pin knowingly unbakeable. ``series_root`` is the series the
+    command names (the CLI always passes it); None takes the one the state names."""
     with build_lock(build):
         return _resume(build, cache, series_root, drop, keep)
 
@@ -278,7 +279,7 @@ def _unbakeable(series: Series, skip: str, cache: Path) -> dict[str, str]:
 
 
 def _resume(
-    build: Path, cache: Path, series_root: Path, drop: tuple[str, ...], keep: tuple[str, ...]
+    build: Path, cache: Path, series_root: Path | None, drop: tuple[str, ...], keep: tuple[str, ...]
 ) -> dict:
     state = load_state(build, series_root)
     if not checked_out(state, build):
@@ -381,7 +382,7 @@ def _repin(root: Path, state: dict, drop: tuple[str, ...] = ()) -> None:
     write_atomic(path, tomlkit.dumps(doc).encode())
 
 
-def abort(build: Path, series_root: Path) -> dict:
+def abort(build: Path, series_root: Path | None = None) -> dict:
     """Put back the series files --continue wrote and the baked tree, as they were; from
     any point a checkout or an earlier abort stopped at, so a rerun always finishes.
     Nothing the loop did not write is deleted or overwritten: a file changed since

@@ -115,7 +115,7 @@ def checked_out(state: dict, build: Path) -> bool:
     return loop_tree(build, state).exists() and (saved.exists() or not state["had_tree"])
 
 
-def load_state(build: Path, series_root: Path) -> dict:
+def load_state(build: Path, series_root: Path | None) -> dict:
     """The rebase in progress, if it is this series' (its names all checked)."""
     state = in_progress(build)
     if state is None:
@@ -123,7 +123,7 @@ def load_state(build: Path, series_root: Path) -> dict:
             f"no rebase in progress in {build}",
             hint="start one with `bakery rebase --to vllm==X.Y.Z --checkout`",
         )
-    if Path(state["series"]) != Path(series_root).resolve():
+    if series_root is not None and Path(state["series"]) != Path(series_root).resolve():
         raise UsageError(
             f"the rebase in progress in {build} is of another series: {state['series']!r}",
             hint=f"pass that series with --series, or delete {build / STATE} if it is not yours",

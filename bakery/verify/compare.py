@@ -86,9 +86,9 @@ class ParityGates:
 
 
 FORK_GATE = "min_fork_topk_overlap"
-# Largest bound a max_* gate takes: a logprob error or a KL above it is no parity at all,
-# so a bound there (1e9, 1.8e308) would only switch the gate off unseen.
-MAX_BOUND = 100.0
+# Largest bound a max_* gate takes: above it (1.8e308, the largest float) a bound is an off
+# switch in disguise, where inf, the honest spelling, is refused; null switches a gate off.
+MAX_BOUND = 1e9
 
 
 def _gate_range(name: str) -> tuple[float, float]:
