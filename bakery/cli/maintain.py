@@ -326,6 +326,14 @@ def _rebase_checkout(series, version: str, build_dir: Path, base_key: str, fuzz:
         click.echo(f"warning: {note}", err=True)
     conflict = rebase_loop.CheckoutStatus.CONFLICT  # state.json holds its word
     left = [p for p, info in state["files"].items() if info["status"] == conflict]
+    reused = [
+        p for p, i in state["files"].items() if i["status"] == rebase_loop.CheckoutStatus.RESOLVED
+    ]
+    if reused:
+        click.echo(
+            f"{len(reused)} conflict(s) resolved as you fixed them before "
+            f"({build_dir / rebase_loop.RERERE}): review them"
+        )
     if left:
         click.echo(f"{len(left)} file(s) with conflicts left; {rebase_loop.NEXT_STEP}")
         return 1

@@ -19,7 +19,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import tomlkit
@@ -38,6 +38,7 @@ from bakery.maintain.rebase import (
     survey,
 )
 from bakery.maintain.rebase_state import (
+    RERERE,
     STATE,
     CheckoutStatus,
     checked_out,
@@ -54,10 +55,11 @@ from bakery.maintain.rebase_state import (
 )
 from bakery.series import apply
 from bakery.series.engine import apply_file_patch
-from bakery.series.series import Pin, Series, load_series
+from bakery.series.series import Pin, Series, is_sha256, load_series
 from bakery.tree import (
     clone_tree,
     empty_trash,
+    own_folder,
     own_path,
     read_bounded,
     read_file,
@@ -129,6 +131,7 @@ class _Outcome:
     status: CheckoutStatus
     data: bytes | None
     fuzz: int = 0  # the most fuzz a hunk of an applied patch needed
+    conflict: str = ""  # sha256 of the conflict as merged (rerere's key)
 
 
 def _place(series: Series, old_pkg: Path, new_pkg: Path, release: str, max_fuzz: int):
@@ -186,8 +189,9 @@ def checkout(
         deps = _dependency_pins(series, pin, cache)
         others, notes = other_base_pins(series, base_key, version, cache)
         new_root = unpacked(pin, cache)
-        outcomes = _place(
-            series, old_pkg, new_root / series.package, str(pin.requirement), max_fuzz
+        outcomes = _reuse(
+            build,
+            _place(series, old_pkg, new_root / series.package, str(pin.requirement), max_fuzz),
         )
         state = {
             "release": str(pin.requirement),
@@ -201,12 +205,36 @@ def checkout(
             "other_bases": {key: pin_table(p) for key, p in others.items()},
             "notes": notes,
             "files": {
-                p: {"patch": o.patch, "status": o.status, "fuzz": o.fuzz}
+                p: {"patch": o.patch, "status": o.status, "fuzz": o.fuzz, "conflict": o.conflict}
                 for p, o in sorted(outcomes.items())
             },
         }
         _swap_in(series, build, tree, new_root, outcomes, state)
     return state
+
+
+def _reuse(build: Path, outcomes: dict[str, _Outcome]) -> dict[str, _Outcome]:
+    """Each conflict keyed by its sha256; one fixed before gets that fix (rerere)."""
+    out = {}
+    for path, o in outcomes.items():
+        if o.status is CheckoutStatus.CONFLICT and o.data is not None:
+            key = hashlib.sha256(o.data).hexdigest()
+            fixed = build / RERERE / key
+            if fixed.is_file() and not fixed.is_symlink() and not (build / RERERE).is_symlink():
+                o = replace(o, status=CheckoutStatus.RESOLVED, data=read_bounded(fixed))
+            o = replace(o, conflict=key)
+        out[path] = o
+    return out
+
+
+def _record(build: Path, state: dict, package: Path) -> None:
+    """Remember the fix of each conflict the tree no longer has markers for."""
+    for path, info in state["files"].items():
+        if is_sha256(info.get("conflict")):
+            data = read_file(package, path)
+            if data is not None and not has_markers(data):
+                folder = own_folder(build / RERERE)
+                write_atomic(folder / info["conflict"], data)
 
 
 def _swap_in(
@@ -296,6 +324,7 @@ def _resume(
         )
     saved_root = own_path(build, f"{STATE}/series", "the saved series")
     saved = load_series(saved_root)
+    _record(build, state, loop_tree(build, state) / saved.package)  # also with some left
     left = conflicts_left(state, build, saved)
     if left:
         package = loop_tree(build, state) / saved.package
@@ -404,6 +433,11 @@ def abort(build: Path, series_root: Path | None = None) -> dict:
         for name in ours:
             copy = own_path(saved, name, "a saved series file")
             back[name] = read_bounded(copy) if copy.is_file() else None
+        if tree.exists() and checked_out(state, build):
+            try:  # a later checkout gets these fixes back; never in the way of an abort
+                _record(build, state, tree / load_series(saved).package)
+            except BakeryError:
+                pass
         if back:
             replace_files(root, back)
         if tree.exists() and checked_out(state, build):

@@ -22,6 +22,9 @@ from bakery.series.series import load_series
 from bakery.tree import empty_trash, own_folder, own_path, read_bounded, relative
 
 STATE = ".rebase"  # under the build folder: state.json, series/ (saved), baked/ (saved)
+# Beside it, kept across rebases: conflict sha256 -> the fixed file, as git's rerere
+# records it, so a conflict fixed once (then aborted) is not fixed twice.
+RERERE = ".rerere"
 
 
 def state_path(build: Path) -> Path:
@@ -35,12 +38,14 @@ class CheckoutStatus(StrEnum):
     UPSTREAM = "upstream"  # the release already has its patch: left as the release has it
     MERGED = "merged"  # 3-way merged without a clash
     CONFLICT = "conflict"  # merged with conflict markers: a hand must fix it
+    RESOLVED = "resolved"  # the same conflict was fixed before: that fix reused (rerere)
 
 
 class _FileDoc(Document):
     patch: str
     status: CheckoutStatus
     fuzz: int = 0
+    conflict: str = ""  # sha256 of the conflict as merged: its name under RERERE
 
 
 class _StateDoc(Document):
