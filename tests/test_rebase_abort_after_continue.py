@@ -24,7 +24,7 @@ def test_abort_after_a_failed_continue_restores_the_rewritten_series(tmp_path, m
 
     monkeypatch.setattr(rebase_loop, "bake", failing_bake)
     with pytest.raises(BakeryError, match="planted"):
-        rebase_loop.resume(build, tmp_path / "cache")
+        rebase_loop.resume(build, tmp_path / "cache", series)
     rewritten = snapshot(series)
     assert rewritten != {k: v for k, v in before.items() if k.startswith(str(series))}
     assert not (series / "03-c.py.diff").exists()  # --continue got as far as the series
