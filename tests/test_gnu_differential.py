@@ -327,6 +327,17 @@ def test_a_fully_fuzzed_hunk_whose_guess_is_frozen_fails_like_gnu():
     assert ours(target, diff, 1) == (None, {})
 
 
+def test_an_added_line_that_context_follows_joins_a_line_without_newline_as_gnu():
+    """Found by `make test-props` (fresh seeds): fuzz 2 places hunk 2 on the file's last
+    line, which has no newline. GNU copies it, then writes the added line as it is (the
+    newline fix is copy_till's and the trailing added lines'), so the two join."""
+    target = b"a\na\na\na\na\na"
+    diff = b"--- a/f\n+++ b/f\n@@ -1,3 +1,2 @@\n a\n a\n-a\n@@ -5,3 +5,4 @@\n a\n a\n+new 0\n a\n"
+    expected = _gnu(target, diff, 2)
+    assert expected[0] == b"a\na\na\na\nanew 0\n"
+    assert ours(target, diff, 2) == expected
+
+
 def test_a_change_on_frozen_lines_fails_as_misordered(tmp_path):
     target = _words("a1 a2 a3 a4 a5 a6 a7 a8 a9")
     diff = (

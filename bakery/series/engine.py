@@ -311,10 +311,12 @@ def _apply_hunks(
     out: list[bytes] = []
     frozen = 0  # input lines already copied or consumed (GNU last_frozen_line)
 
-    def emit(chunk: list[bytes]) -> None:
+    def emit(chunk: list[bytes], fix: bool = True) -> None:
         # GNU's after_newline: a line that lost its newline (fuzz dropped the
-        # "\ No newline" context, or drift) gets one before anything follows it.
-        if chunk and out and not out[-1].endswith(b"\n"):
+        # "\ No newline" context, or drift) gets one before a copied line or a
+        # hunk's trailing added lines; GNU writes an added line that some context
+        # still follows as it is (``fix`` False), so it joins that line.
+        if fix and chunk and out and not out[-1].endswith(b"\n"):
             out.append(b"\n")
         out.extend(chunk)
 
@@ -356,14 +358,16 @@ def _apply_hunks(
             raise failures[0]
         placements.append(Placement(hunk=hunk.number, line=where, offset=in_offset, fuzz=fuzz))
         old_index = 0  # old-side lines of this hunk consumed so far
-        for line in hunk.lines:
+        # GNU adds the lost newline only before added lines that no context follows.
+        last_context = max((i for i, ln in enumerate(hunk.lines) if ln.kind == " "), default=-1)
+        for index, line in enumerate(hunk.lines):
             if line.kind == "-":
                 copy_till(where + old_index - 1)
                 frozen += 1
                 old_index += 1
             elif line.kind == "+":
                 copy_till(where + old_index - 1)
-                emit([_added(line, crlf)])
+                emit([_added(line, crlf)], fix=index > last_context)
             else:
                 old_index += 1
     copy_till(len(lines))
