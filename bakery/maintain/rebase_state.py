@@ -131,7 +131,8 @@ def load_state(build: Path, series_root: Path | None) -> dict:
     if series_root is not None and Path(state["series"]) != Path(series_root).resolve():
         raise UsageError(
             f"the rebase in progress in {build} is of another series: {state['series']!r}",
-            hint=f"pass that series with --series, or delete {build / STATE} if it is not yours",
+            hint=f"name that series (`bakery rebase --abort --series DIR`), or delete "
+            f"{build / STATE} if it is not yours",
         )
     loop_tree(build, state)
     return state
