@@ -78,6 +78,25 @@ def test_rebase_to_0_33_reports_text_and_signature_drift(tmp_path):
     assert proc.returncode == 1
     assert "missing required argument 'lse_scale'" in proc.stdout
     assert "01-model_executor_kernels_attention_dsa_candidate_blocks.py.diff: fails" in proc.stdout
+    # Each finding names its patch, and the patch that did not place when that one would
+    # define the missing name (issue 24): 09 imports what 01 and 02 add.
+    findings = [ln for ln in proc.stdout.splitlines() if ln.startswith("linkcheck: ")]
+    assert all(
+        "[in 09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff]" in f for f in findings
+    )
+    tied = {
+        name: f.rsplit("[defined by ", 1)[1].split(",")[0]
+        for f in findings
+        for name in ("dsv41_dcp_combine", "_PrefillTimer", "dcp_world_size")
+        if name in f and "[defined by " in f
+    }
+    assert tied == {
+        "dsv41_dcp_combine": "02-models_deepseek_v41_attention.py.diff",
+        "_PrefillTimer": "01-model_executor_kernels_attention_dsa_candidate_blocks.py.diff",
+        "dcp_world_size": "02-models_deepseek_v41_attention.py.diff",
+    }
+    lse = next(f for f in findings if "'lse_scale'" in f)
+    assert "[defined by" not in lse  # flashinfer's own signature: no patch to blame
     # A refreshed series for review, pinned by the hash seen; the repo's series untouched.
     refreshed = load_series(out)
     assert refreshed.base("default").requirement.specifier == "==0.33.0"

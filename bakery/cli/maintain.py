@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from collections import Counter
@@ -292,8 +293,9 @@ def rebase_cmd(
     )
     for patch, status in report["patches"].items():
         click.echo(f"  {patch}: {status}")
+    unplaced = [p for p, v in report["patches"].items() if v == rebase_mod.PatchVerdict.FAILS]
     for finding in report["linkcheck"]:
-        click.echo(f"linkcheck: {finding}")
+        click.echo(f"linkcheck: {finding}{_tie(finding, series, unplaced)}")
     for note in report["kept_bases"]:
         click.echo(f"warning: {note}", err=True)
     click.echo(f"refreshed series and report: {out}")
@@ -312,6 +314,27 @@ def rebase_cmd(
             shutil.copyfile(new, series.root / new.name)
         click.echo(f"replaced {series.root} with the refreshed series")
     return None
+
+
+def _tie(finding: str, series, failed: list[str]) -> str:
+    """The patch a linkcheck finding sits in, and a patch that failed to place whose
+    added lines define the missing name (its code is absent, so the finding follows);
+    one whose file the finding looked in first."""
+    path, _, rest = finding.partition(":")
+    paths = {p.name: p.paths for p in series.patches}
+    owner = next((name for name, files in paths.items() if path in files), None)
+    missing = rest.split(": ", 1)[-1].split(" (", 1)[0]
+    names = [a or b for a, b in re.findall(r"'(\w+)'|self\.(\w+)", missing)]
+    cause: list[str] = []
+    for name in names:
+        word = re.escape(name.encode())
+        defines = re.compile(rb"^\+\s*(?:def |class )?(?:self\.)?" + word + rb"\b\s*[(:=]", re.M)
+        cause += [
+            f for f in failed if f != owner and defines.search((series.root / f).read_bytes())
+        ]
+    looked = [c for c in cause if any(f in finding for f in paths.get(c, ()))]
+    out = f" [in {owner}]" if owner else ""
+    return out + (f" [defined by {(looked or cause)[0]}, which did not place]" if cause else "")
 
 
 def _rebase_checkout(series, version: str, build_dir: Path, base_key: str, fuzz: int) -> int:
