@@ -62,3 +62,12 @@ def test_stages_prints_a_terminal_form_and_the_markdown_on_request():
     markdown = run_cli("stages", "--markdown")
     plan = (REPO / "patches" / "dcp2" / "PLAN.md").read_text()
     assert markdown.returncode == 0 and markdown.stdout.strip() in plan
+
+
+def test_refresh_names_the_patches_it_would_remove_without_a_list_repr(tmp_path):
+    series, build, cli, _, _ = make_loop(tmp_path)
+    (build / "baked" / "vllm" / "b.py").write_text("B = 1\nLIMIT = 10\nNAME = 'b'\n")
+    proc = cli("refresh")
+    assert proc.returncode == 2
+    assert "error: would remove 1 patch(es) (pass --yes): 02-b.py.diff\n" in proc.stderr
+    assert (series / "02-b.py.diff").is_file()

@@ -97,7 +97,9 @@ def refresh_cmd(
     removed = [c.file for c in changes if c.action == "remove"]
     if removed and not yes:
         if not sys.stdin.isatty():
-            raise UsageError(f"would remove {len(removed)} patch(es) (pass --yes): {removed!r}")
+            raise UsageError(
+                f"would remove {len(removed)} patch(es) (pass --yes): " + ", ".join(removed)
+            )
         click.confirm(f"remove {', '.join(removed)}?", abort=True)
     refresh.write_refresh(series, changes, stage, summary, refresh.remembered_entries(series))
     for change in changes:
