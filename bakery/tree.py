@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -28,12 +29,17 @@ __all__ = [
     "relative",
     "inside",
     "read_file",
+    "own_path",
+    "own_folder",
+    "open_own",
+    "read_bounded",
     "stage_beside",
     "write_atomic",
     "write_text_atomic",
     "write_json_atomic",
     "clone_tree",
     "swap_into_place",
+    "replace_files",
     "empty_trash",
     "remove_tree",
     "sweep_dead",
@@ -58,6 +64,88 @@ def inside(root: Path, rel: str) -> Path:
             f"path resolves outside the tree through a symlink (refused): {rel!r}"
         )
     return Path(root) / rel
+
+
+def own_path(root: Path, rel: str, what: str = "path") -> Path:
+    """``root/rel`` for a name read back from our own files (state, stamps, records, matrix
+    names): relative, no ``..``, and no symlink anywhere below ``root`` (followed or not),
+    so nothing moved, written or deleted through it can land outside ``root``. Checked
+    before the caller moves anything."""
+    if not isinstance(rel, str) or any(c in rel for c in "\n\r\t\\") or rel != rel.strip():
+        raise UnsafePathError(f"{what} is not a plain name (refused): {rel!r}")
+    try:
+        relative(rel)
+    except UnsafePathError:
+        raise UnsafePathError(f"{what} leaves {root} (refused): {rel!r}") from None
+    path = Path(root)
+    for part in Path(rel).parts:
+        path = path / part
+        if path.is_symlink():
+            raise UnsafePathError(f"{what} is reached through a symlink (refused): {str(path)!r}")
+    return path
+
+
+def own_folder(path: Path) -> Path:
+    """``path`` as a real folder of ours (made if missing); a symlink or a file there is
+    refused, so what we move into it (old trees, wheels) stays where we put it."""
+    if not path.is_symlink():
+        path.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink() or not path.is_dir():
+        raise UnsafePathError(
+            f"{str(path)!r} is a symlink or not a folder (refused)",
+            hint=f"remove {path}: bakery makes it again",
+        )
+    return path
+
+
+def open_own(path: Path) -> int:
+    """A read-write fd on our own small file (a lock), made if missing; a symlink, a FIFO
+    or a device there is refused, never followed or truncated."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise UnsafePathError(
+                f"{str(path)!r} is a symlink or not a regular file (refused)",
+                hint=f"remove {path}: bakery makes it again",
+            ) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafePathError(
+            f"{str(path)!r} is not a regular file (refused)",
+            hint=f"remove {path}: bakery makes it again",
+        )
+    return fd
+
+
+MAX_READ = 64 << 20  # no file bakery reads as a document is near this
+
+
+def read_bounded(path: Path, limit: int = MAX_READ) -> bytes:
+    """The bytes of the regular file at ``path``, opened non-blocking (a FIFO never
+    hangs the reader) and read to at most ``limit`` bytes (a symlink to /dev/zero never
+    fills memory). A FIFO, a device or a folder raises ``IsADirectoryError``'s kin,
+    ``OSError(EINVAL)`` with a plain reason; a larger file ``OSError(EFBIG)``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+            raise OSError(errno.EINVAL, kind, str(path))
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def read_file(root: Path, rel: str) -> bytes | None:
@@ -207,7 +295,7 @@ def swap_into_place(new: Path, final: Path, trash: Path) -> None:
 
     With RENAME_EXCHANGE there is no instant at which ``final`` is missing or
     half-written: a kill leaves either the old or the new tree (or file)."""
-    trash.mkdir(parents=True, exist_ok=True)
+    own_folder(trash)
     old = trash / f"{final.name}-{uuid.uuid4().hex[:12]}"
     if final.exists() and _exchange(new, final):
         os.rename(new, old)  # ``new`` now holds the old one
@@ -218,11 +306,40 @@ def swap_into_place(new: Path, final: Path, trash: Path) -> None:
         os.rename(new, final)
 
 
+def replace_files(folder: Path, changes: dict[str, bytes | None]) -> None:
+    """Write (bytes) and delete (None) several files of ``folder`` all or nothing: the
+    changes go into a hard-linked clone beside it, which is exchanged with ``folder`` in
+    one rename; a fault or a kill before it leaves ``folder`` as it was, after it as
+    asked (a killed run's clone, ``.<name>.new-<pid>``, is swept by ``sweep_dead``)."""
+    names = {own_path(folder, name, "file name"): data for name, data in changes.items()}
+    sweep_dead(folder.parent)
+    staging = folder.with_name(f".{folder.name}.new-{os.getpid()}")
+    remove_tree(staging)
+    try:
+        shutil.copytree(folder, staging, symlinks=True, copy_function=os.link)
+        for path, data in names.items():
+            target = staging / path.relative_to(folder)
+            if data is None:
+                target.unlink(missing_ok=True)
+            else:
+                write_atomic(target, data)
+        if _exchange(staging, folder):
+            return  # ``staging`` holds the old files now: removed below
+        for path, data in names.items():  # no renameat2: file by file, writes first
+            if data is not None:
+                write_atomic(path, data)
+        for path, data in names.items():
+            if data is None:
+                path.unlink(missing_ok=True)
+    finally:
+        remove_tree(staging)
+
+
 def empty_trash(trash: Path) -> None:
     """Delete ``trash`` in a detached child: the old tree is garbage once swapped
     out, and unlinking thousands of entries would double a rebake's time. It is
     renamed first, so the next bake never shares a folder with that child."""
-    if trash.is_dir() and any(trash.iterdir()):
+    if not trash.is_symlink() and trash.is_dir() and any(trash.iterdir()):
         doomed = trash.with_name(f"{trash.name}-{uuid.uuid4().hex[:12]}.tmp-{os.getpid()}")
         os.rename(trash, doomed)
         trash = doomed
@@ -271,7 +388,7 @@ def sweep_dead(folder: Path, trash: Path | None = None) -> list[Path]:
         if not match or int(match["pid"]) == os.getpid() or _alive(int(match["pid"])):
             continue
         if trash is not None:
-            trash.mkdir(parents=True, exist_ok=True)
+            own_folder(trash)
             os.rename(entry, trash / f"{entry.name}-{uuid.uuid4().hex[:12]}")
         elif entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)

@@ -42,7 +42,12 @@ CHECKS = (
     "candidates_eq_dcp1_kernel",
     "candidates_eq_reference",
     "mask_eq_reference",
+    # each exchange forced, whatever the size rule picks
+    "dense_eq_dcp1_kernel",
+    "sparse_eq_reference",
+    "sparse_eq_dcp1_kernel_up_to_ties",
 )
+KERNELS = "vllm.model_executor.kernels.attention.dsa.candidate_blocks"
 # patch 06's layer-build gate: (DSV41_DCP_STAGE, PCP, CUDA platform) -> refusal names
 REFUSALS = {
     ("3", False, True): "set DSV41_DCP_STAGE=4 or higher",
@@ -94,6 +99,7 @@ class Case:
     row_repeat: int = 1
     pad: int = 0
     seed: int = 0
+    first_row: tuple[float, ...] = ()  # fixed values for row 0 (the rest random)
 
     @property
     def name(self) -> str:
@@ -112,7 +118,17 @@ CASES = {
         Case("decode", 4, 1, 6, 4, (45, 3, 0), width=56, pad=1, seed=6),  # 3 < W positions
         Case("decode", 4, 2, 16, 2, (70, 17), width=80, row_repeat=2, seed=7),
     ],
+    8: [
+        Case("decode", 8, 1, 1, 2, (200, 9, 0), width=240, pad=1, seed=8),  # the size rule: sparse
+        Case("prefill", 8, 2, 4, 3, (70, 5), 2, seed=9),
+    ],
 }
+CASES[2] += [
+    Case("decode", 2, 2, 1, 3, (300, 41), width=320, seed=10),  # sparse by size
+    # rank 0 holds block 0 (+inf) and the newest block 2 (NaN, pinned down to +inf):
+    # the sparse merge needs its k + 1 local entries here
+    Case("decode", 2, 1, 1, 1, (3,), width=4, seed=11, first_row=(math.inf, 1.0, math.nan)),
+]
 
 
 def global_logits(case: Case) -> tuple[torch.Tensor, list[tuple[int, int]]]:
@@ -131,6 +147,8 @@ def global_logits(case: Case) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     logits = torch.tensor(PALETTE)[pick]
     logits[1::5] = -math.inf  # -inf rows
     logits[torch.rand(logits.shape, generator=gen) < 0.03] = math.nan
+    if case.first_row:
+        logits[0, : len(case.first_row)] = torch.tensor(case.first_row)
     return logits, rows
 
 
@@ -185,18 +203,48 @@ def load(tree: str):
 
 
 def run_case(mod, case: Case, rank: int, w: int) -> dict:
-    """Source then consumer step on one rank (``w``=1: DCP1, no collective)."""
+    """Source then consumer step on one rank (``w``=1: DCP1, no collective); under DCP
+    also the source with each exchange forced (patch 06's collectives)."""
     packed, ks, ke, gw, _, rows = layout(case, rank, w, case.k if w > 1 else 1)
     cands = torch.full((len(rows), case.topk_blocks), 99, dtype=torch.int32)
     mod._candidate_step(
         packed.clone(), ks, ke, cands, case.bs, True, gw, rank, w, case.k, case.row_repeat
     )
     masked = packed.clone()
+    out = {"cands": cands, "masked": masked}
     if w > 1:
         mod._candidate_step(
             masked, ks, ke, cands, case.bs, False, gw, rank, w, case.k, case.row_repeat
         )
-    return {"cands": cands, "masked": masked}
+        kernels = sys.modules[KERNELS]
+        for exchange in ("dense", "sparse"):
+            forced = torch.full_like(cands, 99)
+            kernels.select_candidate_blocks_dcp(
+                packed.clone(),
+                ks,
+                ke,
+                case.topk_blocks,
+                case.bs,
+                forced,
+                gw,
+                rank,
+                w,
+                case.k,
+                mod._dcp_all_reduce_max,
+                case.row_repeat,
+                mod._dcp_all_gather,
+                exchange,
+            )
+            out[exchange] = forced
+    return out
+
+
+def picks_sparse(case: Case, rows: int, gw: int) -> bool:
+    """The size rule of patch 01, read from the baked kernels module."""
+    size = sys.modules[KERNELS].dcp_candidate_exchange_bytes(
+        rows, -(-gw // case.bs), case.topk_blocks, case.w
+    )
+    return size["sparse"] < size["dense"]
 
 
 def _gloo_rank(mod, rank: int, w: int, store_path: str, outdir: str) -> None:
@@ -249,8 +297,17 @@ def same_up_to_ties(got: list[int], want: list[int], scores: torch.Tensor) -> bo
         return True
     if len(g) != len(wnt) or len(got) != len(set(got) - {-1}) + got.count(-1):
         return False
-    edge = min((scores[b].item() for b in wnt), default=math.inf)
-    return all(scores[b].item() == edge for b in g ^ wnt)
+    from bakery.dcp import reference as ref
+
+    keys = ref.order_keys(scores).tolist()  # NaN ranks top: the boundary is the lowest key
+    edge = min((keys[b] for b in wnt), default=None)
+    return all(keys[b] == edge for b in g ^ wnt)
+
+
+def up_to_ties_rows(got: torch.Tensor, want: torch.Tensor, scores: torch.Tensor) -> bool:
+    return all(
+        same_up_to_ties(got[i].tolist(), want[i].tolist(), scores[i]) for i in range(len(got))
+    )
 
 
 class Report:
@@ -267,20 +324,44 @@ def check_case(report: Report, mod, case: Case, outs: list[dict]) -> None:
     dcp1 = run_case(mod, case, 0, 1)
     logits, ends, pinned, want = reference_rows(case)
     first = outs[0]["cands"]
+    _, _, _, gw, _, rows = layout(case, 0, case.w, case.k)
+    sparse_auto = picks_sparse(case, len(rows), gw)
     for rank, out in enumerate(outs):
         label = f"{case.name}:r{rank}"
         cands = out["cands"]
         report.check(
             "candidates_same_on_every_rank",
             label,
-            torch.equal(cands, first),
+            all(torch.equal(o[x], outs[0][x]) for o in outs for x in ("cands", "sparse")),
             f"{cands.tolist()} vs rank 0 {first.tolist()}",
         )
+        # CPU torch.topk may pick other tied blocks than the lower ids (CUDA's do not):
+        # the sparse merge equals DCP1's CPU kernel up to ties there.
         report.check(
             "candidates_eq_dcp1_kernel",
-            label,
-            torch.equal(cands, dcp1["cands"]),
+            label + (":sparse" if sparse_auto else ":dense"),
+            up_to_ties_rows(cands, dcp1["cands"], pinned)
+            if sparse_auto
+            else torch.equal(cands, dcp1["cands"]),
             f"{cands.tolist()} vs DCP1 {dcp1['cands'].tolist()}",
+        )
+        report.check(
+            "dense_eq_dcp1_kernel",
+            label,
+            torch.equal(out["dense"], dcp1["cands"]),
+            f"{out['dense'].tolist()} vs DCP1 {dcp1['cands'].tolist()}",
+        )
+        report.check(
+            "sparse_eq_reference",
+            label,
+            torch.equal(out["sparse"], want),
+            f"{out['sparse'].tolist()} vs reference {want.tolist()}",
+        )
+        report.check(
+            "sparse_eq_dcp1_kernel_up_to_ties",
+            label,
+            up_to_ties_rows(out["sparse"], dcp1["cands"], pinned),
+            f"{out['sparse'].tolist()} vs DCP1 {dcp1['cands'].tolist()}",
         )
         bad = [
             i

@@ -41,6 +41,7 @@ import gc
 import json
 import logging
 import math
+import os
 import sys
 import traceback
 import weakref
@@ -60,7 +61,7 @@ TOL, LSE_TOL = 1e-5, 1e-4  # fp32, as in vLLM's DCP combine tests
 GATHER_CHECKS = ("gather_kv", "gather_slots", "gather_lens", "gather_lookup", "gather_attention")
 OTHER_CHECKS = ("sink", "sink_cached", "neutral_swa", "interleave", "interleave_refusal")
 TWO_LAYER_CHECKS = ("two_layer_slots", "two_layer_lookup", "two_layer_reuse", "two_layer_freed")
-REFUSAL_CHECKS = ("dcp_refused", "dcp_admitted", "rocm_refused_by_base")
+REFUSAL_CHECKS = ("dcp_refused", "dcp_admitted", "rocm_refused_by_base", "combine_source")
 SERIES_CHECKS = TWO_LAYER_CHECKS + REFUSAL_CHECKS + ("combine_warmup", "prefill_timing_tokens")
 # What a planted index-conversion bug may fail: everything that reads the slots.
 INDEX_CHECKS = GATHER_CHECKS + ("two_layer_slots", "two_layer_lookup")
@@ -497,10 +498,16 @@ class PastTheGate(Exception):
 class GateConfig:
     """A vLLM config with just what the refusal reads; anything else raises."""
 
-    def __init__(self, dcp=2, pcp=1, v2=True, spec=None) -> None:
+    def __init__(
+        self, dcp=2, pcp=1, v2=True, spec=None, replay=False, dbo=False, qrep=False
+    ) -> None:
         self.parallel_config = SimpleNamespace(
-            decode_context_parallel_size=dcp, prefill_context_parallel_size=pcp
+            decode_context_parallel_size=dcp,
+            prefill_context_parallel_size=pcp,
+            use_ubatching=dbo,
+            dcp_q_replicate=qrep,
         )
+        self.cache_config = SimpleNamespace(swa_bounded_replay=replay)
         self.use_v2_model_runner = v2
         self.speculative_config = spec
 
@@ -561,6 +568,9 @@ def check_refusals(report: Report, sm120, tree: Path) -> None:
         "mtp": (GateConfig(spec=SPEC["mtp"]), "speculative decoding (mtp"),
         "dspark": (GateConfig(spec=SPEC["dspark"]), "speculative decoding (dspark"),
         "pcp": (GateConfig(pcp=2), "(PCP2)"),
+        "swa_bounded_replay": (GateConfig(replay=True), "SWA bounded replay (--swa-bounded"),
+        "dbo": (GateConfig(dbo=True), "dual-batch overlap (--enable-dbo"),
+        "q_replicate": (GateConfig(qrep=True), "--dcp-q-replicate: this path"),
     }
     for name, (config, phrase) in settings.items():
 
@@ -571,8 +581,17 @@ def check_refusals(report: Report, sm120, tree: Path) -> None:
         report.check("dcp_refused", f"sm120:{name}", refused)
 
     def all_at_once():
-        msg = build_layer(classes["flashmla"], GateConfig(pcp=4, v2=False, spec=SPEC["mtp"]))
-        for phrase in ("DeepseekV4FlashMLAAttention", "V1 model runner", "(mtp", "(PCP4)"):
+        config = GateConfig(pcp=4, v2=False, spec=SPEC["mtp"], replay=True, dbo=True, qrep=True)
+        msg = build_layer(classes["flashmla"], config)
+        for phrase in (
+            "DeepseekV4FlashMLAAttention",
+            "V1 model runner",
+            "(mtp",
+            "(PCP4)",
+            "--swa-bounded-replay",
+            "--enable-dbo",
+            "--dcp-q-replicate",
+        ):
             assert phrase in msg, f"{phrase!r} missing: {msg}"
 
     report.check("dcp_refused", "every_problem_in_one_message", all_at_once)
@@ -604,6 +623,42 @@ def check_refusals(report: Report, sm120, tree: Path) -> None:
 
 
 SPEC = {m: SimpleNamespace(method=m, num_speculative_tokens=1) for m in ("mtp", "dspark")}
+
+
+def check_combine_source(report: Report) -> None:
+    """Patch 02: --dcp-comm-backend is the combine; DSV41_DCP_COMBINE may only agree."""
+    from vllm.models.deepseek_v41 import attention
+
+    def gates(backend, env):
+        saved = os.environ.pop("DSV41_DCP_COMBINE", None)
+        if env is not None:
+            os.environ["DSV41_DCP_COMBINE"] = env
+        try:
+            pc = SimpleNamespace(decode_context_parallel_size=2, dcp_comm_backend=backend)
+            attention._check_dsv41_dcp_gates(pc)
+            return attention.dsv41_dcp_combine(pc)
+        except ValueError as exc:
+            return str(exc)
+        finally:
+            os.environ.pop("DSV41_DCP_COMBINE", None)
+            if saved is not None:
+                os.environ["DSV41_DCP_COMBINE"] = saved
+
+    want = {
+        ("a2a", None): "a2a",
+        ("ag_rs", None): "ag_rs",
+        (None, None): "ag_rs",  # vLLM's own default before set_dcp_defaults
+        ("a2a", "a2a"): "a2a",
+        ("a2a", "ag_rs"): "DSV41_DCP_COMBINE='ag_rs', --dcp-comm-backend 'a2a'",
+        ("ag_rs", "a2a"): "DSV41_DCP_COMBINE='a2a', --dcp-comm-backend 'ag_rs'",
+        ("a2a", "rs"): "DSV41_DCP_COMBINE must be one of",
+    }
+    for (backend, env), expected in want.items():
+        got = gates(backend, env)
+        ok = got == expected if len(expected) < 6 else expected in got
+        report.check(
+            "combine_source", f"{backend}:{env}", lambda ok=ok, got=got: None if ok else got
+        )
 
 
 def _admitted(result: str) -> str | None:
@@ -1035,6 +1090,7 @@ def main(tree: str) -> None:
             continue
         check_two_layers(report, tc, outs)
     check_refusals(report, cls, Path(tree))
+    check_combine_source(report)
     check_warmup(report, cls)
     check_a2a_warmup(report, cls)
     check_prefill_timing(report, cls)

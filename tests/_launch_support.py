@@ -41,9 +41,19 @@ def marked(run_prefix: str) -> list[int]:
     """Live processes whose environment carries BAKERY_LAUNCH_RUN=<run_prefix...>.
 
     Every process the launcher starts inherits that variable, so this finds one
-    even if it left the process group (setsid) or was re-parented.
+    even if it left the process group (setsid) or was re-parented. A run id
+    (profile/UTC second) is not unique: a run of another test or checkout in the
+    same second shares it. To follow one run, use ``launched_in``.
     """
-    needle = f"BAKERY_LAUNCH_RUN={run_prefix}".encode()
+    return _scan(lambda item: item.startswith(f"BAKERY_LAUNCH_RUN={run_prefix}".encode()))
+
+
+def launched_in(run_dir: Path) -> list[int]:
+    """Live processes whose BAKERY_LAUNCH_DIR is exactly ``run_dir`` (absolute: one run)."""
+    return _scan(f"BAKERY_LAUNCH_DIR={run_dir}".encode().__eq__)
+
+
+def _scan(wanted) -> list[int]:
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -54,7 +64,7 @@ def marked(run_prefix: str) -> list[int]:
             environ = Path(f"/proc/{name}/environ").read_bytes()
         except OSError:
             continue
-        if state != "Z" and any(v.startswith(needle) for v in environ.split(b"\0")):
+        if state != "Z" and any(map(wanted, environ.split(b"\0"))):
             found.append(int(name))
     return found
 

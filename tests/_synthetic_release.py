@@ -31,10 +31,12 @@ PATCHED = {
     "b.py": b"B = 1\nLIMIT = 12  # dcp\nNAME = 'b'\n",
     "c.py": b"C = 1\nD = 4\nE = 3\n",
 }
-CONFLICT = (
+CONFLICT = (  # zdiff3: the old pristine lines between the two sides
     b"B = 1\n"
     b"<<<<<<< vllm==0.2.0\n"
     b"LIMIT = 20\n"
+    b"||||||| b.py before 02-b.py.diff\n"
+    b"LIMIT = 10\n"
     b"=======\n"
     b"LIMIT = 12  # dcp\n"
     b">>>>>>> 02-b.py.diff\n"

@@ -2,7 +2,8 @@
 
 tests/_dcp_candidate_driver.py runs patch 06's ``_candidate_step`` with patch 01's
 Triton kernels (TRITON_INTERPRET=1, the real triton 3.9.0) and the real
-``dist.all_reduce(MAX)`` on W=2 and W=4 forked gloo ranks, against the baked DCP1
+``dist.all_reduce(MAX)`` / ``all_gather_into_tensor`` (dense and sparse exchange) on
+W=2, 4 and 8 forked gloo ranks, against the baked DCP1
 selection and ``bakery.dcp.reference``. Each bug variant copies patches/dcp2,
 rewrites one '+' line of patch 01, bakes the copy (cpu base) and runs the same
 driver; the unplanted series goes through the same steps and must pass.
@@ -25,6 +26,8 @@ TARGET = "vllm/model_executor/kernels/attention/dsa/candidate_blocks.py"
 GLOBAL_POS = "(local // INTERLEAVE) * (INTERLEAVE * WORLD) + rank * INTERLEAVE"
 SOURCE_COLS = "cols = start + (pos // (INTERLEAVE * WORLD)) * INTERLEAVE + pos % INTERLEAVE"
 CONSUMER_BLOCK = "block = pos // BLOCK_SIZE"
+BY_BLOCK = "by_block = (block << 32) | ((1 << 31) - 1 - key)"
+LOCAL_BUDGET = "m = min(topk_blocks + 1, nblocks)"
 # variant -> (correct text, planted text, checks that must fail)
 BUGS = {
     "clean": None,
@@ -45,6 +48,18 @@ BUGS = {
         CONSUMER_BLOCK,
         "block = (cols - start) // BLOCK_SIZE",
         {"mask_eq_reference"},
+    ),
+    # the sparse merge keeps each block's lowest copy (an under-estimated partial)
+    "sparse_merge_lowest_copy": (
+        BY_BLOCK,
+        "by_block = (block << 32) | (key + (1 << 31))",
+        {"sparse_eq_reference"},
+    ),
+    # each rank sends its top k, not k + 1: the pin can push a winner out
+    "sparse_local_budget_k": (
+        LOCAL_BUDGET,
+        "m = min(topk_blocks, nblocks)",
+        {"sparse_eq_reference"},
     ),
 }
 
@@ -70,8 +85,15 @@ def test_candidate_baked_code_and_planted_bugs(candidate_variants, name):
     if bug is None:
         ran = {c["name"] for c in result["checks"]}
         assert ran == {*CHECKS, "refusal"}, ran
-        # W=2: 4 cases x 2 ranks, W=4: 3 cases x 4 ranks, for each check; the gate cases
-        assert len(result["checks"]) == len(CHECKS) * (4 * 2 + 3 * 4) + len(REFUSALS)
+        # W=2: 6 cases x 2 ranks, W=4: 3 x 4, W=8: 2 x 8, for each check; the gate cases
+        assert len(result["checks"]) == len(CHECKS) * (6 * 2 + 3 * 4 + 2 * 8) + len(REFUSALS)
+        # both exchanges were picked by the size rule somewhere
+        picked = {
+            c["case"].rsplit(":", 1)[1]
+            for c in result["checks"]
+            if c["name"] == "candidates_eq_dcp1_kernel"
+        }
+        assert picked == {"dense", "sparse"}, picked
         assert bad == {}, (
             f"unplanted series fails: {[c for c in result['checks'] if not c['ok']][:3]}"
         )

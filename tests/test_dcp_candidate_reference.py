@@ -71,15 +71,17 @@ def candidate_cases(draw):
     )
 
 
-def dcp_chain(c):
+EXCHANGES = {"dense": ref.candidate_blocks_dcp, "sparse": ref.candidate_blocks_dcp_sparse}
+
+
+def dcp_chain(c, exchange="dense"):
     """Per rank: (candidate blocks, local masked logits, merged token top-k)."""
     w, k = c["w"], c["k"]
+    source = EXCHANGES[exchange]
 
     def rank(g):
         local, local_ends = ref.shard_columns(c["logits"], c["ends"], g.rank_in_group, w, k)
-        cands = ref.candidate_blocks_dcp(
-            g, local, local_ends, c["topk_blocks"], c["bs"], k, c["logits"].shape[1]
-        )
+        cands = source(g, local, local_ends, c["topk_blocks"], c["bs"], k, c["logits"].shape[1])
         masked = ref.mask_candidates_dcp(local, local_ends, cands, c["bs"], g.rank_in_group, w, k)
         return cands, masked, ref.token_topk_dcp(g, masked, c["topk"], k)
 
@@ -92,9 +94,9 @@ def dcp1_chain(c):
     return cands, masked, ref.token_topk_dcp1(masked, c["topk"])
 
 
-def assert_chain_matches(c):
+def assert_chain_matches(c, exchange="dense"):
     cands1, masked1, topk1 = dcp1_chain(c)
-    for r, (cands, masked, topk) in enumerate(dcp_chain(c)):
+    for r, (cands, masked, topk) in enumerate(dcp_chain(c, exchange)):
         assert torch.equal(cands, cands1), f"rank {r} candidates {cands} != DCP1 {cands1}"
         want, _ = ref.shard_columns(masked1, c["ends"], r, c["w"], c["k"])
         torch.testing.assert_close(masked, want, rtol=0, atol=0, equal_nan=True)
@@ -105,6 +107,53 @@ def assert_chain_matches(c):
 @given(candidate_cases())
 def test_candidate_chain_dcp_matches_dcp1(c):
     assert_chain_matches(c)
+
+
+@PROPS
+@given(candidate_cases())
+def test_candidate_chain_sparse_merge_matches_dcp1(c):
+    """The sparse merge publishes DCP1's blocks in DCP1's (canonical) order."""
+    assert_chain_matches(c, "sparse")
+
+
+def test_signed_zero_as_cuda_ranks_it():
+    """The issue's reproducer: logits [-0.0, +0.0, -1.0], bs 1, k 2 (W 2, K 1). CUDA's
+    DCP1 picks [2, 1]: the pinned newest block, then +0.0 above -0.0."""
+    c = dict(
+        w=2,
+        k=1,
+        bs=1,
+        topk_blocks=2,
+        topk=2,
+        logits=torch.tensor([[-0.0, 0.0, -1.0]]),
+        ends=torch.tensor([3], dtype=torch.int32),
+    )
+    assert dcp1_chain(c)[0].tolist() == [[2, 1]]
+    for exchange in EXCHANGES:
+        assert_chain_matches(c, exchange)
+    both = torch.tensor([[-0.0, 0.0, -0.0, -0.0, 5.0]])  # a block of both signs is +0.0
+    assert ref.block_maxima(both, torch.tensor([5]), 2, 3).tolist() == [[0.0, -0.0, 5.0]]
+    assert str(ref.block_maxima(both, torch.tensor([5]), 2, 3)[0, 1].item()) == "-0.0"
+
+
+def test_sparse_merge_needs_one_more_than_the_budget():
+    """The pin can push one winner out of its rank's local top k: rank 0 holds block 0
+    (+inf) and the newest block 2 (NaN, above +inf until DCP1 pins it down to +inf,
+    where block 0 wins the tie). With k local entries rank 0 sends only block 2."""
+    c = NEEDS_K_PLUS_ONE
+    assert dcp1_chain(c)[0].tolist() == [[0]]
+    assert_chain_matches(c, "sparse")
+
+
+NEEDS_K_PLUS_ONE = dict(
+    w=2,
+    k=1,
+    bs=1,
+    topk_blocks=1,
+    topk=2,
+    logits=torch.tensor([[math.inf, 1.0, math.nan]]),
+    ends=torch.tensor([3], dtype=torch.int32),
+)
 
 
 def test_candidate_selection_semantics():
@@ -171,6 +220,40 @@ BUGS = {
     # the rank offset dropped from the map
     "no_rank_offset": lambda local, rank, w, k: (local // k) * k * w + local % k,
 }
+
+
+@pytest.mark.parametrize("bug", ["lowest_copy", "no_pin_entry", "local_budget_k"])
+def test_sparse_merge_catches_a_planted_bug(monkeypatch, bug):
+    cases = [
+        NEEDS_K_PLUS_ONE,
+        dict(
+            w=2,
+            k=1,
+            bs=4,
+            topk_blocks=2,
+            topk=4,
+            logits=torch.randn(3, 40, generator=torch.Generator().manual_seed(7)) - 5,
+            ends=torch.tensor([40, 33, 9], dtype=torch.int32),
+        ),
+    ]
+    for c in cases:
+        assert_chain_matches(c, "sparse")
+    if bug == "lowest_copy":
+        monkeypatch.setattr(candidates, "max", min, raising=False)
+    elif bug == "no_pin_entry":
+        real = candidates.merge_sparse
+
+        def no_pin(sent, *args):
+            sent = sent.clone()
+            sent[:, :, -1] = -1  # the newest position dropped from the message
+            return real(sent, *args)
+
+        monkeypatch.setattr(candidates, "merge_sparse", no_pin)
+    else:
+        monkeypatch.setattr(candidates, "local_budget", lambda topk_blocks: topk_blocks)
+    with pytest.raises(AssertionError):
+        for c in cases:
+            assert_chain_matches(c, "sparse")
 
 
 @pytest.mark.parametrize("bug", BUGS)

@@ -71,6 +71,9 @@ def test_every_refusal_ran(patched):
         "sm120:mtp",
         "sm120:dspark",
         "sm120:pcp",
+        "sm120:swa_bounded_replay",
+        "sm120:dbo",
+        "sm120:q_replicate",
         "every_problem_in_one_message",
     }
 

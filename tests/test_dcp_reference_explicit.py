@@ -92,6 +92,7 @@ def test_reference_equals_explicit_softmax_on_random_cases(example):
 def test_a_scale_bug_cancels_in_parity_but_not_against_the_explicit_softmax(monkeypatch):
     step, layout = case()
     real = ref.sparse_attention
+
     def scale_off(q, sources, scale, v_dim, sink, dtype):
         return real(q, sources, scale * 1.01, v_dim, sink, dtype)
 

@@ -1,11 +1,16 @@
 """Property tests of the hunk engine over random texts (LF, CRLF, no final newline)."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from bakery.series.diff import parse_patch, render_file_diff
 from bakery.series.engine import apply_file_patch
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.property
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -100,3 +105,52 @@ def test_no_newline_is_not_matched_by_a_newline():
     diff = render_file_diff("f", b"a\nb", b"a\nc")
     with pytest.raises(Exception, match="does not apply"):
         _apply(diff, b"a\nb\n")
+
+
+_DRAWS = """
+import os
+from hypothesis import given, strategies as st
+
+@given(st.lists(st.integers()))
+def test_draws(xs):
+    with open(os.environ["DRAWS_OUT"], "a") as out:
+        out.write(repr(xs) + "\\n")
+"""
+
+
+def _draws(tmp_path, run: int, **env: str) -> str:
+    """The examples a throwaway property test sees in one child pytest, under tests/conftest."""
+    test = tmp_path / "test_draws.py"
+    test.write_text(_DRAWS)
+    out = tmp_path / f"draws-{run}.txt"
+    environ = {k: v for k, v in os.environ.items() if k not in ("CI", "HYPOTHESIS_PROFILE")}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "tests.conftest",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(REPO),
+            "-c",
+            str(REPO / "pyproject.toml"),
+            str(test),
+        ],
+        cwd=REPO,
+        env={**environ, **env, "DRAWS_OUT": str(out)},
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out.read_text()
+
+
+def test_property_tests_are_derandomized_under_ci_and_fresh_for_make_test_props(tmp_path):
+    ci = [_draws(tmp_path, run, CI="true") for run in (1, 2)]
+    assert ci[0] == ci[1] and ci[0].count("\n") >= 50
+    fresh = [_draws(tmp_path, run, CI="true", HYPOTHESIS_PROFILE="fresh") for run in (3, 4)]
+    assert fresh[0] != fresh[1]

@@ -10,6 +10,7 @@ a deliberate difference from GNU, pinned by the last test below.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -119,6 +120,53 @@ def _moved(data, old: bytes, diff: bytes) -> bytes:
     return b"".join(blanked[:at] + pattern + blanked[at:])
 
 
+def _hunk(data, lines: list[bytes], start: int, stop: int, shift: int) -> bytes | None:
+    """One hunk that edits ``lines[start:stop]``, its header moved ``shift`` lines off the
+    place where it matches (None: the edit changed nothing, or a header would leave the file)."""
+    chunk = lines[start:stop]
+    if not all(raw.endswith(b"\n") for raw in chunk):
+        return None
+    edited = list(chunk)
+    at = data.draw(st.integers(0, len(chunk)), label="edit at")
+    eol = b"\r\n" if all(raw.endswith(b"\r\n") for raw in chunk) else b"\n"
+    added = [b"new %d" % data.draw(st.integers(0, 3)) + eol] * data.draw(st.integers(0, 1))
+    edited[at : at + data.draw(st.integers(0, 1))] = added
+    body = render_file_diff("f", b"".join(chunk), b"".join(edited)).split(b"\n", 2)[2:]
+    if not body or len(_HUNK_HEADER.findall(body[0])) != 1:
+        return None
+    m = _HUNK_HEADER.match(body[0])
+    assert m is not None
+    old, new = int(m[1]) + start + shift, int(m[3]) + start + shift
+    if old < 1 or new < 0:
+        return None
+    sizes = [b"," + size if size is not None else b"" for size in (m[2], m[4])]
+    return b"@@ -%d%s +%d%s @@" % (old, sizes[0], new, sizes[1]) + body[0][m.end() :]
+
+
+def _overlapping(data, target: bytes) -> bytes | None:
+    """A hand-made two-hunk diff whose second hunk matches only where it starts on the
+    first hunk's lines (or just past them), its header at that place or moved off it.
+    GNU 2.7.6 refuses a hunk that starts on lines an earlier hunk froze (its context
+    before the last change, and the change), yet probes from 2 * guess - min_where upward
+    when the guess itself is frozen, and fails a hunk whose change falls on frozen lines."""
+    lines = split_lines(target)
+    if len(lines) < 3:
+        return None
+    a1 = data.draw(st.integers(0, len(lines) - 2), label="hunk 1 from")
+    b1 = data.draw(st.integers(a1 + 1, min(len(lines) - 1, a1 + 7)), label="hunk 1 to")
+    a2 = data.draw(st.integers(a1, b1), label="hunk 2 from")
+    b2 = data.draw(st.integers(a2 + 1, min(len(lines), a2 + 7)), label="hunk 2 to")
+    shift = data.draw(st.one_of(st.just(0), st.integers(-10, 10)), label="hunk 2 header off by")
+    first = _hunk(data, lines, a1, b1, 0)
+    second = _hunk(data, lines, a2, b2, shift)
+    if first is None or second is None:
+        return None
+    return b"--- a/f\n+++ b/f\n" + first + second
+
+
+_HUNK_HEADER = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.MULTILINE)
+
+
 @DIFFERENTIAL
 @given(case(), st.data())
 def test_engine_matches_gnu_patch_byte_for_byte(example, data):
@@ -127,8 +175,11 @@ def test_engine_matches_gnu_patch_byte_for_byte(example, data):
         diff = gnu_diff(old, new, data.draw(st.integers(1, 3), label="context"))
     else:
         diff = render_file_diff("f", old, new)
-    if diff and data.draw(st.booleans(), label="move a hunk's context"):
+    placement = data.draw(st.sampled_from(["as drawn", "moved", "overlapping"]), label="target")
+    if diff and placement == "moved":
         target = _moved(data, old, diff)
+    elif placement == "overlapping":
+        diff = _overlapping(data, target) or diff
     if not diff or _crlf_file_lf_diff(target, diff):
         return  # the deliberate difference, pinned by its own test below
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,13 +189,22 @@ def test_engine_matches_gnu_patch_byte_for_byte(example, data):
     assert our_places == gnu_places
 
 
+@DIFFERENTIAL
+@given(case(), st.data())
+def test_overlapping_hunks_match_gnu_patch(example, data):
+    """Every example overlaps: hunk 2 can only match on or just past hunk 1's lines."""
+    _, _, target, fuzz, _ = example
+    diff = _overlapping(data, target)
+    if diff is None or _crlf_file_lf_diff(target, diff):
+        return
+    assert ours(target, diff, fuzz) == _gnu(target, diff, fuzz), (diff, target)
+
+
 # The engine walks offsets one by one only this far, then searches by index: pad past it.
 FAR = engine._WALK + 1
 
 
-@settings(
-    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case(), st.data())
 def test_far_offsets_match_gnu_patch(example, data):
     """Hunks moved farther than the near walk, past filler made of the file's own lines."""
@@ -219,6 +279,83 @@ def test_a_hunk_may_not_move_above_the_previous_one():
     target = b"".join(copy + lines[:start] + [b"zz\n"] * len(copy) + lines[start + len(copy) :])
     assert _gnu(target, diff, 0) == (None, {})
     assert ours(target, diff, 0) == (None, {})
+
+
+def _words(text: str) -> bytes:
+    return b"".join(word.encode() + b"\n" for word in text.split())
+
+
+# Found by the differential run (issue 23), lost again because the test was not
+# derandomized: hunk 2's old side "b a b" is gone from its place; its only copy starts on
+# hunk 1's context. GNU 2.7.6 refuses it ("Hunk #2 FAILED at 9"); we placed it at offset -7
+# and deleted the "a" that was hunk 1's context: a silent wrong result.
+OVERLAP_TARGET = _words("b a b b a a a a a a zz zz zz")
+OVERLAP_DIFF = b"--- a/f\n+++ b/f\n@@ -1,2 +1,3 @@\n b\n+new 0\n a\n@@ -8,3 +9,2 @@\n b\n-a\n b\n"
+
+
+def test_a_hunk_may_not_start_on_lines_an_earlier_hunk_used(tmp_path):
+    assert _gnu(OVERLAP_TARGET, OVERLAP_DIFF, 0) == (None, {})
+    assert ours(OVERLAP_TARGET, OVERLAP_DIFF, 0) == (None, {})
+    (tmp_path / "f").write_bytes(OVERLAP_TARGET)
+    (tmp_path / "p.diff").write_bytes(OVERLAP_DIFF)
+    proc = run_tool("apply.py", "--fuzz", "0", str(tmp_path), str(tmp_path / "p.diff"))
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert "hunk #2 does not apply" in proc.stderr
+    assert (tmp_path / "f").read_bytes() == OVERLAP_TARGET  # nothing written
+
+
+def test_when_the_guess_is_frozen_gnu_scans_up_from_below_it():
+    """Hunk 2's header (line 3) points at lines hunk 1 froze (1..4). GNU 2.7.6 then probes
+    line 1, min_where (5), then 2, 3, ... upward: it lands at 2, below its guess, its context
+    reusing hunk 1's lines while its change does not. A plain outward walk finds nothing."""
+    target = _words("a1 a2 a3 a4 a5 a6 a7 a8 a9")
+    diff = (
+        b"--- a/f\n+++ b/f\n@@ -3,3 +3,3 @@\n a3\n-a4\n+b4\n a5\n"
+        b"@@ -3,7 +3,7 @@\n a2\n a3\n a4\n-a5\n+b5\n a6\n a7\n a8\n"
+    )
+    expected = _gnu(target, diff, 0)
+    assert expected == (_words("a1 a2 a3 b4 b5 a6 a7 a8 a9"), {2: (-1, 0)})
+    assert ours(target, diff, 0) == expected
+
+
+def test_a_fully_fuzzed_hunk_whose_guess_is_frozen_fails_like_gnu():
+    """Found by the overlapping property: fuzz 1 drops hunk 2's only line, so GNU's first
+    upward probe matches at once, at line 0, which GNU reads as "not found"."""
+    target = b"a\na\na\na\na\na"
+    diff = b"--- a/f\n+++ b/f\n@@ -1 +0,0 @@\n-a\n@@ -1 +1,2 @@\n+new 0\n a\n"
+    assert _gnu(target, diff, 1) == (None, {})
+    assert ours(target, diff, 1) == (None, {})
+
+
+def test_an_added_line_that_context_follows_joins_a_line_without_newline_as_gnu():
+    """Found by `make test-props` (fresh seeds): fuzz 2 places hunk 2 on the file's last
+    line, which has no newline. GNU copies it, then writes the added line as it is (the
+    newline fix is copy_till's and the trailing added lines'), so the two join."""
+    target = b"a\na\na\na\na\na"
+    diff = b"--- a/f\n+++ b/f\n@@ -1,3 +1,2 @@\n a\n a\n-a\n@@ -5,3 +5,4 @@\n a\n a\n+new 0\n a\n"
+    expected = _gnu(target, diff, 2)
+    assert expected[0] == b"a\na\na\na\nanew 0\n"
+    assert ours(target, diff, 2) == expected
+
+
+def test_a_change_on_frozen_lines_fails_as_misordered(tmp_path):
+    target = _words("a1 a2 a3 a4 a5 a6 a7 a8 a9")
+    diff = (
+        b"--- a/f\n+++ b/f\n@@ -3,3 +3,3 @@\n a3\n-a4\n+b4\n a5\n"
+        b"@@ -1,3 +1,3 @@\n a1\n-a2\n+b2\n a3\n"
+    )
+    (tmp_path / "f").write_bytes(target)
+    gnu = subprocess.run(
+        ["patch", "--batch", "--dry-run", "--fuzz=0", "f"],
+        input=diff,
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    assert b"misordered hunks" in gnu.stdout and gnu.returncode == 1
+    assert ours(target, diff, 0) == (None, {})
+    survey = engine.survey_file_patch("p", parse_patch(diff, "p").files[0], target, 0)
+    assert [p.hunk for p in survey[0]] == [1]
+    assert [f.hunk for f in survey[1]] == [2] and "misordered" in str(survey[1][0])
 
 
 def test_apply_cli_skips_the_reversed_patch_instead_of_applying_it_twice(tmp_path):

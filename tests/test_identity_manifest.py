@@ -66,8 +66,16 @@ FRAMED = {"01-a.py.diff": b"A", "02-b.py.diff": b"02-c.py.diff\0B"}
         {"patches": {"01-a.py.diff": b"A02-b.py.diff\0", "02-c.py.diff": b"B"}},
     ],
     ids=[
-        "fuzz", "strip", "renames", "package", "renamed", "moved-left", "moved-right", "reorder",
-        "edit", "framing",
+        "fuzz",
+        "strip",
+        "renames",
+        "package",
+        "renamed",
+        "moved-left",
+        "moved-right",
+        "reorder",
+        "edit",
+        "framing",
     ],
 )
 def test_series_sha_changes(tmp_path, change):

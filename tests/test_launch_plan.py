@@ -104,6 +104,10 @@ def test_goldens_follow_the_profile_files(golden, profile, flags):
     assert command[-len(data["vllm"]["args"]) :] == data["vllm"]["args"]
     assert gates["DSV41_DCP_STAGE"] == str(flags.get("stage", g.get("stage", 3)))
     assert gates["DSV41_DCP_COMBINE"] == flags.get("combine", g.get("combine", "ag_rs"))
+    if flags.get("dcp", par["dcp"]) > 1:  # the combine is vLLM's own flag too
+        assert _flag(command, "--dcp-comm-backend") == gates["DSV41_DCP_COMBINE"]
+    else:
+        assert "--dcp-comm-backend" not in command
     gather = flags.get("prefill_gather", g.get("prefill_gather", False))
     assert gates["DSV41_DCP_PREFILL_GATHER"] == ("1" if gather else "0")
     for key, value in data.get("env", {}).items():
@@ -149,6 +153,7 @@ def test_run_sh_dry_run_prints_the_golden(tmp_path):
         "--profile",
         "dsv41-sm120-tp2-dcp2",
         "--dry-run",
+        "--json",
         "--python",
         str(PYTHON),
         env={"PYTHONPATH": ""},

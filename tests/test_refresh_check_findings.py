@@ -56,9 +56,7 @@ def test_does_not_apply_even_with_fuzz(tmp_path, pristine):
     foreign = b"".join(b"foreign %d\n" % i for i in range(40))
     changed = foreign.replace(b"foreign 20\n", b"x\n")  # removes a line the base lacks
     patches = {"01-a.diff": render_file_diff("a.py", foreign, changed)}
-    assert findings(tmp_path, pristine, patches) == [
-        "01-a.diff: does not apply, even with fuzz 3"
-    ]
+    assert findings(tmp_path, pristine, patches) == ["01-a.diff: does not apply, even with fuzz 3"]
 
 
 def test_already_upstream(tmp_path, pristine):

@@ -12,19 +12,23 @@ from bakery.verify import compare_bundles, load_suite
 from bakery.verify.calibrate import CalibrationPolicy, calibrate_bundles, derive_threshold
 from bakery.verify.errors import SuiteError
 
-POLICY = CalibrationPolicy(factor=2.0, min_logprob_bound=0.05, min_kl_bound=1e-3,
-                           min_overlap_slack=0.05)
+POLICY = CalibrationPolicy(
+    factor=2.0, min_logprob_bound=0.05, min_kl_bound=1e-3, min_overlap_slack=0.05
+)
 
 
-@pytest.mark.parametrize(("name", "floor", "expected"), [
-    ("max_chosen_token_logprob_abs_error", 0.1, 0.2),
-    ("max_chosen_token_logprob_abs_error", 0.001, 0.05),   # never tighter than the minimum
-    ("max_tf_kl", 0.0, 1e-3),
-    ("min_topk_overlap_mean", 0.9, 0.8),                   # slack 0.1 doubled
-    ("min_topk_overlap_mean", 1.0, 0.95),                  # minimum slack
-    ("min_topk_overlap_min", 0.2, 0.0),                    # clamped at 0
-    ("max_tf_kl", None, None),                             # never observed: gate stays off
-])
+@pytest.mark.parametrize(
+    ("name", "floor", "expected"),
+    [
+        ("max_chosen_token_logprob_abs_error", 0.1, 0.2),
+        ("max_chosen_token_logprob_abs_error", 0.001, 0.05),  # never tighter than the minimum
+        ("max_tf_kl", 0.0, 1e-3),
+        ("min_topk_overlap_mean", 0.9, 0.8),  # slack 0.1 doubled
+        ("min_topk_overlap_mean", 1.0, 0.95),  # minimum slack
+        ("min_topk_overlap_min", 0.2, 0.0),  # clamped at 0
+        ("max_tf_kl", None, None),  # never observed: gate stays off
+    ],
+)
 def test_derive_threshold(name: str, floor: float | None, expected: float | None) -> None:
     assert derive_threshold(name, floor, POLICY) == pytest.approx(expected)
 
@@ -33,8 +37,10 @@ def test_calibration_from_bundles_uses_the_worst_pair(tmp_path: Path) -> None:
     again = copy_bundle(NOMTP, tmp_path / "again")
     calibration = calibrate_bundles([NOMTP, MTP, again], POLICY)
     assert calibration.pairs == 3
-    worst = max(c["trajectory_max_chosen_token_logprob_abs_error"]
-                for c in compare_bundles(NOMTP, MTP)["cases"].values())
+    worst = max(
+        c["trajectory_max_chosen_token_logprob_abs_error"]
+        for c in compare_bundles(NOMTP, MTP)["cases"].values()
+    )
     assert calibration.noise_floor["max_chosen_token_logprob_abs_error"] == worst
     assert calibration.gates.max_chosen_token_logprob_abs_error == pytest.approx(2 * worst)
     assert calibration.gates.sources["max_chosen_token_logprob_abs_error"] == "calibration"
@@ -44,15 +50,17 @@ def test_calibration_from_bundles_uses_the_worst_pair(tmp_path: Path) -> None:
 
 def test_calibrated_gates_drive_compare(tmp_path: Path) -> None:
     out = tmp_path / "cal"
-    code, log = run_cli(["calibrate", "--out", str(out), "--bundle", str(NOMTP),
-                         "--bundle", str(MTP)])
+    code, log = run_cli(
+        ["calibrate", "--out", str(out), "--bundle", str(NOMTP), "--bundle", str(MTP)]
+    )
     assert code == 0, log
     gates = json.loads((out / "gates.json").read_text())
     assert gates["sources"]["min_topk_overlap_mean"] == "calibration"
 
     md = tmp_path / "r.md"
-    code, log = run_cli(["compare", str(NOMTP), str(MTP), "--gates", str(out / "gates.json"),
-                         "--markdown", str(md)])
+    code, log = run_cli(
+        ["compare", str(NOMTP), str(MTP), "--gates", str(out / "gates.json"), "--markdown", str(md)]
+    )
     assert code == 0, log
     assert "| max_chosen_token_logprob_abs_error |" in md.read_text()
     assert "| calibration |" in md.read_text()
@@ -86,9 +94,12 @@ def test_bundled_suites_cover_the_issue() -> None:
 
 def test_a_bad_suite_lists_every_problem(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"case": "Bad Name", "prompt": "x", "max_tokens": 1}\n'
-                   '{"case": "ok", "max_tokens": 0, "prompt": "x"}\n'
-                   'not json\n', encoding="utf-8")
+    bad.write_text(
+        '{"case": "Bad Name", "prompt": "x", "max_tokens": 1}\n'
+        '{"case": "ok", "max_tokens": 0, "prompt": "x"}\n'
+        "not json\n",
+        encoding="utf-8",
+    )
     with pytest.raises(SuiteError) as info:
         load_suite(str(bad))
     message = str(info.value)
@@ -98,7 +109,16 @@ def test_a_bad_suite_lists_every_problem(tmp_path: Path) -> None:
 
 
 def test_capture_checks_the_suite_before_contacting_the_server(tmp_path: Path) -> None:
-    code, out = run_cli(["capture", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "b"),
-                         "--suite", "no-such-suite"])
+    code, out = run_cli(
+        [
+            "capture",
+            "--url",
+            "http://127.0.0.1:9",
+            "--out",
+            str(tmp_path / "b"),
+            "--suite",
+            "no-such-suite",
+        ]
+    )
     assert code == 2 and "unknown suite 'no-such-suite' (available: dcp2, tiny)" in out
     assert not (tmp_path / "b").exists()

@@ -27,8 +27,9 @@ FAST = {"backoff_s": 0.0, "timeout_s": 30.0, "progress": False}
 class FakeVllm:
     """Answers like vLLM: recorded fixture responses by prompt, else a synthetic model."""
 
-    def __init__(self, *, delay: float = 0.0, drop_first: int = 0, status: int = 200,
-                 shift: float = 0.0) -> None:
+    def __init__(
+        self, *, delay: float = 0.0, drop_first: int = 0, status: int = 200, shift: float = 0.0
+    ) -> None:
         self.delay, self.drop_left, self.status, self.shift = delay, drop_first, status, shift
         self.lock = threading.Lock()
         self.in_flight = self.max_in_flight = self.completion_calls = 0
@@ -64,24 +65,32 @@ class FakeVllm:
         logprobs = {
             "tokens": [f"token_id:{t}" for t in out],
             "token_logprobs": [-0.1 - self.shift for _ in out],
-            "top_logprobs": [{f"token_id:{t}": -0.1 - self.shift, f"token_id:{t + 1}": -3.0}
-                             for t in out],
+            "top_logprobs": [
+                {f"token_id:{t}": -0.1 - self.shift, f"token_id:{t + 1}": -3.0} for t in out
+            ],
             "text_offset": list(range(len(out))),
         }
         return self.wrap({"text": "", "logprobs": logprobs, "prompt_token_ids": ids})
 
     def score(self, ids: list[int]) -> dict[str, Any]:
         positions: list[Any] = [None] + [
-            {str(t): {"logprob": -0.2 - self.shift, "rank": 1},
-             str(t + 1): {"logprob": -2.0 + self.shift, "rank": 2}}
+            {
+                str(t): {"logprob": -0.2 - self.shift, "rank": 1},
+                str(t + 1): {"logprob": -2.0 + self.shift, "rank": 2},
+            }
             for t in ids[1:]
         ]
         return self.wrap({"text": "", "logprobs": None, "prompt_logprobs": positions})
 
     @staticmethod
     def wrap(choice: dict[str, Any]) -> dict[str, Any]:
-        return {"id": "cmpl-fake", "object": "text_completion", "model": "fake",
-                "system_fingerprint": "fake-fp", "choices": [{"index": 0, **choice}]}
+        return {
+            "id": "cmpl-fake",
+            "object": "text_completion",
+            "model": "fake",
+            "system_fingerprint": "fake-fp",
+            "choices": [{"index": 0, **choice}],
+        }
 
     def enter(self) -> bool:
         """Count a completion request; False means: drop this connection unanswered."""
@@ -142,8 +151,14 @@ def handler_for(fake: FakeVllm) -> type[BaseHTTPRequestHandler]:
 
 @pytest.fixture(autouse=True)
 def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
-                 "all_proxy"):
+    for name in (
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -172,9 +187,15 @@ def fixture_suite(tmp_path: Path) -> Path:
     lines = []
     for path in sorted(NOMTP.glob("completion_*.json")):
         doc = json.loads(path.read_text(encoding="utf-8"))
-        lines.append(json.dumps({"case": doc["name"].removeprefix("completion_"),
-                                 "prompt": doc["request"]["prompt"],
-                                 "max_tokens": doc["request"]["max_tokens"]}))
+        lines.append(
+            json.dumps(
+                {
+                    "case": doc["name"].removeprefix("completion_"),
+                    "prompt": doc["request"]["prompt"],
+                    "max_tokens": doc["request"]["max_tokens"],
+                }
+            )
+        )
     suite = tmp_path / "fixtures.jsonl"
     suite.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return suite
@@ -184,9 +205,13 @@ def test_round_trip_reproduces_the_fixture_bundle(fixture_server, tmp_path: Path
     fake, url = fixture_server
     out = tmp_path / "captured"
     settings = CaptureSettings(concurrency=2, token_ids=False, **FAST)
-    capture_bundle(url, out, load_suite(str(fixture_suite(tmp_path))), settings=settings,
-                   server=ServerInfo(command="vllm serve x", env={"DSV41_DCP_STAGE": "9",
-                                                                 "OTHER": "1"}))
+    capture_bundle(
+        url,
+        out,
+        load_suite(str(fixture_suite(tmp_path))),
+        settings=settings,
+        server=ServerInfo(command="vllm serve x", env={"DSV41_DCP_STAGE": "9", "OTHER": "1"}),
+    )
     same = compare_bundles(NOMTP, out)
     assert same["passed"] is True
     for case in same["cases"].values():
@@ -205,8 +230,7 @@ def test_round_trip_reproduces_the_fixture_bundle(fixture_server, tmp_path: Path
 def test_concurrency_is_bounded(fixture_server, tmp_path: Path) -> None:
     fake, url = fixture_server
     settings = CaptureSettings(concurrency=2, token_ids=False, **FAST)
-    capture_bundle(url, tmp_path / "b", load_suite(str(fixture_suite(tmp_path))),
-                   settings=settings)
+    capture_bundle(url, tmp_path / "b", load_suite(str(fixture_suite(tmp_path))), settings=settings)
     assert fake.completion_calls == 5
     assert fake.max_in_flight == 2  # 5 cases, 0.2 s each: the bound is reached, never passed
 
@@ -230,13 +254,20 @@ def test_connection_errors_are_retried(tmp_path: Path) -> None:
     fake = FakeVllm(drop_first=2)
     gen, url = run_server(fake)
     try:
-        capture_bundle(url, tmp_path / "b", load_suite(str(synthetic(tmp_path))),
-                       settings=CaptureSettings(concurrency=1, retries=3, **FAST))
+        capture_bundle(
+            url,
+            tmp_path / "b",
+            load_suite(str(synthetic(tmp_path))),
+            settings=CaptureSettings(concurrency=1, retries=3, **FAST),
+        )
     finally:
         gen.close()
     assert fake.completion_calls == 2 + 2  # two dropped, then one per case
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
-        "bundle.json", "completion_alpha.json", "completion_beta.json"]
+        "bundle.json",
+        "completion_alpha.json",
+        "completion_beta.json",
+    ]
 
 
 def test_retries_give_up_with_a_capture_error(tmp_path: Path) -> None:
@@ -244,8 +275,12 @@ def test_retries_give_up_with_a_capture_error(tmp_path: Path) -> None:
     gen, url = run_server(fake)
     try:
         with pytest.raises(CaptureError, match="unreachable after 2 attempts") as info:
-            capture_bundle(url, tmp_path / "b", load_suite(str(synthetic(tmp_path))),
-                           settings=CaptureSettings(concurrency=1, retries=1, **FAST))
+            capture_bundle(
+                url,
+                tmp_path / "b",
+                load_suite(str(synthetic(tmp_path))),
+                settings=CaptureSettings(concurrency=1, retries=1, **FAST),
+            )
     finally:
         gen.close()
     assert info.value.exit_code == 1
@@ -257,8 +292,12 @@ def test_http_error_is_a_capture_error(tmp_path: Path) -> None:
     gen, url = run_server(FakeVllm(status=500))
     try:
         with pytest.raises(CaptureError, match="HTTP 500"):
-            capture_bundle(url, tmp_path / "b", load_suite(str(synthetic(tmp_path))),
-                           settings=CaptureSettings(**FAST))
+            capture_bundle(
+                url,
+                tmp_path / "b",
+                load_suite(str(synthetic(tmp_path))),
+                settings=CaptureSettings(**FAST),
+            )
     finally:
         gen.close()
 
@@ -268,8 +307,12 @@ def test_exact_context_length_prompts(tmp_path: Path) -> None:
     gen, url = run_server(fake)
     edge = '{"case": "ctx_0007", "prompt_tokens": 7, "filler": "a b c", "max_tokens": 2}\n'
     try:
-        capture_bundle(url, tmp_path / "b", load_suite(str(synthetic(tmp_path, edge))),
-                       settings=CaptureSettings(**FAST))
+        capture_bundle(
+            url,
+            tmp_path / "b",
+            load_suite(str(synthetic(tmp_path, edge))),
+            settings=CaptureSettings(**FAST),
+        )
     finally:
         gen.close()
     doc = json.loads((tmp_path / "b" / "completion_ctx_0007.json").read_text())
@@ -288,9 +331,14 @@ def test_refuses_a_non_empty_output_directory(tmp_path: Path) -> None:
 def capture_teacher(tmp_path: Path, name: str, shift: float, reference: Path | None) -> Path:
     gen, url = run_server(FakeVllm(shift=shift))
     try:
-        return capture_bundle(url, tmp_path / name, load_suite(str(synthetic(tmp_path))),
-                              settings=CaptureSettings(**FAST), teacher_forced=True,
-                              reference=reference)
+        return capture_bundle(
+            url,
+            tmp_path / name,
+            load_suite(str(synthetic(tmp_path))),
+            settings=CaptureSettings(**FAST),
+            teacher_forced=True,
+            reference=reference,
+        )
     finally:
         gen.close()
 
@@ -311,8 +359,9 @@ def test_teacher_forced_capture_and_compare(tmp_path: Path) -> None:
     assert alpha["tf_max_abs_logprob_delta"] == pytest.approx(0.3)
     assert alpha["tf_max_kl"] > 0.0
 
-    code, out = run_cli(["compare", str(base), str(shifted), "--teacher-forced",
-                         "--max-tf-kl", "1e-6"])
+    code, out = run_cli(
+        ["compare", str(base), str(shifted), "--teacher-forced", "--max-tf-kl", "1e-6"]
+    )
     assert code == 1 and "parity failed" in out
     args = ["compare", str(base), str(same), "--teacher-forced", "--max-tf-kl", "1e-6"]
     assert run_cli(args)[0] == 0

@@ -32,8 +32,9 @@ def force_token(doc: dict, step: int, token: str) -> None:
 def test_high_margin_fork_fails_with_exit_1_and_names_it(candidate: Path, tmp_path: Path) -> None:
     edit_case(candidate, MATH, lambda d: force_token(d, 3, " Answer"))
     md, js = tmp_path / "out" / "report.md", tmp_path / "out" / "report.json"
-    code, out = run_cli(["compare", str(NOMTP), str(candidate), "--markdown", str(md),
-                         "--json", str(js)])
+    code, out = run_cli(
+        ["compare", str(NOMTP), str(candidate), "--markdown", str(md), "--json", str(js)]
+    )
     assert code == 1, out
     assert f"error: parity failed for 1 of 5 cases: {MATH}" in out
     report = json.loads(js.read_text())

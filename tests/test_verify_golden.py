@@ -19,17 +19,50 @@ from bakery.verify import compare_bundles
 #        low_margin, top1_match_rate, topk_overlap_mean, max_chosen_token_logprob_abs_error)
 ISSUE_TABLE = {
     "completion_code_probe_logprobs20": (
-        True, 160, None, False, 1.0, 0.8959375, 0.14795970916748047),
+        True,
+        160,
+        None,
+        False,
+        1.0,
+        0.8959375,
+        0.14795970916748047,
+    ),
     "completion_long_prefill_2048_logprobs20": (
-        False, 7, (7, " stable", " deterministic"), True, 0.3333333333, 0.3904761905,
-        0.21342873573303223),
+        False,
+        7,
+        (7, " stable", " deterministic"),
+        True,
+        0.3333333333,
+        0.3904761905,
+        0.21342873573303223,
+    ),
     "completion_raw_intro_logprobs20": (
-        False, 48, (48, " advantages", " benefits"), True, 0.9895833333, 0.9420036765,
-        0.2505389451980591),
+        False,
+        48,
+        (48, " advantages", " benefits"),
+        True,
+        0.9895833333,
+        0.9420036765,
+        0.2505389451980591,
+    ),
     "completion_short_math_logprobs20": (
-        False, 8, (8, "5", "9"), True, 0.8125, 0.79375, 0.07169325649738312),
+        False,
+        8,
+        (8, "5", "9"),
+        True,
+        0.8125,
+        0.79375,
+        0.07169325649738312,
+    ),
     "completion_translation_logprobs20": (
-        True, 22, None, False, 1.0, 0.9386363636, 0.21436558663845062),
+        True,
+        22,
+        None,
+        False,
+        1.0,
+        0.9386363636,
+        0.21436558663845062,
+    ),
 }
 # The issue prints the two rates to 10 decimals; the exact fractions behind them.
 EXACT_RATES = {

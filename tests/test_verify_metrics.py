@@ -20,8 +20,11 @@ from bakery.verify.metrics import (
 )
 
 
-def completion(steps: list[dict[str, float]], tokens: list[str] | None = None,
-               prompt: tuple[int, ...] | None = (1, 2, 3)) -> Completion:
+def completion(
+    steps: list[dict[str, float]],
+    tokens: list[str] | None = None,
+    prompt: tuple[int, ...] | None = (1, 2, 3),
+) -> Completion:
     """Greedy by default: each step's token is its top-1, with that logprob."""
     chosen = tokens if tokens is not None else [next(iter(s)) for s in steps]
     return Completion(
@@ -116,6 +119,7 @@ def test_unknown_prompt_ids_are_none_not_false() -> None:
 
 # --- teacher forcing -----------------------------------------------------------------
 
+
 def scores(
     positions: list[dict[int, float] | None], sequence: list[int], start: int
 ) -> TeacherScores:
@@ -133,10 +137,26 @@ def test_bucket_kl_matches_hand_computation() -> None:
 
 def test_teacher_forced_per_position_delta_and_kl() -> None:
     seq = [5, 7, 9, 11]
-    base = scores([None, {7: math.log(0.9), 8: math.log(0.05)},
-                   {9: math.log(0.5), 4: math.log(0.4)}, {11: math.log(0.99)}], seq, 2)
-    cand = scores([None, {7: math.log(0.9), 8: math.log(0.05)},
-                   {4: math.log(0.6), 9: math.log(0.3)}, {11: math.log(0.98)}], seq, 2)
+    base = scores(
+        [
+            None,
+            {7: math.log(0.9), 8: math.log(0.05)},
+            {9: math.log(0.5), 4: math.log(0.4)},
+            {11: math.log(0.99)},
+        ],
+        seq,
+        2,
+    )
+    cand = scores(
+        [
+            None,
+            {7: math.log(0.9), 8: math.log(0.05)},
+            {4: math.log(0.6), 9: math.log(0.3)},
+            {11: math.log(0.98)},
+        ],
+        seq,
+        2,
+    )
     tf = compare_teacher_forced(base, cand).as_dict()
     assert tf["tf_logprob_delta"][0] is None
     assert tf["tf_logprob_delta"][1] == pytest.approx(0.0)
@@ -166,8 +186,9 @@ def as_logprobs(weights: list[float], mass: float) -> dict[int, float]:
 
 @settings(max_examples=200, deadline=None)
 @given(probabilities, probabilities, st.floats(0.5, 1.0), st.floats(0.5, 1.0))
-def test_bucket_kl_is_a_nonnegative_divergence(pw: list[float], qw: list[float],
-                                               pm: float, qm: float) -> None:
+def test_bucket_kl_is_a_nonnegative_divergence(
+    pw: list[float], qw: list[float], pm: float, qm: float
+) -> None:
     p, q = as_logprobs(pw, pm), as_logprobs(qw, qm)
     kl = bucket_kl(p, q)
     assert kl is not None and kl >= 0.0
@@ -175,8 +196,13 @@ def test_bucket_kl_is_a_nonnegative_divergence(pw: list[float], qw: list[float],
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.dictionaries(st.sampled_from("abcdefgh"), st.floats(-20, 0), min_size=1),
-                min_size=1, max_size=12))
+@given(
+    st.lists(
+        st.dictionaries(st.sampled_from("abcdefgh"), st.floats(-20, 0), min_size=1),
+        min_size=1,
+        max_size=12,
+    )
+)
 def test_a_run_compared_with_itself_is_perfect(steps: list[dict[str, float]]) -> None:
     run = completion(steps)
     case = compare_completions("self", run, run, top_n=20, low_margin=0.5).as_dict()
@@ -190,9 +216,16 @@ def test_a_bound_whose_metric_could_not_be_computed_fails_the_gate():
 
     for name, (key, _kind) in BOUND_GATES.items():
         # A low-margin fork at step 0 leaves the trajectory empty: nothing was compared.
-        case = {"prompt_token_ids_match": True, "tokens_match": False,
-                "first_token_mismatch_low_margin": True, "first_token_mismatch": {"step": 0},
-                key: None}
+        case = {
+            "prompt_token_ids_match": True,
+            "tokens_match": False,
+            "first_token_mismatch_low_margin": True,
+            "first_token_mismatch": {"step": 0},
+            "first_token_mismatch_oracle_actual_rank": 2,  # a near tie: the fork gate
+            "first_token_mismatch_actual_oracle_rank": 2,  # excuses it
+            "first_token_mismatch_topk_overlap": 1.0,
+            key: None,
+        }
         assert evaluate_gates(case, ParityGates()) == []
         (failure,) = evaluate_gates(case, ParityGates(**{name: 1.0}))
         assert "could not be computed" in failure and name in failure

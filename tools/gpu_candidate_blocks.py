@@ -33,6 +33,7 @@ import json
 import math
 import os
 import sys
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,9 @@ ROOTS = (
     "apply_candidate_mask",
     "select_candidate_blocks_dcp",
     "apply_candidate_mask_dcp",
+    "dcp_candidate_exchange_bytes",
+    "_block_scores_kernel",
+    "_dcp_block_keys_kernel",
 )
 
 
@@ -279,22 +283,32 @@ def run_case(ns, case: Case, rank: int, w: int, device: torch.device) -> dict[st
     loc, ks, ke = dev(d["packed"]), dev(d["ks"]), dev(d["ke"])
     cw = torch.full_like(c1, 99)
 
-    def select():
+    def all_gather(x: torch.Tensor) -> torch.Tensor:
+        out = x.new_empty((w * x.shape[0], *x.shape[1:]))
+        dist.all_gather_into_tensor(out, x.contiguous())
+        return out.view(w, *x.shape)
+
+    def select(exchange: str | None = None, into: torch.Tensor | None = None):
         ns["select_candidate_blocks_dcp"](
             loc,
             ks,
             ke,
             case.topk_blocks,
             case.bs,
-            cw,
+            cw if into is None else into,
             d["global_width"],
             rank,
             w,
             case.k,
             all_reduce_max,
+            1,
+            all_gather,
+            exchange,
         )
 
-    select()
+    select("dense")
+    sparse = torch.full_like(c1, 99)
+    select("sparse", sparse)
     mw = loc.clone()
     ns["apply_candidate_mask_dcp"](mw, ks, ke, cw, case.bs, d["global_width"], rank, w, case.k)
     gathered = [torch.empty_like(cw) for _ in range(w)]
@@ -309,6 +323,11 @@ def run_case(ns, case: Case, rank: int, w: int, device: torch.device) -> dict[st
         "rank": rank,
         "same_on_every_rank": all(torch.equal(g, cw) for g in gathered),
         "eq_dcp1_kernel": torch.equal(cw, c1),
+        # CPU torch.topk takes other tied blocks than CUDA's (the lower ids), which the
+        # sparse merge reproduces: exact on CUDA, the reference up to ties on CPU
+        "sparse_eq_dcp1": torch.equal(sparse, c1)
+        if device.type == "cuda"
+        else up_to_ties(sparse.cpu(), case, d)[0],
         "eq_reference_up_to_ties": ref_ok,
         "rows_tie_not_lowest_id": other_ties,
         "mask_eq_dcp1": same_bits(mw.cpu(), want),
@@ -319,11 +338,18 @@ def run_case(ns, case: Case, rank: int, w: int, device: torch.device) -> dict[st
             ),
             device,
         ),
-        "ms_dcp_select": median_ms(select, device),
+        "ms_dcp_select": median_ms(lambda: select("dense"), device),
+        "ms_dcp_sparse_select": median_ms(lambda: select("sparse", sparse), device),
     }
     res["ok"] = all(
         res[k]
-        for k in ("same_on_every_rank", "eq_dcp1_kernel", "eq_reference_up_to_ties", "mask_eq_dcp1")
+        for k in (
+            "same_on_every_rank",
+            "eq_dcp1_kernel",
+            "sparse_eq_dcp1",
+            "eq_reference_up_to_ties",
+            "mask_eq_dcp1",
+        )
     )
     if device.type == "cuda" and case.kind == "decode":
         res["graph_replay_ok"] = graph_check(select, cw, loc)
@@ -460,6 +486,275 @@ def write(args, w: int, device: torch.device, verbatim: dict, results: list) -> 
     print(text, flush=True)
 
 
+# ---- one GPU: W ranks as threads (collectives emulated), signed zero, bytes ----------
+
+
+def emulated_ranks(ns, case: Case, w: int, device: torch.device) -> dict[str, Any]:
+    """Every rank's dense and sparse candidates (``run_spmd`` threads on one device)."""
+
+    def rank_fn(group):
+        d = build(case, group.rank_in_group, w)
+
+        def all_gather(x: torch.Tensor) -> torch.Tensor:
+            return group.all_gather(x[None], dim=0)
+
+        def all_reduce_max(x: torch.Tensor) -> None:
+            x.copy_(all_gather(x).amax(0))
+
+        out = {}
+        for exchange in ("dense", "sparse"):
+            c = torch.full((d["ends"].numel(), case.topk_blocks), 99, dtype=torch.int32)
+            c = c.to(device)
+            ns["select_candidate_blocks_dcp"](
+                d["packed"].to(device),
+                None if d["ks"] is None else d["ks"].to(device),
+                d["ke"].to(device),
+                case.topk_blocks,
+                case.bs,
+                c,
+                d["global_width"],
+                group.rank_in_group,
+                w,
+                case.k,
+                all_reduce_max,
+                1,
+                all_gather,
+                exchange,
+            )
+            out[exchange] = c.cpu()
+        return out
+
+    return dict(enumerate(ref.run_spmd(w, rank_fn, timeout=600.0)))
+
+
+def local_timing(ns, case: Case, w: int, device: torch.device) -> dict[str, Any]:
+    """Rank 0's select without the wire (collectives replaced by local stand-ins of the
+    same shapes), DCP1's select on the full logits, bytes per call, a graph replay."""
+    d1, d = build(case, 0, 1), build(case, 0, w)
+    rows = d["ends"].numel()
+    g1 = d1["packed"].to(device).float()
+    ks1 = None if d1["ks"] is None else d1["ks"].to(device)
+    ke1 = d1["ke"].to(device)
+    loc = d["packed"].to(device)
+    ks = None if d["ks"] is None else d["ks"].to(device)
+    ke = d["ke"].to(device)
+    c = torch.full((rows, case.topk_blocks), 99, dtype=torch.int32, device=device)
+
+    def run(exchange):
+        ns["select_candidate_blocks_dcp"](
+            loc,
+            ks,
+            ke,
+            case.topk_blocks,
+            case.bs,
+            c,
+            d["global_width"],
+            0,
+            w,
+            case.k,
+            lambda x: None,
+            1,
+            lambda x: x[None].expand(w, *x.shape).contiguous(),
+            exchange,
+        )
+
+    nblocks = -(-d["global_width"] // case.bs)
+    graph = {}
+    for exchange in ("dense", "sparse"):
+        graph[exchange] = graph_check(lambda e=exchange: run(e), c, loc)
+    return {
+        "bytes": ns["dcp_candidate_exchange_bytes"](rows, nblocks, case.topk_blocks, w),
+        "ms_dcp1": median_ms(
+            lambda: ns["select_candidate_blocks"](g1, ks1, ke1, case.topk_blocks, case.bs, c),
+            device,
+        ),
+        "ms_dense_local": median_ms(lambda: run("dense"), device),
+        "ms_sparse_local": median_ms(lambda: run("sparse"), device),
+        "graph": graph,
+    }
+
+
+def signed_zero_facts(ns, device: torch.device) -> dict[str, Any]:
+    """How DCP1's kernels and torch.topk order -0.0 and +0.0 here, and the reproducer."""
+    facts: dict[str, Any] = {}
+    # blocks of 2: (-0,+0) (+0,-0) (-0,-0) (+0,+0), then a pinned block (the newest)
+    row = torch.tensor([[-0.0, 0.0, 0.0, -0.0, -0.0, -0.0, 0.0, 0.0, 5.0, 5.0]], device=device)
+    ends = torch.tensor([10], dtype=torch.int32, device=device)
+    scores = torch.empty((1, 5), device=device)
+    ns["_block_scores_kernel"][(1, 1)](
+        row, None, ends, scores, *row.stride(), 0, ends.stride(0), 10, 5, 2, False, 1, 128
+    )
+    sign = lambda v: "+0.0" if str(v) == "0.0" else ("-0.0" if str(v) == "-0.0" else str(v))  # noqa: E731
+    facts["dcp1_block_max"] = [sign(v) for v in scores[0, :4].tolist()]
+    keys = torch.empty((1, 6), dtype=torch.int32, device=device)
+    ns["_dcp_block_keys_kernel"][(1, 1)](
+        row, None, ends, keys, *row.stride(), 0, ends.stride(0), 10, 5, 0, 1, 1, 2, False, 1, 128
+    )
+    facts["dcp_keys"] = keys[0, :4].tolist()
+    for where in ("cpu", device.type):
+        for pair in ((-0.0, 0.0), (0.0, -0.0)):
+            t = torch.tensor(pair, device=where)
+            facts[f"topk1_{where}_{pair}"] = int(t.topk(1).indices)
+    # which tied entries torch.topk takes at the boundary: the lower ids, or others
+    for width in (8193, 131072):
+        vals = torch.randint(0, 8, (16, width), generator=torch.Generator().manual_seed(width))
+        vals = vals.float()
+        got = vals.to(device).topk(2049, dim=-1).indices.cpu()
+        want = torch.sort(
+            ref.order_keys(vals) * (1 << 32) + ((1 << 32) - 1 - torch.arange(width)),
+            descending=True,
+        ).indices[:, :2049]
+        facts[f"topk_ties_rows_not_lowest_id_w{width}"] = sum(
+            set(a) != set(b) for a, b in zip(got.tolist(), want.tolist(), strict=True)
+        )
+        facts[f"topk_ties_rows_other_order_w{width}"] = int((got != want).any(1).sum())
+    # the issue's reproducer, and rows of random signed zeros
+    repro = Case("decode", 1, 1, 2, (3,), width=3)
+    zeros = Case("decode", 1, 1, 2048, (8193,) * 4, width=8193, seed=21)
+    out = []
+    for case, frame in (
+        (repro, torch.tensor([[-0.0, 0.0, -1.0]])),
+        (
+            zeros,
+            torch.where(
+                torch.rand(4, 8193, generator=torch.Generator().manual_seed(3)) < 0.5, -0.0, 0.0
+            ),
+        ),
+    ):
+        out.append(signed_zero_case(ns, case, frame, device))
+    facts["cases"] = out
+    return facts
+
+
+def signed_zero_case(ns, case: Case, frame: torch.Tensor, device) -> dict[str, Any]:
+    """DCP1's CUDA select on ``frame`` against DCP W=2 (K 1) dense and sparse."""
+    rows, width = frame.shape
+    ends = torch.full((rows,), width, dtype=torch.int32)
+    c1 = torch.full((rows, case.topk_blocks), 99, dtype=torch.int32, device=device)
+    ns["select_candidate_blocks"](frame.to(device), None, ends.to(device), case.topk_blocks, 1, c1)
+    got = {}
+    for exchange in ("dense", "sparse"):
+
+        def rank_fn(group, exchange=exchange):
+            r = group.rank_in_group
+            mine = ref.owner_rank(torch.arange(width), 2, 1) == r
+            loc = torch.zeros(rows, width)
+            loc[:, : int(mine.sum())] = frame[:, mine]
+            ke = local_count(ends.long(), r, 2, 1).to(torch.int32)
+            c = torch.full_like(c1, 99)
+
+            def all_gather(x):
+                return group.all_gather(x[None], dim=0)
+
+            ns["select_candidate_blocks_dcp"](
+                loc.to(device),
+                None,
+                ke.to(device),
+                case.topk_blocks,
+                1,
+                c,
+                width,
+                r,
+                2,
+                1,
+                lambda x: x.copy_(all_gather(x).amax(0)),
+                1,
+                all_gather,
+                exchange,
+            )
+            return c.cpu()
+
+        got[exchange] = ref.run_spmd(2, rank_fn)
+    want = ref.candidate_blocks_dcp1(frame, ends, case.topk_blocks, 1)
+    c1 = c1.cpu()
+    sets = lambda t: [sorted(b for b in r if b >= 0) for r in t.tolist()]  # noqa: E731
+    return {
+        "rows": rows,
+        "width": width,
+        "topk_blocks": case.topk_blocks,
+        "dcp1_first_row": c1[0, :4].tolist(),
+        "rows_dcp1_eq_reference_set": sum(
+            a == b for a, b in zip(sets(c1), sets(want), strict=True)
+        ),
+        **{
+            f"rows_{x}_eq_dcp1_set": min(
+                sum(a == b for a, b in zip(sets(got[x][r]), sets(c1), strict=True))
+                for r in range(2)
+            )
+            for x in got
+        },
+        **{f"{x}_first_row": got[x][0][0, :4].tolist() for x in got},
+    }
+
+
+def _serialize_interpreter(ns) -> None:
+    """Triton's interpreter (the CPU dry run) is not thread-safe: one launch at a time."""
+    lock = threading.Lock()
+
+    def locked(run):
+        def call(*args, **kwargs):
+            with lock:
+                return run(*args, **kwargs)
+
+        return call
+
+    for name, value in ns.items():
+        if name.endswith("_kernel") and callable(getattr(value, "run", None)):
+            value.run = locked(value.run)
+
+
+def emulated(args: argparse.Namespace) -> int:
+    device = torch.device(args.device)
+    ns, report = load_file(Path(args.baked), CANDIDATES, ROOTS)
+    if device.type == "cpu":
+        _serialize_interpreter(ns)
+    res: dict[str, Any] = {
+        "environment": gtk.environment(device),
+        "baked": str(args.baked),
+        "kernels_verbatim": report["kernels_verbatim"],
+        "signed_zero": signed_zero_facts(ns, device),
+        "cases": [],
+    }
+    for case in cases(args.quick, ("float32",)):
+        for w in (2, 4, 8) if max(case.lens) < (1 << 20) else (2, 8):
+            per_rank = emulated_ranks(ns, case, w, device)
+            d1 = build(case, 0, 1)
+            c1 = torch.full((d1["ends"].numel(), case.topk_blocks), 99, dtype=torch.int32)
+            c1 = c1.to(device)
+            ns["select_candidate_blocks"](
+                d1["packed"].to(device).float(),
+                None if d1["ks"] is None else d1["ks"].to(device),
+                d1["ke"].to(device),
+                case.topk_blocks,
+                case.bs,
+                c1,
+            )
+            c1 = c1.cpu()
+            row = {**asdict(case), "lens": list(case.lens)[:4], "W": w}
+            sets = lambda t: [sorted(b for b in r if b >= 0) for r in t.tolist()]  # noqa: E731
+            for x in ("dense", "sparse"):
+                # consumers read the set; the order is reported beside it
+                row[f"{x}_eq_dcp1"] = all(sets(per_rank[r][x]) == sets(c1) for r in per_rank)
+                row[f"{x}_eq_dcp1_order"] = all(torch.equal(per_rank[r][x], c1) for r in per_rank)
+                row[f"{x}_ref_ties"] = up_to_ties(per_rank[0][x], case, build(case, 0, w))[0]
+            row.update(local_timing(ns, case, w, device))
+            res["cases"].append(row)
+            print(json.dumps(row, default=str), flush=True)
+    sz = res["signed_zero"]
+    res["ok"] = all(
+        c["dense_eq_dcp1"] and c["sparse_eq_dcp1"] and c["graph"]["sparse"] is True
+        for c in res["cases"]
+    ) and all(
+        z["rows_dense_eq_dcp1_set"] == z["rows_sparse_eq_dcp1_set"] == z["rows"]
+        for z in sz["cases"]
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_candidate_exact.json").write_text(json.dumps(res, indent=1, default=str))
+    print(json.dumps({k: v for k, v in res.items() if k != "cases"}, indent=1, default=str))
+    return 0 if res["ok"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("baked", type=Path, help="baked tree root (holds vllm/)")
@@ -467,7 +762,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="small shapes (dry run)")
     ap.add_argument("--out", default=os.environ.get("OUT", "artifacts/gpu-candidates"))
+    ap.add_argument(
+        "--emulate",
+        action="store_true",
+        help="one device: W = 2, 4, 8 ranks as threads, dense and sparse exchange, signed zero",
+    )
     args = ap.parse_args(argv)
+    if args.emulate:
+        return emulated(args)
     ranks.spawn(worker, args.world_size, args)
     res = json.loads((Path(args.out) / "gpu_candidate_blocks.json").read_text())
     return 0 if res["ok"] else 1

@@ -9,6 +9,7 @@ at any moment leaves the previous tree intact.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
 from bakery import project
@@ -29,7 +31,7 @@ from bakery.bake.wheel import (
     read_wheel,
     write_patched_wheel,
 )
-from bakery.errors import BakeryError, PreimageMismatch
+from bakery.errors import BakeryError, PreimageMismatch, UsageError
 from bakery.progress import interactive, step, warn
 from bakery.series import apply
 from bakery.series.series import Pin, Series
@@ -37,6 +39,8 @@ from bakery.tree import (
     clone_tree,
     empty_trash,
     inside,
+    open_own,
+    own_folder,
     remove_tree,
     stage_beside,
     stamp,
@@ -48,6 +52,7 @@ from bakery.tree import (
 __all__ = [
     "BakeResult",
     "bake",
+    "up_to",
     "tree_dir",
     "pristine",
     "unpacked",
@@ -55,6 +60,8 @@ __all__ = [
     "staleness",
     "pristine_edits",
     "build_lock",
+    "superseded_wheels",
+    "baked_wheel",
 ]
 
 
@@ -64,6 +71,38 @@ class BakeResult:
     manifest: Path
     wheel: Path
     plan: apply.ApplyPlan
+    superseded: tuple[str, ...] = ()  # older wheels of this base and series, removed
+
+
+def baked_wheel(build: Path, baked: dict) -> Path | None:
+    """The wheel a BAKED.json names, in ``build``/dist (None if it names no wheel file:
+    a name from a file is never followed out of dist/)."""
+    name = baked.get("wheel")
+    if not isinstance(name, str) or Path(name).name != name or "\\" in name:
+        return None
+    try:
+        parse_wheel_filename(name)
+    except InvalidWheelFilename:
+        return None
+    return build / "dist" / name
+
+
+def superseded_wheels(dist: Path, current: str, series_name: str) -> list[Path]:
+    """Earlier bakes' wheels of the same project and series in ``dist`` (another series'
+    or another project's wheels stay): with two, `pip install dist/*.whl` and the
+    Dockerfile's COPY would see a double requirement."""
+    name, _, _, _ = parse_wheel_filename(current)
+    label = str(Version(f"0+{series_name}.0").local).rpartition(".")[0]  # as PEP 440 has it
+    out = []
+    for path in sorted(dist.glob("*.whl")) if dist.is_dir() else []:
+        try:
+            other, version, _, _ = parse_wheel_filename(path.name)
+        except InvalidWheelFilename:
+            continue
+        ours = (version.local or "").rpartition(".")[0] == label
+        if other == name and ours and path.name != current and path.is_file():
+            out.append(path)
+    return out
 
 
 def tree_dir(build: Path, base_key: str) -> Path:
@@ -223,7 +262,7 @@ def build_lock(build: Path) -> Iterator[None]:
         yield
         return
     build.mkdir(parents=True, exist_ok=True)
-    with open(build / ".bake.lock", "a+") as handle:
+    with open(open_own(build / ".bake.lock"), "r+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -244,6 +283,23 @@ def build_lock(build: Path) -> Iterator[None]:
             _HELD.discard(key)
 
 
+def up_to(series: Series, last: str) -> Series:
+    """The series' first patches, through ``last`` (a patch number or file name; "0":
+    none): quilt's ``push N``, for narrowing a bad bake down."""
+    numbers = [e.number for e in series.entries]
+    files = [e.file for e in series.entries]
+    if last.isdigit() and (int(last) == 0 or int(last) in numbers):
+        count = 0 if int(last) == 0 else numbers.index(int(last)) + 1
+    elif Path(last).name in files:
+        count = files.index(Path(last).name) + 1
+    else:
+        raise UsageError(
+            f"not a patch of series {series.name} (a number or file name; 0 for none): {last!r}",
+            hint="`bakery status` lists the patches",
+        )
+    return dataclasses.replace(series, entries=series.entries[:count])
+
+
 def bake(
     series: Series,
     base_key: str = "default",
@@ -251,7 +307,10 @@ def bake(
     build: Path = project.BUILD,
     wheel: Path | None = None,
     cache: Path | None = None,
+    write_wheel: bool = True,
 ) -> BakeResult:
+    """``write_wheel`` False: the tree and its BAKED.json only (a bisect step's partial
+    series, whose wheel would replace the real one in dist/)."""
     pin = series.base(base_key)
     cache = cache or cache_dir()
     with step(f"fetching {pin.wheel}"):
@@ -271,7 +330,7 @@ def bake(
     with build_lock(build):
         # Partial trees and wheels of killed bakes (only those whose process is gone);
         # the cache may sit on another filesystem than the trash.
-        trash = build / ".trash"
+        trash = own_folder(build / ".trash")  # before anything moves into it
         for folder in (build, build / "dist"):
             sweep_dead(folder, trash)
         sweep_dead(cache / "pristine")
@@ -283,10 +342,15 @@ def bake(
                     if content is not None:
                         write_atomic(inside(staging, member), content, modes.get(member))
                 manifest.write(staging / manifest.MANIFEST, data)
-            out = _write_wheel(base, build / "dist", wheel_name, version, changed, data, trash)
+            out = build / "dist" / wheel_name
+            if write_wheel:
+                out = _write_wheel(base, build / "dist", wheel_name, version, changed, data, trash)
             swap_into_place(staging, tree, trash)
+            old = superseded_wheels(build / "dist", wheel_name, series.name) if write_wheel else []
+            for path in old:
+                os.rename(path, trash / f"{path.name}-{os.getpid()}")
         except BaseException:
             remove_tree(staging)
             raise
         empty_trash(trash)
-    return BakeResult(tree, tree / manifest.MANIFEST, out, plan)
+    return BakeResult(tree, tree / manifest.MANIFEST, out, plan, tuple(p.name for p in old))

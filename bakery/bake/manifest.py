@@ -14,12 +14,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bakery import __version__
+from bakery.bake.record import parse_record, record_hash_file
 from bakery.errors import ManifestError, UnsafePathError
 from bakery.series.apply import ApplyPlan
 from bakery.series.series import Pin, Series, is_sha256
 from bakery.tree import inside, relative, write_atomic
 
-__all__ = ["MANIFEST", "build", "dumps", "write", "load", "find", "Drift", "drift"]
+__all__ = [
+    "MANIFEST",
+    "build",
+    "dumps",
+    "write",
+    "load",
+    "find",
+    "Drift",
+    "drift",
+    "record_drift",
+]
 
 MANIFEST = "BAKED.json"
 
@@ -181,3 +192,34 @@ def drift(root: Path, manifest: dict) -> Drift:
         elif actual != hashes["post"]:
             modified.append(rel)
     return Drift(tuple(modified), tuple(missing), tuple(extra))
+
+
+def record_drift(root: Path, path: Path, manifest: dict) -> tuple[Drift, int]:
+    """Every other member of ``root`` re-hashed against RECORD: the installed wheel's
+    (beside ``path`` in its dist-info) or, for a baked tree, the base wheel's. The files
+    BAKED.json covers are ``drift``'s; members outside ``root`` (``../../bin/vllm``) are
+    counted, never read. Returns the drift and how many members were checked."""
+    if path.parent == Path(root):
+        records = sorted(Path(root).glob("*.dist-info/RECORD"))
+    else:
+        records = [path.parent / "RECORD"]
+    covered = set(manifest["files"])
+    modified, missing, checked = [], [], 0
+    for record in records:
+        try:
+            rows = parse_record(record.read_text(encoding="utf-8"), str(record))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ManifestError(f"unreadable RECORD ({exc}): {str(record)!r}") from None
+        for member, expected in sorted(rows.items()):
+            if member in covered or not expected.startswith("sha256="):
+                continue
+            try:
+                target = inside(root, member)
+            except UnsafePathError:
+                continue  # a script installed outside site-packages: not ours to read
+            checked += 1
+            if not target.is_file():
+                missing.append(member)
+            elif record_hash_file(target) != expected:
+                modified.append(member)
+    return Drift(tuple(modified), tuple(missing), ()), checked

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from bakery.errors import WheelError
 
-__all__ = ["record_hash", "parse_record", "record_bytes"]
+__all__ = ["record_hash", "record_hash_file", "parse_record", "record_bytes"]
 
 
 class _RecordDialect(csv.excel):
@@ -28,6 +28,15 @@ def record_hash(data: bytes) -> str:
     """The RECORD hash field: ``sha256=`` and the urlsafe base64 digest without padding."""
     digest = hashlib.sha256(data).digest()
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def record_hash_file(path) -> str:
+    """``record_hash`` of a file, read in chunks (vLLM ships .so files of hundreds of MB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
 
 
 def parse_record(text: str, where: str) -> dict[str, str]:

@@ -33,6 +33,8 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str) 
         click.echo("aborted", err=True)
         return 130
     except OSError as exc:  # disk full, permissions: the user's world, not a bug
-        click.echo(f"error: {exc.strerror or exc}: {exc.filename!r}", err=True)
+        where = f": {exc.filename!r}" if exc.filename else ""
+        click.echo(f"error: {exc.strerror or exc}{where}", err=True)
+        click.echo("hint: free space or fix the permission named, then run it again", err=True)
         return 1
     return result if isinstance(result, int) else 0

@@ -1,4 +1,4 @@
-"""``bakery launch start|stop|status|logs|doctor|matrix``: the group behind run.sh.
+"""``bakery launch start|stop|restart|status|logs|profiles|doctor|matrix``: run.sh's group.
 
 ``launch`` is a click group the core CLI registers (``cli.add_command(launch)``);
 ``main(argv)`` runs it standalone (``python -m bakery.launch``) with the same
@@ -20,10 +20,12 @@ from bakery import project
 from bakery.bake.bake import tree_dir
 from bakery.cli.boundary import run_command
 from bakery.cli.options import under_root
+from bakery.errors import UsageError
 from bakery.launch import lifecycle, preflight, run_record
 from bakery.launch.gates import load_gate_table
 from bakery.launch.plan import make_plan, render_plan
-from bakery.launch.profiles import BACKENDS, load_profile, override
+from bakery.launch.profiles import BACKENDS, load_profile, override, profile_names
+from bakery.launch.run_record import command_script
 from bakery.series.series import load_series
 
 __all__ = ["launch", "doctor_cmd", "main"]
@@ -116,7 +118,12 @@ def launch() -> None:
     metavar="NAME|FILE",
     help="A profile name in --profiles or a .toml path.",
 )
-@click.option("--dry-run", is_flag=True, help="Print the plan and run every check; start nothing.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print the shell command it would run and run every check; start nothing.",
+)
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON.")
 @click.option(
     "--installed",
     is_flag=True,
@@ -178,6 +185,7 @@ def launch() -> None:
 def start_cmd(
     profile_ref,
     dry_run,
+    as_json,
     installed,
     grace,
     python,
@@ -197,8 +205,11 @@ def start_cmd(
     python = python if python.is_absolute() else Path.cwd() / python
     tree = None if installed else tree_dir(build, profile.base)
     plan = make_plan(profile, python=python, tree=tree, root=_root(), artifacts=artifacts)
+    if as_json and not dry_run:
+        raise UsageError("--json goes with --dry-run")
     if dry_run:
-        click.echo(json.dumps(render_plan(plan), indent=2))
+        shown = render_plan(plan) if as_json else None
+        click.echo(json.dumps(shown, indent=2) if shown else command_script(plan, "dry-run"))
     report = preflight.run_preflight(plan, table, series, build)
     for note in report.notes:
         _say(f"note: {note}")
@@ -207,7 +218,7 @@ def start_cmd(
         _say("dry run: preflight passed; nothing started")
         return
     _say(f"preflight passed for {profile.name}")
-    argv = sys.argv[1:]
+    argv = _start_argv(click.get_current_context(), flags["model"])
     record, elapsed = lifecycle.start(plan, report.facts, argv, grace_s=grace, say=_say)
     where = plan.url if not plan.headless else "headless worker"
     click.echo(f"ready: {profile.name} at {where} after {elapsed:.1f} s; record {record.run_dir}")
@@ -233,7 +244,8 @@ def stop_cmd(profile, grace, artifacts) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print rows as JSON.")
 @_paths
 def status_cmd(profile, as_json, artifacts) -> None:
-    """Recorded servers: running or not, and /health. Exit 1 when none is healthy."""
+    """Recorded servers: running or not, /health, a re-bake under them. Exit 1 when
+    servers are recorded and none is healthy (0 when none is recorded)."""
     rows = lifecycle.status(artifacts, _profile_name(profile))
     if as_json:
         click.echo(json.dumps(rows, indent=2))
@@ -242,10 +254,69 @@ def status_cmd(profile, as_json, artifacts) -> None:
             f"{row['profile']}: {row['health']} pgid {row['pgid']} "
             f"{row['url'] or ''} ({row['run_dir']})"
         )
+        if row["rebaked"]:
+            click.echo(f"  warning: re-baked under the running server: {row['rebaked']}")
+            click.echo("  hint: `run.sh restart` serves the new bake")
     if not rows and not as_json:
-        click.echo("no server recorded")
-    if not any(r["running"] and r["health"] in ("healthy", "headless") for r in rows):
+        click.echo("no server running" + (f" for {profile}" if profile else ""))
+    # Nothing recorded (say, after `stop`) is a clean state; a recorded one that is
+    # dead or unhealthy is not.
+    if rows and not any(r["running"] and r["health"] in ("healthy", "headless") for r in rows):
         raise click.exceptions.Exit(1)
+
+
+@launch.command("restart")
+@click.option(
+    "--profile", "profile", help="The profile whose server to restart (default: the one running)."
+)
+@click.option(
+    "--grace",
+    type=SECONDS,
+    default=30.0,
+    show_default=True,
+    help="Seconds between SIGTERM and SIGKILL.",
+)
+@_paths
+def restart_cmd(profile, grace, artifacts) -> None:
+    """Stop a running server and start it again with the same `start` arguments (read
+    from its run record), e.g. after a re-bake."""
+    rows = [r for r in lifecycle.status(artifacts, _profile_name(profile)) if r["running"]]
+    names = sorted({r["profile"] for r in rows})
+    if not rows:
+        raise UsageError(
+            "no running server to restart" + (f" for {profile}" if profile else ""),
+            hint="start one with `run.sh start --profile NAME`",
+        )
+    if len(names) > 1:
+        raise UsageError(
+            f"servers of {len(names)} profiles run: {', '.join(names)}",
+            hint=f"name one with `run.sh restart --profile {names[0]}`",
+        )
+    argv = run_record.launcher_argv(Path(rows[-1]["run_dir"]))
+    lifecycle.stop(artifacts, names[0], grace, say=click.echo)
+    _say(f"starting again: run.sh {' '.join(argv)}")
+    result = start_cmd.main(args=argv[1:], standalone_mode=False, obj={"start_argv": argv})
+    if isinstance(result, int) and result:
+        raise click.exceptions.Exit(result)
+
+
+@launch.command("profiles")
+@_sources
+def profiles_cmd(build, profiles_dir, series_dir) -> None:
+    """Every profile in --profiles, with its base, layout and description."""
+    table = load_gate_table(series_dir)
+    names = profile_names(profiles_dir)
+    if not names:
+        raise UsageError(
+            f"no profiles in {profiles_dir}", hint="pass `run.sh profiles --profiles DIR`"
+        )
+    for name in names:
+        p = load_profile(name, profiles_dir, table)
+        lay = p.layout
+        click.echo(
+            f"{name}: base {p.base}, tp {lay.tp} pp {lay.pp} dcp {lay.dcp}, stage {p.gates.stage}"
+        )
+        click.echo(f"  {p.description or '(no description)'}")
 
 
 @click.command("doctor")
@@ -316,6 +387,7 @@ def logs_cmd(profile, follow, lines, artifacts) -> None:
     help="Output folder (default: <artifacts>/matrix/<UTC timestamp>).",
 )
 @click.option("--grace", type=SECONDS, default=30.0, show_default=True)
+@click.option("--model", help="Model folder or id every entry serves (overrides the profiles).")
 @click.option(
     "--python",
     "python",
@@ -326,6 +398,7 @@ def logs_cmd(profile, follow, lines, artifacts) -> None:
 @_sources
 @_paths
 def matrix_cmd(
+    model,
     matrix_file,
     baseline_dir,
     gates_file,
@@ -350,6 +423,7 @@ def matrix_cmd(
         series=load_series(series_dir),
         table=load_gate_table(series_dir),
         grace_s=grace,
+        model=_model(model),
     )
     summary = matrix_mod.run_matrix(
         matrix_mod.load_matrix(matrix_file),
@@ -366,6 +440,19 @@ def matrix_cmd(
             f"parity failed for {len(failed)} candidate(s): {failed}",
             hint=f"see {summary['candidates'][0]['report_markdown']} and beside it",
         )
+
+
+def _start_argv(ctx: click.Context, model: str | None) -> list[str]:
+    """`start` and its arguments as given (a restart passes them in ctx.obj), with
+    --model made absolute: `restart` runs them again from any folder."""
+    argv = list((ctx.obj or {}).get("start_argv") or sys.argv[1:])
+    argv = argv[argv.index("start") :] if "start" in argv else ["start", *argv]
+    for i, arg in enumerate(argv):
+        if arg == "--model" and i + 1 < len(argv) and model:
+            argv[i + 1] = model
+        elif arg.startswith("--model=") and model:
+            argv[i] = f"--model={model}"
+    return argv
 
 
 def _profile_name(ref: str | None) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from collections import Counter
@@ -23,7 +24,7 @@ from bakery.maintain import rebase as rebase_mod
 from bakery.maintain import rebase_loop, refresh
 from bakery.maintain import status as status_mod
 from bakery.maintain.rebase_loop import refuse_during_rebase
-from bakery.series.diff import render_file_diff
+from bakery.series.diff import NEW_PREFIX, OLD_PREFIX, render_file_diff
 from bakery.series.series import load_series
 from bakery.tree import read_file, write_atomic
 
@@ -66,16 +67,7 @@ def refresh_cmd(
     """Turn edits in the baked tree into the series' per-file patches."""
     series = load_series(series_dir)
     if check_only:
-        pristine_pkg = unpacked(series.base(base_key)) / series.package
-        problems = refresh.patches_out_of_date(series, pristine_pkg)
-        for problem in problems:
-            click.echo(problem)
-        if problems:
-            raise BakeryError(
-                f"{len(problems)} patch problem(s): the series needs a refresh",
-                hint="bake, edit build/baked, then run `bakery refresh`",
-            )
-        click.echo(f"ok: {len(series.entries)} patch(es) are clean and up to date")
+        _check_every_base(series, base_key)
         return
     refuse_during_rebase(build_dir)
     tree = tree_dir(build_dir, base_key)
@@ -98,14 +90,16 @@ def refresh_cmd(
         for change in changes:
             click.echo(f"would {change.action}: {change.file}")
             old = (series.root / change.file).read_bytes() if change.action != "add" else None
-            diff = render_file_diff(change.file, old, change.data)
+            diff = _relabel(render_file_diff(change.file, old, change.data), series.root)
             click.echo(diff.decode("utf-8", "replace"), nl=False)
         click.echo("dry run: nothing written")
         return
     removed = [c.file for c in changes if c.action == "remove"]
     if removed and not yes:
         if not sys.stdin.isatty():
-            raise UsageError(f"would remove {len(removed)} patch(es) (pass --yes): {removed!r}")
+            raise UsageError(
+                f"would remove {len(removed)} patch(es) (pass --yes): " + ", ".join(removed)
+            )
         click.confirm(f"remove {', '.join(removed)}?", abort=True)
     refresh.write_refresh(series, changes, stage, summary, refresh.remembered_entries(series))
     for change in changes:
@@ -121,6 +115,44 @@ def refresh_cmd(
     if lost:
         raise BakeryError(f"re-bake does not reproduce the edits (a bug): {lost!r}")
     click.echo(f"re-baked {result.tree}: the series reproduces every edit")
+
+
+def _relabel(diff: bytes, root: Path) -> bytes:
+    """A diff of a patch file, labelled as that file (committed / as refresh writes it),
+    not with the series' own tree labels (baked-ours/, baked/)."""
+    lines = diff.split(b"\n", 2)
+    if len(lines) < 3:
+        return diff
+    for i, (side, prefix) in enumerate(((b"--- ", OLD_PREFIX), (b"+++ ", NEW_PREFIX))):
+        label = lines[i][len(side) :]
+        if label.startswith(prefix.encode()):
+            name = label[len(prefix) :].decode("utf-8", "surrogateescape")
+            lines[i] = side + str(root / name).encode("utf-8", "surrogateescape")
+    return b"\n".join(lines)
+
+
+def _check_every_base(series, base_key: str) -> None:
+    """`refresh --check`: the patches are up to date on every base of the series (a
+    rebase that moved one base must not leave another unbakeable), or on --base alone."""
+    source = click.get_current_context().get_parameter_source("base_key")
+    explicit = source is not click.core.ParameterSource.DEFAULT
+    keys = [base_key] if explicit else sorted(series.bases, key=lambda k: (k != "default", k))
+    problems = []
+    for key in keys:
+        found = refresh.patches_out_of_date(series, unpacked(series.base(key)) / series.package)
+        problems += [f"[bases.{key}] {problem}" for problem in found]
+    for problem in problems:
+        click.echo(problem)
+    if problems:
+        raise BakeryError(
+            f"{len(problems)} patch problem(s) on {len(keys)} base(s): the series needs a refresh",
+            hint="bake, edit build/baked, then run `bakery refresh` (a base the series cannot "
+            "serve any more: remove it from series.toml)",
+        )
+    click.echo(
+        f"ok: {len(series.entries)} patch(es) are clean and up to date on "
+        + ", ".join(f"{k} ({series.base(k).requirement})" for k in keys)
+    )
 
 
 def _refuse_if_series_moved(series, base_key: str, tree: Path, build: Path) -> None:
@@ -183,8 +215,35 @@ def _refuse_if_series_moved(series, base_key: str, tree: Path, build: Path) -> N
     is_flag=True,
     help="After --checkout: restore the series and the baked tree as they were.",
 )
+@click.option(
+    "--drop-base",
+    "drop",
+    multiple=True,
+    metavar="KEY",
+    help="With --continue: remove this other base (e.g. cpu) from series.toml when the "
+    "rebased series no longer bakes on it.",
+)
+@click.option(
+    "--keep-base",
+    "keep",
+    multiple=True,
+    metavar="KEY",
+    help="With --continue: keep this other base's pin although the rebased series no "
+    "longer bakes on it.",
+)
 def rebase_cmd(
-    series_dir, base_key, build_dir, target, out, fuzz, in_place, checkout, resume, abort
+    series_dir,
+    base_key,
+    build_dir,
+    target,
+    out,
+    fuzz,
+    in_place,
+    checkout,
+    resume,
+    abort,
+    drop,
+    keep,
 ) -> int | None:
     """Try the series on another release: per-hunk report, refreshed series, linkcheck.
 
@@ -207,11 +266,20 @@ def rebase_cmd(
         raise UsageError("--checkout writes into the baked tree and takes no --out")
     if not (resume or abort) and not target:
         raise UsageError("missing --to NAME==X.Y.Z", hint="e.g. `bakery rebase --to vllm==0.33.0`")
+    if (drop or keep) and not resume:
+        raise UsageError("--drop-base and --keep-base go with --continue")
+    if set(drop) & set(keep):
+        raise UsageError(
+            "a base is either dropped or kept, not both: "
+            + ", ".join(sorted(set(drop) & set(keep)))
+        )
     if resume:
-        _rebase_continue(build_dir)
+        _rebase_continue(build_dir, series_dir, tuple(drop), tuple(keep))
         return None
     if abort:
-        state = rebase_loop.abort(build_dir)
+        state = rebase_loop.abort(build_dir, series_dir)
+        for name in state["kept"]:
+            click.echo(f"kept: {name} (changed after --continue wrote it)", err=True)
         click.echo(f"aborted the rebase onto {state['release']}: series and tree restored")
         return None
     series = load_series(series_dir)
@@ -227,8 +295,9 @@ def rebase_cmd(
     )
     for patch, status in report["patches"].items():
         click.echo(f"  {patch}: {status}")
+    unplaced = [p for p, v in report["patches"].items() if v == rebase_mod.PatchVerdict.FAILS]
     for finding in report["linkcheck"]:
-        click.echo(f"linkcheck: {finding}")
+        click.echo(f"linkcheck: {finding}{_tie(finding, series, unplaced)}")
     for note in report["kept_bases"]:
         click.echo(f"warning: {note}", err=True)
     click.echo(f"refreshed series and report: {out}")
@@ -249,17 +318,47 @@ def rebase_cmd(
     return None
 
 
+def _tie(finding: str, series, failed: list[str]) -> str:
+    """The patch a linkcheck finding sits in, and a patch that failed to place whose
+    added lines define the missing name (its code is absent, so the finding follows);
+    one whose file the finding looked in first."""
+    path, _, rest = finding.partition(":")
+    paths = {p.name: p.paths for p in series.patches}
+    owner = next((name for name, files in paths.items() if path in files), None)
+    missing = rest.split(": ", 1)[-1].split(" (", 1)[0]
+    names = [a or b for a, b in re.findall(r"'(\w+)'|self\.(\w+)", missing)]
+    cause: list[str] = []
+    for name in names:
+        word = re.escape(name.encode())
+        defines = re.compile(rb"^\+\s*(?:def |class )?(?:self\.)?" + word + rb"\b\s*[(:=]", re.M)
+        cause += [
+            f for f in failed if f != owner and defines.search((series.root / f).read_bytes())
+        ]
+    looked = [c for c in cause if any(f in finding for f in paths.get(c, ()))]
+    out = f" [in {owner}]" if owner else ""
+    return out + (f" [defined by {(looked or cause)[0]}, which did not place]" if cause else "")
+
+
 def _rebase_checkout(series, version: str, build_dir: Path, base_key: str, fuzz: int) -> int:
     state = rebase_loop.checkout(
         series, version, build_dir, base_key=base_key, max_fuzz=fuzz, cache=cache_dir()
     )
     tree = tree_dir(build_dir, base_key) / series.package
     for path, info in state["files"].items():
-        click.echo(f"{info['status']}: {tree / path} ({info['patch']})")
+        fuzzed = f", fuzz {info['fuzz']}: review it" if info.get("fuzz") else ""
+        click.echo(f"{info['status']}: {tree / path} ({info['patch']}{fuzzed})")
     for note in state["notes"]:
         click.echo(f"warning: {note}", err=True)
     conflict = rebase_loop.CheckoutStatus.CONFLICT  # state.json holds its word
     left = [p for p, info in state["files"].items() if info["status"] == conflict]
+    reused = [
+        p for p, i in state["files"].items() if i["status"] == rebase_loop.CheckoutStatus.RESOLVED
+    ]
+    if reused:
+        click.echo(
+            f"{len(reused)} conflict(s) resolved as you fixed them before "
+            f"({build_dir / rebase_loop.RERERE}): review them"
+        )
     if left:
         click.echo(f"{len(left)} file(s) with conflicts left; {rebase_loop.NEXT_STEP}")
         return 1
@@ -267,8 +366,10 @@ def _rebase_checkout(series, version: str, build_dir: Path, base_key: str, fuzz:
     return 0
 
 
-def _rebase_continue(build_dir: Path) -> None:
-    report = rebase_loop.resume(build_dir, cache_dir())
+def _rebase_continue(
+    build_dir: Path, series_dir: Path, drop: tuple[str, ...], keep: tuple[str, ...]
+) -> None:
+    report = rebase_loop.resume(build_dir, cache_dir(), series_dir, drop, keep)
     for action, file in report["changes"]:
         click.echo(f"{action}: {file}")
     for rel in report["strays"]:

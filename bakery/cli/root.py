@@ -11,9 +11,10 @@ import sys
 import click
 
 from bakery import __version__, project
-from bakery.cli.bake import bake_cmd, check_cmd
+from bakery.cli.bake import bake_cmd, bisect_cmd, check_cmd, clean_cmd
 from bakery.cli.boundary import run_command
 from bakery.cli.check import importcheck_cmd, linkcheck_cmd
+from bakery.cli.export import export_cmd, import_cmd
 from bakery.cli.launch import doctor_cmd
 from bakery.cli.launch import launch as launch_group
 from bakery.cli.maintain import rebase_cmd, rebase_matrix_cmd, refresh_cmd, status_cmd
@@ -56,13 +57,17 @@ for command in (
     apply_cmd,
     stages_cmd,
     bake_cmd,
+    bisect_cmd,
     check_cmd,
+    clean_cmd,
     importcheck_cmd,
     linkcheck_cmd,
     refresh_cmd,
     rebase_cmd,
     rebase_matrix_cmd,
     status_cmd,
+    export_cmd,
+    import_cmd,
     verify,
     launch_group,
     doctor_cmd,  # `bakery doctor`: the launcher's host checks, no profile

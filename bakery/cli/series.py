@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import textwrap
 from dataclasses import asdict
 from pathlib import Path
 
@@ -107,15 +109,45 @@ def apply_cmd(fuzz, renames, strip, dry_run, reverse, as_json, tree, patches) ->
         click.echo("dry run: nothing written")
 
 
+def _stage_text(stage: stages.Stage, width: int) -> list[str]:
+    """One stage for a terminal: a heading line, then wrapped, labelled paragraphs."""
+    out = [f"stage {stage.number}: {stage.name} ({stage.status})"]
+    fields = (
+        ("enables", (stage.enables,)),
+        ("gates", stage.env),
+        ("constraints", stage.requires),
+        ("patches", stage.patches),
+    )
+    for label, items in fields:
+        for i, item in enumerate(items):
+            head = f"  {label}: " if i == 0 else " " * (len(label) + 4)
+            out += textwrap.wrap(
+                item,
+                width,
+                initial_indent=head,
+                subsequent_indent=" " * (len(label) + 4),
+                break_on_hyphens=False,
+                break_long_words=False,
+            ) or [head.rstrip()]
+    return out
+
+
 @click.command("stages")
 @series_option
 @click.option("--write", is_flag=True, help="Render stages.toml's table into PLAN.md first.")
-def stages_cmd(series_dir: Path, write: bool) -> None:
+@click.option(
+    "--markdown", "as_markdown", is_flag=True, help="Print the Markdown table PLAN.md holds."
+)
+def stages_cmd(series_dir: Path, write: bool, as_markdown: bool) -> None:
     """Print the stage table; exit 1 if stages.toml, PLAN.md and series.toml disagree."""
     if write:
         stages.write_plan(series_dir)
-    else:
+    elif as_markdown:
         click.echo(stages.render_table(stages.load_stages(series_dir)))
+    else:
+        width = max(40, min(100, shutil.get_terminal_size().columns))
+        for stage in stages.load_stages(series_dir):
+            click.echo("\n".join(_stage_text(stage, width)))
     problems = stages.stage_table_problems(series_dir)
     for problem in problems:
         click.echo(problem, err=True)

@@ -147,6 +147,7 @@ GATE_OPTIONS = {
     "min_topk_overlap_min": "--min-topk-overlap-min",
     "max_tf_kl": "--max-tf-kl",
     "max_tf_abs_logprob_delta": "--max-tf-logprob-delta",
+    "min_fork_topk_overlap": "--min-fork-topk-overlap",
 }
 
 
@@ -157,7 +158,8 @@ def _gate_options(func: Callable[..., Any]) -> Callable[..., Any]:
             name,
             type=click.FloatRange(min=0),
             default=None,
-            help=f"Bound for {name} (default: off, or from --gates).",
+            help=f"Bound for {name} (default: {getattr(ParityGates(), name) or 'off'}, "
+            "or from --gates).",
         )(func)
     return func
 

@@ -19,7 +19,13 @@ from bakery.launch.model_config import candidate_blocks, text_config
 from bakery.launch.plan import LaunchPlan, server_args
 from bakery.launch.vllm_args import ArgValueError, read_args
 
-__all__ = ["config_problems", "model_notes", "stage_notes", "SERIES_MODEL_TYPE"]
+__all__ = [
+    "config_problems",
+    "dcp_flag_problems",
+    "model_notes",
+    "stage_notes",
+    "SERIES_MODEL_TYPE",
+]
 
 # The model this series patches (models/deepseek_v41/): the head check applies to it.
 SERIES_MODEL_TYPE = "deepseek_v41"
@@ -275,6 +281,7 @@ def config_problems(
             parsed = {}
     out = _stage_problems(plan, table) + _env_problems(plan, table) + _layout_problems(plan)
     out += _arg_problems(plan, table, parsed)
+    out += dcp_flag_problems(plan, parsed, config)
     out += _interleave_problems(plan, parsed, config)
     if config and config.get("model_type") == SERIES_MODEL_TYPE:
         if heads:
@@ -366,3 +373,62 @@ def _interleave_problems(plan: LaunchPlan, parsed: dict, config: dict | None) ->
             f"pass -- --cp-kv-cache-interleave-size {max(ratios)} (or a multiple)",
         )
     ]
+
+
+def dcp_flag_problems(plan: LaunchPlan, parsed: dict, config: dict | None) -> list[Problem]:
+    """A --dcp-comm-backend that is not the profile's combine (the launcher passes the
+    combine as that flag), and, for the series' model (or one whose config is unknown),
+    vLLM 0.32.0's own features the series refuses under DCP > 1, each by its flag's name
+    (patch 02 refuses the same at layer build)."""
+    lay, g = plan.profile.layout, plan.profile.gates
+    if lay.dcp <= 1:
+        return []
+    at = f"with --dcp {lay.dcp}"
+    out = []
+    backend = parsed.get("dcp_comm_backend")
+    if backend is not None and backend != g.combine:
+        out.append(
+            Problem(
+                "--dcp-comm-backend contradicts the profile's combine",
+                f"the launcher passes --dcp-comm-backend {g.combine} (--combine), the one "
+                f"combine the series reads; the extra arg parses as {backend}",
+                f"--dcp-comm-backend {backend}",
+                f"set it with --combine {backend}, not a raw vLLM flag",
+            )
+        )
+    if config and config.get("model_type") != SERIES_MODEL_TYPE:
+        return out
+    if parsed.get("dcp_q_replicate") is True:
+        out.append(
+            Problem(
+                "--dcp-q-replicate under DCP",
+                "the series' SM120 DCP attention gathers q itself and does not replicate "
+                "the query projection",
+                f"--dcp-q-replicate {at}",
+                "drop --dcp-q-replicate (or pass --no-dcp-q-replicate)",
+            )
+        )
+    ubatch = parsed.get("ubatch_size")
+    if parsed.get("enable_dbo") is True or (isinstance(ubatch, int) and ubatch > 1):
+        shown = "--enable-dbo" if parsed.get("enable_dbo") else f"--ubatch-size {ubatch}"
+        out.append(
+            Problem(
+                "dual-batch overlap (DBO) under DCP",
+                "the DCP collectives (q gather, combine, candidate exchange) are not "
+                "validated across microbatches; upstream vLLM #56738 refuses DBO under DCP",
+                f"{shown} {at}",
+                "drop --enable-dbo and --ubatch-size, or --dcp 1",
+            )
+        )
+    # None: not parsed; vLLM 0.32.0's default is on.
+    if parsed.get("swa_bounded_replay") is not False:
+        out.append(
+            Problem(
+                "SWA bounded replay under DCP",
+                "vLLM 0.32.0 turns it on by default; its replay batch re-runs layer 20, the "
+                "candidate source, with metadata the DCP exchange is not validated on",
+                f"--swa-bounded-replay {at}",
+                "pass -- --no-swa-bounded-replay (the DCP profiles do), or --dcp 1",
+            )
+        )
+    return out

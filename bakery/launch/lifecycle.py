@@ -34,6 +34,7 @@ from bakery.launch.run_record import (
     Running,
     new_record,
     read_pid,
+    rebaked_under,
     recorded,
     tail,
     write_pid,
@@ -273,6 +274,7 @@ def status(artifacts: Path, profile: str | None) -> list[dict]:
                 "running": alive,
                 "health": shown,
                 "run_dir": str(run.run_dir),
+                "rebaked": rebaked_under(run.run_dir) if alive else None,
             }
         )
     return rows

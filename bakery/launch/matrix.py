@@ -15,6 +15,8 @@ module only sequences servers.
 
 from __future__ import annotations
 
+import math
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +35,7 @@ from bakery.launch.plan import LaunchPlan, make_plan
 from bakery.launch.profiles import load_profile, override, range_problems
 from bakery.schema import Document, decode, read_json, read_toml, refuse
 from bakery.series.series import Series
-from bakery.tree import write_json_atomic, write_text_atomic
+from bakery.tree import own_path, write_json_atomic, write_text_atomic
 from bakery.verify import (
     CaptureSettings,
     ParityGates,
@@ -103,6 +105,7 @@ class RankCounts(Document):
     candidate_masked_positions: int
 
 
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _HINT = f"see {project.MATRIX} for the expected fields and types"
 
 
@@ -137,6 +140,7 @@ class Context:
     series: Series
     table: GateTable
     grace_s: float = 30.0
+    model: str | None = None  # `run.sh matrix --model`: every entry serves this model
 
 
 def _entry(doc: EntryDoc) -> Entry:
@@ -177,6 +181,23 @@ def matrix_from_data(data: object, path: Path) -> Matrix:
     )
     candidates = tuple(_entry(t) for t in doc.candidates)
     names = [e.name for e in candidates]
+    problems = [
+        f"$.{at}.name: {name!r} is not a plain name (letters, digits, ., _, -; it names "
+        "files under the run folder)"
+        for at, name in [("baseline", _entry(doc.baseline).name)]
+        + [(f"candidates[{i}]", n) for i, n in enumerate(names)]
+        if not _NAME.fullmatch(name)
+    ]
+    problems += [
+        f"$.{key}: must be {rule}, not {value!r}"
+        for key, value, rule, ok in (
+            ("top_n", doc.top_n, "1..1000", 1 <= doc.top_n <= 1000),
+            ("concurrency", doc.concurrency, "1..256", 1 <= doc.concurrency <= 256),
+            ("low_margin", doc.low_margin, "a finite number >= 0", 0 <= doc.low_margin < math.inf),
+        )
+        if not ok
+    ]
+    refuse(problems, where=where, error=ProfileError, hint=_HINT)
     if not candidates or len(set(names)) != len(names):
         raise ProfileError(
             f"{where}: needs one or more candidates with distinct names: {names}", hint=_HINT
@@ -194,7 +215,8 @@ def matrix_from_data(data: object, path: Path) -> Matrix:
 
 
 def _plan(entry: Entry, ctx: Context) -> LaunchPlan:
-    profile = override(load_profile(entry.profile, ctx.profiles, ctx.table), **dict(entry.flags))
+    flags = dict(entry.flags) | ({"model": ctx.model} if ctx.model else {})
+    profile = override(load_profile(entry.profile, ctx.profiles, ctx.table), **flags)
     return make_plan(
         profile,
         python=ctx.python,
@@ -302,20 +324,20 @@ def run_matrix(
     settings = CaptureSettings(concurrency=matrix.concurrency)
     runs: dict[str, dict] = {}
     if baseline_dir is None:
-        baseline_dir = out / "bundles" / matrix.baseline.name
+        baseline_dir = own_path(out / "bundles", matrix.baseline.name, "a matrix name")
         runs[matrix.baseline.name] = _serve_and_capture(
             matrix.baseline, checked[matrix.baseline.name], baseline_dir, suite, settings, ctx, say
         )
     rows = []
     for entry in matrix.candidates:
-        bundle = out / "bundles" / entry.name
+        bundle = own_path(out / "bundles", entry.name, "a matrix name")
         run = _serve_and_capture(entry, checked[entry.name], bundle, suite, settings, ctx, say)
         report = compare_bundles(
             baseline_dir, bundle, gates, top_n=matrix.top_n, low_margin=matrix.low_margin
         )
         json_path, md_path = (
-            out / "reports" / f"{entry.name}.json",
-            out / "reports" / f"{entry.name}.md",
+            own_path(out / "reports", f"{entry.name}.json", "a matrix name"),
+            own_path(out / "reports", f"{entry.name}.md", "a matrix name"),
         )
         json_path.parent.mkdir(parents=True, exist_ok=True)
         write_reports(report, json_path=json_path, markdown_path=md_path)

@@ -7,7 +7,8 @@ a headless worker node runs vLLM's own ``serve --headless`` through
 ``vllm.entrypoints.cli.main``. The baked tree goes first on PYTHONPATH; with
 no tree (``--installed``) the serving Python's own installed patched wheel
 serves and PYTHONPATH is left as it is. The four DSV41 gates are always
-exported, so a run records their exact values.
+exported, so a run records their exact values; under DCP > 1 the combine is
+also passed as vLLM's ``--dcp-comm-backend``, the value the series reads.
 """
 
 from __future__ import annotations
@@ -97,7 +98,15 @@ def server_args(profile: Profile) -> list[str]:
             "--port",
             str(profile.port),
         ]
-    return [*head, *_layout_args(layout), *profile.vllm_args]
+    return [*head, *_layout_args(layout), *_dcp_args(profile), *profile.vllm_args]
+
+
+def _dcp_args(profile: Profile) -> list[str]:
+    """The combine as vLLM's own flag: patch 09 reads ``parallel_config.dcp_comm_backend``
+    (the exported DSV41_DCP_COMBINE must agree, patch 02 refuses otherwise)."""
+    if profile.layout.dcp <= 1:
+        return []
+    return ["--dcp-comm-backend", profile.gates.combine]
 
 
 def make_plan(

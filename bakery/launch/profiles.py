@@ -10,6 +10,7 @@ values; it checks shapes and types only; what can run is ``preflight``'s job.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -148,6 +149,10 @@ def _resolve_path(ref: str, directory: Path) -> Path:
     return path
 
 
+# What a shell (serve_command.sh exports each) and execve take as a variable name.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def range_problems(prefix: str, values: dict[str, int | float | None]) -> list[str]:
     """Ports in 1..65535 and a startup timeout of at least 1 s, for a profile and for the
     flags a matrix entry puts over one (``prefix``: where those fields sit, e.g. "$.")."""
@@ -179,6 +184,11 @@ def _value_problems(doc: ProfileDoc) -> list[str]:
         **{f"env.{k}": k + v for k, v in doc.env.items()},
         **{f"vllm.args[{i}]": arg for i, arg in enumerate(doc.vllm.args)},
     }
+    problems += [
+        f"$.env[{name!r}]: not a variable name (letters, digits, _; not a digit first)"
+        for name in doc.env
+        if not ENV_NAME.fullmatch(name)
+    ]
     problems += [
         f"$.{key}: holds a NUL character: {value!r}"
         for key, value in strings.items()

@@ -23,11 +23,12 @@ from pathlib import Path
 from bakery import __version__
 from bakery.bake.manifest import MANIFEST
 from bakery.clock import FOLDER, ISO, utc_stamp
-from bakery.launch.errors import LaunchError
+from bakery.launch.errors import LaunchError, ProfileError
 from bakery.launch.model_config import candidate_blocks
 from bakery.launch.plan import LaunchPlan
 from bakery.launch.preflight import Facts
 from bakery.launch.processes import cmdline, launched, start_ticks
+from bakery.launch.profiles import ENV_NAME
 from bakery.tree import write_atomic, write_json_atomic
 
 __all__ = [
@@ -41,6 +42,8 @@ __all__ = [
     "tail",
     "latest_log",
     "follow",
+    "rebaked_under",
+    "launcher_argv",
 ]
 
 PID_FILE = "server.pid"
@@ -131,7 +134,11 @@ def command_script(plan: LaunchPlan, run_id: str) -> str:
         f"# {plan.profile.name}: the exact vLLM command of run {run_id}, re-runnable.",
         "# Inherited from the caller's environment (secrets left out):",
     ]
-    lines += [f"export {k}={q(v)}" for k, v in inherited_env().items()]
+    bad = [k for k, _ in plan.env if not ENV_NAME.fullmatch(k)]
+    if bad:  # the profile's check refuses these first; never write one into a script
+        raise ProfileError(f"not a variable name (refused): {bad[0]!r}")
+    inherited = {k: v for k, v in inherited_env().items() if ENV_NAME.fullmatch(k)}
+    lines += [f"export {k}={q(v)}" for k, v in inherited.items()]
     lines += ["# Set by the launcher:"]
     lines += [f"export {k}={q(v)}" for k, v in plan.env]
     lines += [f"export BAKERY_LAUNCH_RUN={q(run_id)}", "set -euo pipefail"]
@@ -241,6 +248,45 @@ def read_pid(path: Path) -> Running:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         why = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
         return Running(path, -1, -1, None, path.parent.parent.name, error=why[:200])
+
+
+def launcher_argv(run_dir: Path) -> list[str]:
+    """The `start ...` arguments a run was launched with (for `restart`)."""
+    path = run_dir / "run_environment.json"
+    try:
+        argv = json.loads(path.read_bytes())["launcher_argv"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        argv, why = None, f"{type(exc).__name__}"
+    else:
+        why = "it holds no `start` command"
+    if isinstance(argv, list) and all(isinstance(a, str) for a in argv) and "start" in argv:
+        return argv[argv.index("start") :]
+    raise LaunchError(
+        f"cannot tell how the run was started ({why}): {str(path)!r}",
+        hint="stop it with `run.sh stop`, then `run.sh start --profile NAME ...`",
+    )
+
+
+def rebaked_under(run_dir: Path) -> str | None:
+    """Why the tree a run serves is no longer the series it started with (a re-bake or
+    re-install under the running server), else None. The BAKED.json read is the one
+    run_environment.json names, only when it is that file name: never another path."""
+    try:
+        served = json.loads((run_dir / "run_environment.json").read_bytes())["baked"]
+        then, path = str(served["series_sha256"]), Path(served["path"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # an old or damaged record: nothing to compare
+    if path.name != MANIFEST:
+        return None
+    try:
+        now = json.loads(path.read_bytes())["series"]["sha256"]
+    except FileNotFoundError:
+        return f"it serves series {then[:8]}; {path} is gone"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"it serves series {then[:8]}; {path} is unreadable ({type(exc).__name__})"
+    if now == then:
+        return None
+    return f"it serves series {then[:8]}, {path.parent} now holds {str(now)[:8]}"
 
 
 def tail(path: Path, lines: int = TAIL_LINES) -> str:

@@ -37,7 +37,10 @@ _INTS = {
     "nnodes",
     "node_rank",
     "spec_tokens",
+    "ubatch_size",
 }
+# vLLM's bool fields are BooleanOptionalAction flags: --name and --no-name.
+_BOOLS = {"dcp_q_replicate", "swa_bounded_replay", "enable_dbo"}
 
 
 class ArgValueError(ValueError):
@@ -47,7 +50,11 @@ class ArgValueError(ValueError):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     for key in probe.FIELDS:
-        parser.add_argument("--" + key.replace("_", "-"), *_SHORT.get(key, ()), dest=key)
+        flag = "--" + key.replace("_", "-")
+        if key in _BOOLS:
+            parser.add_argument(flag, dest=key, action=argparse.BooleanOptionalAction)
+        else:
+            parser.add_argument(flag, *_SHORT.get(key, ()), dest=key)
     return parser
 
 

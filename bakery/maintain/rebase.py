@@ -11,6 +11,7 @@ one release into a new folder for review and runs linkcheck against it;
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
@@ -172,9 +173,12 @@ def other_base_pins(
         try:
             moved[key] = fetch_release(f"{base.name}=={version}", wheel_platform(base.wheel), cache)
         except FetchError as exc:
+            # pip's last ERROR line says why; the rest (its whole version list) is noise.
+            found = re.findall(r"ERROR: (?:(?! \| |\): ').)*", str(exc))
+            why = found[-1] if found else (str(exc).splitlines() or ["?"])[0]
             notes.append(
                 f"[bases.{key}] stays at {base.requirement}: {base.name}=={version} "
-                f"could not be fetched ({exc})"
+                f"could not be fetched ({why[:300]})"
             )
     return moved, notes
 

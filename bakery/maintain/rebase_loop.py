@@ -13,14 +13,13 @@ re-bakes and runs linkcheck. Each step holds the bake's build lock.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import tempfile
-import uuid
-from dataclasses import dataclass
-from enum import StrEnum
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import tomlkit
@@ -38,9 +37,37 @@ from bakery.maintain.rebase import (
     release_pin,
     survey,
 )
+from bakery.maintain.rebase_state import (
+    RERERE,
+    STATE,
+    CheckoutStatus,
+    checked_out,
+    discard_state,
+    folder_changes,
+    in_progress,
+    is_ours,
+    load_state,
+    loop_tree,
+    refuse_during_rebase,
+    series_files,
+    state_path,
+    to_trash,
+)
+from bakery.series import apply
 from bakery.series.engine import apply_file_patch
-from bakery.series.series import Pin, Series, load_series
-from bakery.tree import clone_tree, empty_trash, read_file, remove_tree, sweep_dead, write_atomic
+from bakery.series.series import Pin, Series, is_sha256, load_series
+from bakery.tree import (
+    clone_tree,
+    empty_trash,
+    own_folder,
+    own_path,
+    read_bounded,
+    read_file,
+    remove_tree,
+    replace_files,
+    sweep_dead,
+    write_atomic,
+)
 
 __all__ = [
     "STATE",
@@ -52,63 +79,10 @@ __all__ = [
     "abort",
 ]
 
-STATE = ".rebase"  # under the build folder: state.json, series/ (saved), baked/ (saved)
-_MARKERS = (b"<<<<<<< ", b"=======", b">>>>>>> ")
+_MARKERS = (b"<<<<<<< ", b"||||||| ", b"=======", b">>>>>>> ")
+# zdiff3: each conflict also shows the old pristine lines (the base) between the sides.
+_STYLE = ("--zdiff3", "--diff3")  # the second for git before 2.35
 NEXT_STEP = "fix them in the tree, then `bakery rebase --continue` (or `bakery rebase --abort`)"
-
-
-def _state_path(build: Path) -> Path:
-    return build / STATE / "state.json"
-
-
-# What state.json holds, and what each key's JSON type is.
-_STATE_KEYS = {
-    "release": str,
-    "base_key": str,
-    "series": str,
-    "had_tree": bool,
-    "pin": dict,
-    "dependencies": dict,
-    "other_bases": dict,
-    "notes": list,
-    "files": dict,
-}
-
-
-def in_progress(build: Path) -> dict | None:
-    """The rebase in progress in ``build`` (None if none); a damaged one is refused."""
-    path = _state_path(build)
-    if not path.parent.exists():
-        return None
-    try:
-        state = json.loads(path.read_text())
-    except FileNotFoundError:
-        problem = "it has no state.json"
-    except (OSError, ValueError) as exc:  # a bad byte, bad JSON, no permission
-        problem = f"state.json is unreadable ({exc})"
-    else:
-        fields = state if isinstance(state, dict) else {}
-        bad = [k for k, kind in _STATE_KEYS.items() if not isinstance(fields.get(k), kind)]
-        if not bad:
-            return state
-        problem = f"state.json lacks or mistypes {', '.join(bad)}"
-    raise UnreadableInput(
-        f"the rebase state in {path.parent} is damaged ({problem})",
-        hint=f"the series as it was is in {path.parent / 'series'} and the tree, if one was "
-        f"set aside, in {path.parent / 'baked'}: put back what you need, then delete "
-        f"{path.parent}",
-    )
-
-
-def refuse_during_rebase(build: Path) -> None:
-    """Commands that would overwrite the conflict tree refuse while a rebase runs."""
-    state = in_progress(build)
-    if state:
-        raise UsageError(
-            f"a rebase onto {state['release']} is in progress in {build}",
-            hint="finish it with `bakery rebase --continue`, or undo it with "
-            "`bakery rebase --abort`",
-        )
 
 
 def _merge(current: bytes, base: bytes, other: bytes, labels: tuple[str, str, str]):
@@ -120,15 +94,20 @@ def _merge(current: bytes, base: bytes, other: bytes, labels: tuple[str, str, st
             path.write_bytes(data)
             paths.append(str(path))
         args = [arg for label in labels for arg in ("-L", label)]
-        try:
-            proc = subprocess.run(
-                ["git", "merge-file", "-p", *args, *paths], capture_output=True, check=False
-            )
-        except FileNotFoundError:
-            raise BakeryError(
-                "git is needed for 3-way merges and is not installed",
-                hint="install git, or use `bakery rebase --to ...` (report only)",
-            ) from None
+        for style in _STYLE:
+            try:
+                proc = subprocess.run(
+                    ["git", "merge-file", "-p", style, *args, *paths],
+                    capture_output=True,
+                    check=False,
+                )
+            except FileNotFoundError:
+                raise BakeryError(
+                    "git is needed for 3-way merges and is not installed",
+                    hint="install git, or use `bakery rebase --to ...` (report only)",
+                ) from None
+            if proc.returncode != 129:  # 129: git does not know the option
+                break
     if proc.returncode < 0 or proc.returncode > 127:
         raise BakeryError(f"git merge-file failed: {proc.stderr.decode(errors='replace')}")
     return proc.stdout, proc.returncode
@@ -138,13 +117,11 @@ def has_markers(data: bytes | None) -> bool:
     return any(line.startswith(_MARKERS) for line in (data or b"").splitlines())
 
 
-class CheckoutStatus(StrEnum):
-    """How ``checkout`` wrote one file onto the release (state.json keeps the word)."""
-
-    APPLIED = "applied"  # its patch placed
-    UPSTREAM = "upstream"  # the release already has its patch: left as the release has it
-    MERGED = "merged"  # 3-way merged without a clash
-    CONFLICT = "conflict"  # merged with conflict markers: a hand must fix it
+def marker_lines(data: bytes | None) -> list[int]:
+    """The 1-based line of each conflict's opening marker (or of a stray marker line)."""
+    lines = (data or b"").splitlines()
+    opening = [i + 1 for i, line in enumerate(lines) if line.startswith(_MARKERS[0])]
+    return opening or [i + 1 for i, line in enumerate(lines) if line.startswith(_MARKERS)]
 
 
 @dataclass(frozen=True)
@@ -153,6 +130,8 @@ class _Outcome:
     patch: str
     status: CheckoutStatus
     data: bytes | None
+    fuzz: int = 0  # the most fuzz a hunk of an applied patch needed
+    conflict: str = ""  # sha256 of the conflict as merged (rerere's key)
 
 
 def _place(series: Series, old_pkg: Path, new_pkg: Path, release: str, max_fuzz: int):
@@ -167,11 +146,14 @@ def _place(series: Series, old_pkg: Path, new_pkg: Path, release: str, max_fuzz:
         for fp in patch.files:
             before_old = old[fp.path]
             old[fp.path] = apply_file_patch(patch.name, fp, before_old, series.max_fuzz).after
+            fuzz = 0
             if upstream:
                 status = CheckoutStatus.UPSTREAM
             else:
                 try:
-                    new[fp.path] = apply_file_patch(patch.name, fp, new[fp.path], max_fuzz).after
+                    placed = apply_file_patch(patch.name, fp, new[fp.path], max_fuzz)
+                    new[fp.path] = placed.after
+                    fuzz = max((p.fuzz for p in placed.placements), default=0)
                     status = CheckoutStatus.APPLIED
                 except HunkFailed:
                     labels = (release, f"{fp.path} before {patch.name}", patch.name)
@@ -179,7 +161,7 @@ def _place(series: Series, old_pkg: Path, new_pkg: Path, release: str, max_fuzz:
                         new[fp.path] or b"", before_old or b"", old[fp.path] or b"", labels
                     )
                     status = CheckoutStatus.CONFLICT if conflicts else CheckoutStatus.MERGED
-            out[fp.path] = _Outcome(fp.path, patch.name, status, new[fp.path])
+            out[fp.path] = _Outcome(fp.path, patch.name, status, new[fp.path], fuzz)
     return out
 
 
@@ -207,24 +189,52 @@ def checkout(
         deps = _dependency_pins(series, pin, cache)
         others, notes = other_base_pins(series, base_key, version, cache)
         new_root = unpacked(pin, cache)
-        outcomes = _place(
-            series, old_pkg, new_root / series.package, str(pin.requirement), max_fuzz
+        outcomes = _reuse(
+            build,
+            _place(series, old_pkg, new_root / series.package, str(pin.requirement), max_fuzz),
         )
         state = {
             "release": str(pin.requirement),
             "base_key": base_key,
             "series": str(series.root.resolve()),
+            "series_sha256": series.sha256,
+            "wrote": {},
             "had_tree": tree.exists(),
             "pin": pin_table(pin),
             "dependencies": {dep.name: pin_table(dep) for dep in deps},
             "other_bases": {key: pin_table(p) for key, p in others.items()},
             "notes": notes,
             "files": {
-                p: {"patch": o.patch, "status": o.status} for p, o in sorted(outcomes.items())
+                p: {"patch": o.patch, "status": o.status, "fuzz": o.fuzz, "conflict": o.conflict}
+                for p, o in sorted(outcomes.items())
             },
         }
         _swap_in(series, build, tree, new_root, outcomes, state)
     return state
+
+
+def _reuse(build: Path, outcomes: dict[str, _Outcome]) -> dict[str, _Outcome]:
+    """Each conflict keyed by its sha256; one fixed before gets that fix (rerere)."""
+    out = {}
+    for path, o in outcomes.items():
+        if o.status is CheckoutStatus.CONFLICT and o.data is not None:
+            key = hashlib.sha256(o.data).hexdigest()
+            fixed = build / RERERE / key
+            if fixed.is_file() and not fixed.is_symlink() and not (build / RERERE).is_symlink():
+                o = replace(o, status=CheckoutStatus.RESOLVED, data=read_bounded(fixed))
+            o = replace(o, conflict=key)
+        out[path] = o
+    return out
+
+
+def _record(build: Path, state: dict, package: Path) -> None:
+    """Remember the fix of each conflict the tree no longer has markers for."""
+    for path, info in state["files"].items():
+        if is_sha256(info.get("conflict")):
+            data = read_file(package, path)
+            if data is not None and not has_markers(data):
+                folder = own_folder(build / RERERE)
+                write_atomic(folder / info["conflict"], data)
 
 
 def _swap_in(
@@ -258,72 +268,116 @@ def _swap_in(
     empty_trash(trash)
 
 
-def _checked_out(state: dict, build: Path) -> bool:
-    """Whether the tree in place is the checkout's (checkout moves the old tree into
-    the state first, then the new one in; abort moves the old one back)."""
-    saved = build / STATE / "baked"
-    return tree_dir(build, state["base_key"]).exists() and (saved.exists() or not state["had_tree"])
-
-
-def conflicts_left(state: dict, build: Path) -> list[str]:
-    package = tree_dir(build, state["base_key"]) / load_series(Path(state["series"])).package
+def conflicts_left(state: dict, build: Path, series: Series) -> list[str]:
+    package = loop_tree(build, state) / series.package
     return [p for p in state["files"] if has_markers(read_file(package, p))]
 
 
-def _repin(series: Series, state: dict) -> None:
-    path = series.root / "series.toml"
-    doc = tomlkit.parse(path.read_text())
-    doc["bases"][state["base_key"]].update(state["pin"])
-    for key, table in state["other_bases"].items():
-        doc["bases"][key].update(table)
-    for name, table in state["dependencies"].items():
-        doc.setdefault("dependencies", tomlkit.table())[name] = table
-    write_atomic(path, tomlkit.dumps(doc).encode())
+def resume(
+    build: Path,
+    cache: Path,
+    series_root: Path | None = None,
+    drop: tuple[str, ...] = (),
+    keep: tuple[str, ...] = (),
+) -> dict:
+    """Refresh the series from the fixed tree onto the new pins, re-bake, linkcheck.
 
-
-def _load_state(build: Path) -> dict:
-    state = in_progress(build)
-    if state is None:
-        raise UsageError(
-            f"no rebase in progress in {build}",
-            hint="start one with `bakery rebase --to vllm==X.Y.Z --checkout`",
-        )
-    return state
-
-
-def resume(build: Path, cache: Path) -> dict:
-    """Refresh the series from the fixed tree onto the new pins, re-bake, linkcheck."""
+    Every other base must still bake the refreshed series; one that does not is refused
+    (series untouched, rebase still in progress) unless ``drop`` removes it from the series
+    or ``keep`` keeps its pin knowingly unbakeable. ``series_root`` is the series the
+    command names (the CLI always passes it); None takes the one the state names."""
     with build_lock(build):
-        return _resume(build, cache)
+        return _resume(build, cache, series_root, drop, keep)
 
 
-def _resume(build: Path, cache: Path) -> dict:
-    state = _load_state(build)
-    if not _checked_out(state, build):
+def _unbakeable(series: Series, skip: str, cache: Path) -> dict[str, str]:
+    """Base key -> why the series does not apply to it (the bases other than ``skip``)."""
+    out = {}
+    for key, pin in sorted(series.bases.items()):
+        if key == skip:
+            continue
+        try:
+            apply.plan(
+                unpacked(pin, cache) / series.package, series.patches, max_fuzz=series.max_fuzz
+            )
+        except HunkFailed as exc:
+            first = str(exc).splitlines()[0]
+            out[key] = f"[bases.{key}] ({pin.requirement}) would not bake: {first}"
+    return out
+
+
+def _resume(
+    build: Path, cache: Path, series_root: Path | None, drop: tuple[str, ...], keep: tuple[str, ...]
+) -> dict:
+    state = load_state(build, series_root)
+    if not checked_out(state, build):
         raise UsageError(
             f"the checkout onto {state['release']} did not finish (or an abort did not)",
             hint="undo it with `bakery rebase --abort`, then check out again",
         )
-    left = conflicts_left(state, build)
+    root = Path(state["series"])
+    if not is_ours(state, root):
+        raise UsageError(
+            f"{root} changed after this rebase was checked out (another rebase loop "
+            "finished, or a hand edit): --continue would write over it",
+            hint="`bakery rebase --abort` drops this loop and leaves the series as it is",
+        )
+    saved_root = own_path(build, f"{STATE}/series", "the saved series")
+    saved = load_series(saved_root)
+    _record(build, state, loop_tree(build, state) / saved.package)  # also with some left
+    left = conflicts_left(state, build, saved)
     if left:
+        package = loop_tree(build, state) / saved.package
+        where = [
+            f"{package / p}:{','.join(map(str, marker_lines(read_file(package, p))))}" for p in left
+        ]
         raise BakeryError(
-            f"{len(left)} file(s) still have conflict markers: {left!r}", hint=NEXT_STEP
+            f"{len(left)} file(s) still have conflict markers (file:lines): " + ", ".join(where),
+            hint=NEXT_STEP,
         )
     base_key = state["base_key"]
-    series = load_series(Path(state["series"]))
-    tree = tree_dir(build, base_key)
+    for key in (*drop, *keep):
+        if key == base_key or key not in saved.bases:
+            others = sorted(set(saved.bases) - {base_key})
+            raise UsageError(
+                f"--drop-base and --keep-base take another base of the series, not {key!r}",
+                hint=f"the other bases: {', '.join(others) or 'none'}",
+            )
+    tree = loop_tree(build, state)
     pin = Pin.parse(base_key, state["pin"], "rebase state")
     strays: list[str] = []
     edited = refresh.differing_files(
-        unpacked(pin, cache) / series.package, tree / series.package, strays
+        unpacked(pin, cache) / saved.package, tree / saved.package, strays
     )
-    _repin(series, state)
-    repinned = load_series(series.root)
+    # The new series is made in a copy of the saved one, then written all at once.
+    work = own_path(build, f"{STATE}/next", "the series being written")
+    remove_tree(work)
+    shutil.copytree(saved_root, work)
+    _repin(work, state, drop)
+    repinned = load_series(work)
     changes = refresh.plan_refresh(repinned, edited)
-    saved = load_series(build / STATE / "series")
-    remembered = {e.file: {"stage": e.stage, "summary": e.summary} for e in saved.entries}
+    remembered = {e.file: e.header() for e in saved.entries}
     refresh.write_refresh(repinned, changes, remembered=remembered)
-    rebased = load_series(series.root)
+    broken = _unbakeable(load_series(work), base_key, cache)
+    refused = {k: why for k, why in broken.items() if k not in keep}
+    if refused:  # refused before the series is written: nothing to put back
+        names = " ".join(sorted(refused))
+        raise BakeryError(
+            f"the rebased series would leave {len(refused)} other base(s) unbakeable: "
+            + "; ".join(refused.values()),
+            hint=f"choose: `bakery rebase --continue --drop-base {names}` removes it from "
+            f"series.toml, `--keep-base {names}` keeps its pin knowingly unbakeable, or "
+            "`bakery rebase --abort`",
+        )
+    writes = folder_changes(work, root, saved_root)
+    state["wrote"] |= {  # a rerun after a failed bake keeps what the first run wrote
+        name: None if data is None else hashlib.sha256(data).hexdigest()
+        for name, data in writes.items()
+    }
+    write_atomic(state_path(build), (json.dumps(state, indent=2) + "\n").encode())
+    replace_files(root, writes)  # the series is the old one or the new one, never half
+    remove_tree(work)
+    rebased = load_series(root)
     result = bake(rebased, base_key, build=build, cache=cache)
     package = result.tree / rebased.package
     lost = [p for p, (_, new) in edited.items() if read_file(package, p) != new]
@@ -331,58 +385,65 @@ def _resume(build: Path, cache: Path) -> dict:
         raise BakeryError(f"re-bake does not reproduce the fixed tree (a bug): {lost!r}")
     thirdparty = [unpacked(dep, cache) for dep in rebased.dependencies.values()]
     findings = run_linkcheck(rebased, unpacked(pin, cache), thirdparty)
-    _discard_state(build)
+    discard_state(build)
     return {
         "release": state["release"],
         "changes": [(c.action, c.file) for c in changes],
         "strays": strays,
-        "notes": state["notes"],
+        "notes": state["notes"]
+        + [f"{why} (kept: --keep-base)" for why in broken.values()]
+        + [f"[bases.{key}] removed from the series (--drop-base)" for key in drop],
         "tree": str(result.tree),
         "linkcheck": [format_finding(f) for f in findings],
     }
 
 
-def abort(build: Path) -> dict:
-    """Put the series folder and the baked tree back exactly as they were; from any
-    point a checkout or an earlier abort stopped at, so a rerun always finishes."""
+def _repin(root: Path, state: dict, drop: tuple[str, ...] = ()) -> None:
+    path = root / "series.toml"
+    doc = tomlkit.parse(path.read_text())
+    doc["bases"][state["base_key"]].update(state["pin"])
+    for key, table in state["other_bases"].items():
+        doc["bases"][key].update(table)
+    for key in drop:
+        del doc["bases"][key]
+    for name, table in state["dependencies"].items():
+        doc.setdefault("dependencies", tomlkit.table())[name] = table
+    write_atomic(path, tomlkit.dumps(doc).encode())
+
+
+def abort(build: Path, series_root: Path | None = None) -> dict:
+    """Put back the series files --continue wrote and the baked tree, as they were; from
+    any point a checkout or an earlier abort stopped at, so a rerun always finishes.
+    Nothing the loop did not write is deleted or overwritten: a file changed since
+    --continue wrote it (by a hand, or by another loop) is left as it is."""
     with build_lock(build):
-        state = _load_state(build)
-        _restore_series(Path(state["series"]), build / STATE / "series")
-        tree, saved = tree_dir(build, state["base_key"]), build / STATE / "baked"
-        if tree.exists() and _checked_out(state, build):
-            _to_trash(build, tree)
-        if saved.exists():
-            os.rename(saved, tree)
-        _discard_state(build)
+        state = load_state(build, series_root)
+        root = Path(state["series"])
+        tree = loop_tree(build, state)
+        saved_tree = own_path(build, f"{STATE}/baked", "the saved tree")
+        now = series_files(root)
+        ours = {n: h for n, h in state["wrote"].items() if now.get(n) == h}
+        saved = own_path(build, f"{STATE}/series", "the saved series")
+        if ours and not saved.is_dir():  # checked before anything moves
+            raise UnreadableInput(
+                f"the saved series {saved} is missing: cannot put back {sorted(ours)!r}",
+                hint=f"restore {root} from git, then delete {build / STATE}",
+            )
+        back: dict[str, bytes | None] = {}
+        for name in ours:
+            copy = own_path(saved, name, "a saved series file")
+            back[name] = read_bounded(copy) if copy.is_file() else None
+        if tree.exists() and checked_out(state, build):
+            try:  # a later checkout gets these fixes back; never in the way of an abort
+                _record(build, state, tree / load_series(saved).package)
+            except BakeryError:
+                pass
+        if back:
+            replace_files(root, back)
+        if tree.exists() and checked_out(state, build):
+            to_trash(build, tree)
+        if saved_tree.exists():
+            os.rename(saved_tree, tree)
+        discard_state(build)
+    state["kept"] = sorted(set(state["wrote"]) - set(ours))
     return state
-
-
-def _restore_series(root: Path, saved: Path) -> None:
-    """``root`` as ``saved`` has it: files and subfolders, nothing more."""
-    for path in root.iterdir():
-        if not (saved / path.name).exists() or path.is_dir() or path.is_symlink():
-            _remove(path)
-    for path in saved.iterdir():
-        if path.is_dir():
-            shutil.copytree(path, root / path.name)
-        else:
-            shutil.copy2(path, root / path.name)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
-
-
-def _to_trash(build: Path, path: Path) -> None:
-    trash = build / ".trash"
-    trash.mkdir(exist_ok=True)
-    os.rename(path, trash / f"{path.name}-{uuid.uuid4().hex[:12]}")
-
-
-def _discard_state(build: Path) -> None:
-    """The state (and the old tree saved in it) goes last: until then a rerun works."""
-    _to_trash(build, build / STATE)
-    empty_trash(build / ".trash")

@@ -18,6 +18,8 @@ from __future__ import annotations
 import filecmp
 import fnmatch
 import os
+import re
+import stat
 import subprocess
 from dataclasses import dataclass
 from enum import StrEnum
@@ -29,11 +31,11 @@ from bakery.bake import manifest
 from bakery.bake.bake import patched_version, pristine
 from bakery.bake.fetch import cache_dir, fetch
 from bakery.bake.wheel import patched_wheel_name, read_wheel
-from bakery.errors import BakeryError, HunkFailed, SeriesError
+from bakery.errors import BakeryError, HunkFailed, SeriesError, UnsafePathError
 from bakery.series import apply
 from bakery.series.diff import render_file_diff
-from bakery.series.series import Series
-from bakery.tree import read_file, write_atomic
+from bakery.series.series import HEADER, Series
+from bakery.tree import read_bounded, read_file, replace_files
 
 __all__ = [
     "ChangeAction",
@@ -75,13 +77,34 @@ class PatchChange:
 
 
 def _files(root: Path) -> dict[str, Path]:
+    """Every entry that is not a folder, by relative path (a symlink to a folder too: it
+    is listed, never walked into)."""
     found = {}
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
-        for name in filenames:
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        for name in filenames + links:
             full = Path(dirpath) / name
             found[full.relative_to(root).as_posix()] = full
     return found
+
+
+# A name a patch file and series.toml can carry: no control characters, no backslash.
+_UNSAFE_NAME = re.compile(r"[\x00-\x1f\x7f\\]")
+
+
+def _unpatchable(rel: str, path: Path, left: dict[str, Path]) -> str | None:
+    """Why the baked tree's entry at ``rel`` cannot become a patch (None if it can)."""
+    if _UNSAFE_NAME.search(rel):
+        return f"{rel!r}: a name with a control character or a backslash"
+    if any(other.startswith(rel + "/") for other in left):
+        return f"{rel!r}: a folder of the base is a file here"
+    mode = os.lstat(path).st_mode
+    if stat.S_ISLNK(mode):
+        return f"{rel!r}: a symlink (refresh never reads through one)"
+    if not stat.S_ISREG(mode):
+        return f"{rel!r}: not a regular file"
+    return None
 
 
 def differing_files(
@@ -95,6 +118,7 @@ def differing_files(
     # within one mtime tick of an earlier call (status, then refresh) would be missed.
     filecmp.clear_cache()
     out = {}
+    refused = []
     for rel in sorted(set(left) | set(right)):
         if "__pycache__" in rel.split("/"):
             continue  # bytecode written by imports of the baked tree
@@ -103,6 +127,13 @@ def differing_files(
                 strays.append(rel)
             continue
         a, b = left.get(rel), right.get(rel)
+        if b is None and any(other.startswith(rel + "/") for other in right):
+            refused.append(f"{rel!r}: a file of the base is a folder here")
+            continue
+        why = _unpatchable(rel, b, left) if b is not None else None
+        if why:
+            refused.append(why)
+            continue
         if a and b:
             sa, sb = a.stat(), b.stat()
             # Hard links from the pristine cache are the same inode: unchanged by construction.
@@ -110,7 +141,14 @@ def differing_files(
                 continue
             if filecmp.cmp(a, b, shallow=False):
                 continue
-        out[rel] = (a.read_bytes() if a else None, b.read_bytes() if b else None)
+        out[rel] = (a.read_bytes() if a else None, read_bounded(b) if b else None)
+    if refused:
+        raise UnsafePathError(
+            f"{baked}: {len(refused)} entr{'y' if len(refused) == 1 else 'ies'} no patch can "
+            "carry: " + "; ".join(refused[:8]) + ("; ..." if len(refused) > 8 else ""),
+            hint="put a regular file back in each place (e.g. from the base), or remove the "
+            "entry, then refresh again",
+        )
     return out
 
 
@@ -202,16 +240,13 @@ def write_refresh(
     toml_path = series.root / "series.toml"
     doc = tomlkit.parse(toml_path.read_text())
     patches = doc.setdefault("patches", tomlkit.aot())
+    writes: dict[str, bytes | None] = {}
     for change in changes:
-        target = series.root / change.file
+        writes[change.file] = change.data
         if change.action is ChangeAction.REMOVE:
-            target.unlink()
             index = next(i for i, t in enumerate(patches) if t["file"] == change.file)
             del patches[index]
-            continue
-        assert change.data is not None  # only a remove comes without bytes
-        write_atomic(target, change.data)
-        if change.action is ChangeAction.ADD:
+        elif change.action is ChangeAction.ADD:
             old = (remembered or {}).get(change.file, {})
             default_summary = f"refreshed from the baked tree: {change.paths[0]}"
             table = tomlkit.table()
@@ -220,10 +255,30 @@ def write_refresh(
                     "file": change.file,
                     "stage": stage if stage is not None else int(old.get("stage", 1)),
                     "summary": summary or str(old.get("summary") or default_summary),
+                    # The header comes back with the name (quilt keeps it with the patch).
+                    **{k: str(old[k]) for k in HEADER if old.get(k)},
                 }
             )
             patches.append(table)
-    write_atomic(toml_path, tomlkit.dumps(doc).encode())
+    writes["series.toml"] = _spaced(tomlkit.dumps(doc)).encode()
+    replace_files(series.root, writes)  # all or nothing: a fault or a kill leaves the old
+
+
+def _spaced(text: str) -> str:
+    """A blank line before each ``[[patches]]`` that follows a value line (tomlkit
+    appends tables flush against the one before)."""
+    lines = text.split("\n")
+    out: list[str] = []
+    for line in lines:
+        if (
+            line.strip() == "[[patches]]"
+            and out
+            and out[-1].strip()
+            and not out[-1].startswith("#")
+        ):
+            out.append("")
+        out.append(line)
+    return "\n".join(out)
 
 
 def record(series: Series, base_key: str, tree: Path, cache: Path | None = None) -> None:

@@ -12,7 +12,13 @@ from pathlib import Path
 
 from bakery import __version__
 from bakery.bake import manifest
-from bakery.bake.bake import pristine_edits, staleness, tree_dir
+from bakery.bake.bake import (
+    baked_wheel,
+    pristine_edits,
+    staleness,
+    superseded_wheels,
+    tree_dir,
+)
 from bakery.bake.fetch import cache_dir
 from bakery.launch import lifecycle
 from bakery.maintain import refresh
@@ -40,10 +46,33 @@ def _base(series: Series, key: str, build: Path, cache: Path, rebasing: bool) ->
     row: dict[str, object] = {"pin": str(pin.requirement), "sha256": pin.sha256, "tree": str(tree)}
     path = tree / manifest.MANIFEST
     if not path.is_file():
-        return {**row, "baked": False, "baked_series": None, "stale": [], "pending": None}
+        checkout = rebasing and tree.is_dir()  # the conflict tree: written, not baked
+        return {
+            **row,
+            "baked": False,
+            "checkout": checkout,
+            "baked_series": None,
+            "stale": [],
+            "pending": None,
+        }
     baked = manifest.load(path)
     stale = staleness(series, key, build) + pristine_edits(pin.sha256, cache)
-    row |= {"baked": True, "baked_series": baked["series"]["sha256"], "stale": stale}
+    wheel = baked_wheel(build, baked)
+    files = [p.get("file") for p in baked["patches"]]
+    ours = [e.file for e in series.entries]
+    part = len(files) < len(ours) and files == ours[: len(files)]
+    row |= {
+        # a bisect step (`bake --upto`): the series' first patches only
+        "up_to": (files[-1] if files else "none") if part else None,
+        "baked": True,
+        "baked_series": baked["series"]["sha256"],
+        "stale": stale,
+        "wheel": str(wheel) if wheel else None,
+        "wheel_present": bool(wheel and wheel.is_file()),
+        "older_wheels": [str(p) for p in superseded_wheels(wheel.parent, wheel.name, series.name)]
+        if wheel
+        else [],
+    }
     if rebasing or refresh.series_changes_since_bake(series, baked):
         return {**row, "pending": None, "why": "the tree is not a bake of this series"}
     return {**row, **_pending(series, key, tree, cache)}
@@ -52,7 +81,10 @@ def _base(series: Series, key: str, build: Path, cache: Path, rebasing: bool) ->
 def collect(series: Series, build: Path, artifacts: Path, cache: Path | None = None) -> dict:
     cache = cache or cache_dir()
     state = in_progress(build)
-    rebase = state and {"release": state["release"], "conflicts": conflicts_left(state, build)}
+    rebase = state and {
+        "release": state["release"],
+        "conflicts": conflicts_left(state, build, series),
+    }
     return {
         "tool": {"name": "bakery", "version": __version__},
         "series": {
@@ -61,6 +93,7 @@ def collect(series: Series, build: Path, artifacts: Path, cache: Path | None = N
             "sha256": series.sha256,
             "patches": len(series.entries),
         },
+        "patches": [{"file": e.file, **e.header()} for e in series.entries],
         "bases": {
             key: _base(series, key, build, cache, bool(state and state["base_key"] == key))
             for key in sorted(series.bases, key=lambda k: (k != "default", k))
@@ -77,14 +110,27 @@ def lines(status: dict) -> list[str]:
         f"bakery {status['tool']['version']}, series {s['name']} {s['sha256'][:8]} "
         f"({s['patches']} patches) at {s['root']}"
     ]
+    for patch in status.get("patches", []):
+        facts = [f"stage {patch['stage']}"]
+        facts += [f"{k} {patch[k]}" for k in ("upstream", "author") if patch.get(k)]
+        head = f"  {patch['file']} ({'; '.join(facts)}): "
+        room = max(20, 100 - len(head))
+        summary = patch["summary"]
+        out.append(head + (summary if len(summary) <= room else summary[: room - 3] + "..."))
     for key, base in status["bases"].items():
         head = f"{key} ({base['pin']}): {base['tree']}"
         if not base["baked"]:
-            out.append(f"{head}: not baked")
+            what = "the rebase's checkout (fix, then --continue)" if base.get("checkout") else ""
+            out.append(f"{head}: {what or 'not baked'}")
             continue
         verdict = "stale" if base["stale"] else "up to date"
+        if base.get("up_to"):
+            verdict = f"a bisect bake up to {base['up_to']} (`bakery bake` bakes the whole series)"
         out.append(f"{head}: baked from series {base['baked_series'][:8]}, {verdict}")
         out += [f"  stale: {problem}" for problem in base["stale"]]
+        missing = "" if base["wheel_present"] else " (missing: run `bakery bake`)"
+        out.append(f"  wheel: {base['wheel'] or 'none named in BAKED.json'}{missing}")
+        out += [f"  older wheel: {p} (`bakery clean` removes it)" for p in base["older_wheels"]]
         if base["pending"] is None:
             out.append(f"  pending edits: unknown ({base['why']})")
         else:
@@ -95,9 +141,10 @@ def lines(status: dict) -> list[str]:
         left = ", ".join(rebase["conflicts"]) or "none (run `bakery rebase --continue`)"
         out.append(f"rebase onto {rebase['release']} in progress; conflicts left: {left}")
     servers = status["servers"]
-    out += [
-        f"server {r['profile']}: {r['health']} pgid {r['pgid']} {r['url'] or ''}" for r in servers
-    ]
+    for r in servers:
+        out.append(f"server {r['profile']}: {r['health']} pgid {r['pgid']} {r['url'] or ''}")
+        if r.get("rebaked"):
+            out.append(f"  re-baked under it: {r['rebaked']} (`run.sh restart` serves it)")
     if not servers:
         out.append("servers: none running")
     return out

@@ -3,10 +3,13 @@
 Placement follows GNU patch 2.7 (``locate_hunk``/``apply_hunk``): exact line
 first, then the nearest offset searching outward (+k before -k), then fuzz,
 which drops up to N context lines from the hunk ends (the longer end first).
-Offsets carry over to the next hunk, and a hunk may not move above the last
-line the previous hunk changed. As in GNU, when the first hunk fails at fuzz
-N but its reverse places at fuzz N, the patch is refused as reversed (or
-already applied) rather than forced in at fuzz N+1. A line that lost its
+Offsets carry over to the next hunk. As GNU 2.7.6 ("don't allow hunks to overlap"), a
+hunk's search starts past the lines an earlier hunk froze (all input up to its last
+change: its leading context included, its trailing context not); when the guess itself
+lies on frozen lines, GNU's loop probes upward from below it, and a hunk found there whose
+change would fall on frozen lines fails ("misordered hunks"). As in GNU, when the first
+hunk fails at fuzz N but its reverse places at fuzz N, the patch is refused as reversed
+(or already applied) rather than forced in at fuzz N+1. A line that lost its
 newline gets one before anything follows it. Context lines come from the file, so the
 result matches GNU patch byte for byte. Beyond GNU: a CRLF file matches an LF
 diff, and added lines take the file's CRLF endings.
@@ -89,7 +92,7 @@ class _Matcher:
         prefix_fuzz = fuzz + prefix - context
         suffix_fuzz = fuzz + suffix - context
         max_where = n_input - (pat_lines - suffix_fuzz) + 1
-        min_where = frozen + 1 - (prefix - prefix_fuzz)
+        min_where = frozen + 1  # GNU 2.7.6: no overlap with an earlier hunk's frozen lines
         max_pos = max_where - first_guess
         max_neg = first_guess - min_where
         max_offset = max(max_pos, max_neg)
@@ -119,6 +122,21 @@ class _Matcher:
         # Only offsets at which one side lies inside the file can match: an absurd
         # start line must not cost one step per line of distance.
         lowest = 1 - prefix_fuzz
+        if max_neg < 0 <= max_pos:
+            # The guess lies on frozen lines. GNU's loop then starts at the negative offset
+            # guess - min_where, so its "+offset" probe walks up from 2 * guess - min_where
+            # (frozen lines included) after one probe at min_where: one increasing scan.
+            start = first_guess + max_neg
+            if prefix_fuzz >= pat_lines - suffix_fuzz:
+                # Fuzz dropped every line: GNU's first probe matches, even at line 0 or
+                # above (0 reads as "not found"; above fails as misordered).
+                return start
+            for where in (start, min_where):
+                if self.matches(where, pattern, prefix_fuzz, suffix_fuzz):
+                    return where
+            return self._scan_up(
+                max(start + 1, lowest), max_where, pattern, prefix_fuzz, suffix_fuzz
+            )
         first = max(0, lowest - first_guess, first_guess - max_where)
         last = min(max_offset, max(max_where - first_guess, first_guess - lowest))
         # Near the guess, walk GNU's order (+k before -k) one offset at a time;
@@ -148,6 +166,22 @@ class _Matcher:
                 far.append((-offset, 1, where))
         for _, _, where in sorted(far):
             if self.matches(where, pattern, prefix_fuzz, suffix_fuzz):
+                return where
+        return 0
+
+    def _scan_up(
+        self, low: int, high: int, pattern: Sequence[_Key], prefix_fuzz: int, suffix_fuzz: int
+    ) -> int:
+        """The first line in [low, high] where the pattern matches, or 0."""
+        near = min(high, low + _WALK)
+        for where in range(low, near + 1):
+            if self.matches(where, pattern, prefix_fuzz, suffix_fuzz):
+                return where
+        if near == high or prefix_fuzz >= len(pattern) - suffix_fuzz:
+            return 0
+        anchor = pattern[prefix_fuzz]
+        for where in compress(count(1 - prefix_fuzz), map(anchor.__eq__, self.keys)):
+            if near < where <= high and self.matches(where, pattern, prefix_fuzz, suffix_fuzz):
                 return where
         return 0
 
@@ -228,6 +262,28 @@ def _failure(patch_name: str, path: str, hunk: Hunk, matcher: _Matcher, guess: i
     )
 
 
+def _first_change(hunk: Hunk, where: int) -> int | None:
+    """The input line GNU copies up to before the hunk's first change (None: no change)."""
+    old_index = 0
+    for line in hunk.lines:
+        if line.kind != " ":
+            return where + old_index - 1
+        old_index += 1
+    return None
+
+
+def _misordered(patch_name: str, path: str, hunk: Hunk, where: int, frozen: int) -> HunkFailed:
+    return HunkFailed(
+        f"{patch_name}: hunk #{hunk.number} matches {path!r} at line {where}, but its change "
+        f"falls on lines 1..{frozen} that an earlier hunk already used (misordered hunks)",
+        patch=patch_name,
+        path=path,
+        hunk=hunk.number,
+        expected=where,
+        hint="the patch's hunks overlap or are out of order: regenerate it with `bakery refresh`",
+    )
+
+
 def _refuse_if_reversed(
     patch_name: str, path: str, hunk: Hunk, matcher: _Matcher, fuzz: int
 ) -> None:
@@ -255,10 +311,12 @@ def _apply_hunks(
     out: list[bytes] = []
     frozen = 0  # input lines already copied or consumed (GNU last_frozen_line)
 
-    def emit(chunk: list[bytes]) -> None:
+    def emit(chunk: list[bytes], fix: bool = True) -> None:
         # GNU's after_newline: a line that lost its newline (fuzz dropped the
-        # "\ No newline" context, or drift) gets one before anything follows it.
-        if chunk and out and not out[-1].endswith(b"\n"):
+        # "\ No newline" context, or drift) gets one before a copied line or a
+        # hunk's trailing added lines; GNU writes an added line that some context
+        # still follows as it is (``fix`` False), so it joins that line.
+        if fix and chunk and out and not out[-1].endswith(b"\n"):
             out.append(b"\n")
         out.extend(chunk)
 
@@ -290,16 +348,26 @@ def _apply_hunks(
                 continue
             raise failures[0]
         in_offset = where - hunk.first
+        first_change = _first_change(hunk, where)
+        if first_change is not None and first_change < frozen:
+            # GNU's copy_till refuses ("misordered hunks"): the hunk matched, partly on
+            # lines an earlier hunk froze, and its change would fall among them.
+            failures.append(_misordered(patch_name, file_patch.path, hunk, where, frozen))
+            if keep_going:
+                continue
+            raise failures[0]
         placements.append(Placement(hunk=hunk.number, line=where, offset=in_offset, fuzz=fuzz))
         old_index = 0  # old-side lines of this hunk consumed so far
-        for line in hunk.lines:
+        # GNU adds the lost newline only before added lines that no context follows.
+        last_context = max((i for i, ln in enumerate(hunk.lines) if ln.kind == " "), default=-1)
+        for index, line in enumerate(hunk.lines):
             if line.kind == "-":
                 copy_till(where + old_index - 1)
                 frozen += 1
                 old_index += 1
             elif line.kind == "+":
                 copy_till(where + old_index - 1)
-                emit([_added(line, crlf)])
+                emit([_added(line, crlf)], fix=index > last_context)
             else:
                 old_index += 1
     copy_till(len(lines))

@@ -63,6 +63,11 @@ class PatchDoc(Document):
     file: str
     stage: int
     summary: str
+    # The patch's header (quilt's `header`, git's message): what it does and why, who
+    # wrote it, where it stands upstream (e.g. "not submitted", a PR link, "merged in X").
+    description: str = ""
+    author: str = ""
+    upstream: str = ""
 
 
 class LinkcheckDoc(Document):
@@ -125,6 +130,11 @@ def _range_problems(doc: SeriesDoc, name: str) -> list[str]:
             )
         if not patch.summary.strip():
             problems.append(f"$.patches[{i}].summary: is empty")
+        for key in ("summary", "author", "upstream"):
+            if "\n" in getattr(patch, key) or "\0" in getattr(patch, key):
+                problems.append(f"$.patches[{i}].{key}: must be one line")
+        if "\0" in patch.description:
+            problems.append(f"$.patches[{i}].description: holds a NUL character")
     return problems
 
 
@@ -208,6 +218,20 @@ class PatchEntry:
     file: str
     summary: str
     stage: int
+    description: str = ""
+    author: str = ""
+    upstream: str = ""
+
+    def header(self) -> dict[str, str | int]:
+        """The fields refresh and rebase carry over when a patch is written again."""
+        return {
+            "stage": self.stage,
+            "summary": self.summary,
+            **{k: v for k in HEADER if (v := getattr(self, k))},
+        }
+
+
+HEADER = ("description", "author", "upstream")  # optional per-patch fields
 
 
 @dataclass(frozen=True)
@@ -228,7 +252,11 @@ class Series:
             return self.bases[key]
         except KeyError:
             known = ", ".join(sorted(self.bases))
-            raise SeriesError(f"unknown base (known: {known}): {key!r}") from None
+            raise SeriesError(
+                f"unknown base (known: {known}): {key!r}",
+                hint=f"pass one of them as `--base KEY` (the [bases.KEY] tables of "
+                f"{self.root / 'series.toml'})",
+            ) from None
 
     def patch_bytes(self, entry: PatchEntry) -> bytes:
         path = self.root / entry.file
@@ -285,7 +313,17 @@ def _entries(root: Path, docs: list[PatchDoc], where: str) -> tuple[PatchEntry, 
     for doc in docs:  # validated: file matches _PATCH_NAME, stage and summary are set
         match = _PATCH_NAME.match(doc.file)
         assert match is not None  # _range_problems refused every other name
-        entries.append(PatchEntry(int(match["number"]), doc.file, doc.summary, doc.stage))
+        entries.append(
+            PatchEntry(
+                int(match["number"]),
+                doc.file,
+                doc.summary,
+                doc.stage,
+                doc.description,
+                doc.author,
+                doc.upstream,
+            )
+        )
     numbers = [e.number for e in entries]
     if len(set(numbers)) != len(numbers):
         raise SeriesError(f"{where}: two patches share a number: {sorted(numbers)!r}")

@@ -24,7 +24,14 @@ from bakery.verify.bundle import (
 from bakery.verify.errors import BundleError, GatesError
 from bakery.verify.metrics import compare_completions, compare_teacher_forced
 
-__all__ = ["ParityGates", "load_gates", "compare_bundles", "evaluate_gates", "BOUND_GATES"]
+__all__ = [
+    "ParityGates",
+    "load_gates",
+    "compare_bundles",
+    "evaluate_gates",
+    "BOUND_GATES",
+    "FORK_GATE",
+]
 
 # The request fields that make two captures the same question. ``model`` is left
 # out on purpose: a candidate may serve a copy of the model under another path.
@@ -55,6 +62,10 @@ class ParityGates:
     min_topk_overlap_min: float | None = None
     max_tf_kl: float | None = None
     max_tf_abs_logprob_delta: float | None = None
+    # On by default: a low-margin fork is excused only where it is a near tie, each side's
+    # token in the other's top-k and the top-k lists mostly shared. Without it a candidate
+    # with every token different passed on its own small margin at step 0.
+    min_fork_topk_overlap: float | None = 0.5
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def values(self) -> dict[str, Any]:
@@ -74,16 +85,28 @@ class ParityGates:
         return replace(self, **given, sources={**self.sources, **dict.fromkeys(given, source)})
 
 
+FORK_GATE = "min_fork_topk_overlap"
+# Largest bound a max_* gate takes: above it (1.8e308, the largest float) a bound is an off
+# switch in disguise, where inf, the honest spelling, is refused; null switches a gate off.
+MAX_BOUND = 1e9
+
+
+def _gate_range(name: str) -> tuple[float, float]:
+    return (0.0, 1.0) if name.startswith("min_") else (0.0, MAX_BOUND)
+
+
 def _check_gate_value(name: str, value: Any) -> None:
     known = {f.name: f for f in fields(ParityGates) if f.name != "sources"}
     if name not in known:
         raise GatesError(f"unknown gate {name!r} (known: {', '.join(sorted(known))})")
-    if name in BOUND_GATES:
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if name in BOUND_GATES or name == FORK_GATE:
+        low, high = _gate_range(name)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        ok = number and math.isfinite(value) and low <= value <= high
+        kind = f"a finite number in {low:g}..{high:g}"
     else:
-        ok = isinstance(value, bool)
+        ok, kind = isinstance(value, bool), "true/false"
     if not ok:
-        kind = "a finite number" if name in BOUND_GATES else "true/false"
         raise GatesError(f"gate {name!r} must be {kind}, got {value!r}")
 
 
@@ -100,11 +123,13 @@ def load_gates(path: Path) -> ParityGates:
     data = load_json_object(path, "gates file", GatesError)
     hint = "write it with `bakery verify calibrate`, or give gates as flags"
     doc = decode(data, GatesFileDoc, where=f"gates file {path}", error=GatesError, hint=hint)
-    values = {k: v for k, v in doc.gates.items() if v is not None}  # null = gate off
+    values = dict(doc.gates)  # null = gate off
     problems = []
     for name, value in values.items():
         try:
-            _check_gate_value(name, value)
+            if value is None and name not in (*BOUND_GATES, FORK_GATE):
+                raise GatesError(f"gate {name!r} must be true/false, got null")
+            _check_gate_value(name, 0.0 if value is None else value)
         except GatesError as exc:
             problems.append(f"$.gates: {exc}")
     refuse(problems, where=f"gates file {path}", error=GatesError, hint=hint)
@@ -121,9 +146,27 @@ def evaluate_gates(case: Mapping[str, Any], gates: ParityGates) -> list[str]:
         if not case["first_token_mismatch_low_margin"]:
             step = case["first_token_mismatch"]["step"]
             failures.append(f"high-margin token mismatch at step {step}")
+    if not case["tokens_match"] and gates.min_fork_topk_overlap is not None and not failures:
+        failures.extend(_fork_failure(case, gates.min_fork_topk_overlap))
     for name, (key, kind) in BOUND_GATES.items():
         failures.extend(_bound_failure(name, case.get(key), getattr(gates, name), kind, key))
     return failures
+
+
+def _fork_failure(case: Mapping[str, Any], bound: float) -> list[str]:
+    """The fork is no near tie: a chosen token outside the other's top-k, or top-k lists
+    that share less than ``bound`` (or that could not be compared)."""
+    step = case["first_token_mismatch"]["step"]
+    ranks = (
+        case.get("first_token_mismatch_oracle_actual_rank"),
+        case.get("first_token_mismatch_actual_oracle_rank"),
+    )
+    if None in ranks:
+        return [f"fork at step {step}: a chosen token is not in the other side's top-k"]
+    overlap = case.get("first_token_mismatch_topk_overlap")
+    if overlap is None or not math.isfinite(overlap) or overlap < bound:
+        return [f"fork at step {step}: top-k overlap {overlap} < {FORK_GATE} {bound:g}"]
+    return []
 
 
 def _bound_failure(name: str, value: Any, bound: float | None, kind: str, key: str) -> list[str]:

@@ -5,11 +5,13 @@ positions by their maximum indexer logit (NaN propagates, the row's newest block
 is pinned to +inf), publishes its top ``topk_blocks`` blocks (-1 where the score
 is -inf), and later indexers keep only columns in those blocks before their
 token top-k. Everything here is in the request frame: column = request position,
-``ends`` = visible positions per row (0 for a padding row). Ties are canonical:
-NaN first, then higher score, then the lower id (torch.topk on CUDA picks the
-first tied index too). Under DCP a rank holds the columns it owns
-(``owner_rank``), at ``local_index``; on a DCP rank the source exchanges partial
-maxima over GLOBAL blocks.
+``ends`` = visible positions per row (0 for a padding row). Scores are ordered
+as on CUDA (``order_keys``): NaN first, then higher score, -0.0 below +0.0 (CUDA
+torch.topk and DCP1's Triton block max; CPU torch treats them as equal), ties to
+the lower id (torch.topk on CUDA picks the first tied index too). Under DCP a
+rank holds the columns it owns (``owner_rank``), at ``local_index``; on a DCP
+rank the source exchanges partial maxima over GLOBAL blocks, densely
+(``candidate_blocks_dcp``) or as local top-k and a merge (``..._sparse``).
 """
 
 from __future__ import annotations
@@ -32,18 +34,42 @@ def shard_columns(
     return logits[:, mine], local_ends.to(torch.int32)
 
 
+_LOW32 = (1 << 32) - 1
+
+
+def order_keys(scores: torch.Tensor) -> torch.Tensor:
+    """int64 keys whose order is CUDA's order of fp32 scores (NaN top, -0.0 < +0.0)."""
+    bits = scores.float().contiguous().view(torch.int32).long()
+    keys = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return torch.where(scores.isnan(), 0x7FFFFFFF, keys)
+
+
+def key_values(keys: torch.Tensor) -> torch.Tensor:
+    """``order_keys`` back to fp32 (NaN for the NaN key)."""
+    bits = torch.where(keys < 0, keys ^ 0x7FFFFFFF, keys).to(torch.int32)
+    return bits.view(torch.float32)
+
+
+def _packed(scores: torch.Tensor) -> torch.Tensor:
+    """(key, lower id first) as one int64 per column: distinct, so one order."""
+    ids = torch.arange(scores.shape[-1], dtype=torch.int64)
+    return (order_keys(scores) << 32) | (_LOW32 - ids)
+
+
 def _canonical_order(scores: torch.Tensor) -> torch.Tensor:
-    """Column order: NaN first, then descending score, ties by the lower column."""
-    return torch.sort(scores, dim=-1, descending=True, stable=True).indices
+    """Column order: NaN first, then descending score (-0.0 below +0.0), ties by the
+    lower column."""
+    return torch.sort(_packed(scores), dim=-1, descending=True).indices
 
 
 def block_maxima(logits: torch.Tensor, ends: torch.Tensor, block_size: int, nblocks: int):
-    """Per-row block maxima over visible columns (-inf for none; NaN propagates)."""
+    """Per-row block maxima over visible columns (-inf for none; NaN propagates; a
+    block holding both zeros is +0.0), in ``order_keys``' order."""
     rows, n = logits.shape
     wide = torch.full((rows, nblocks * block_size), -math.inf, dtype=torch.float32)
     visible = torch.arange(n)[None, :] < ends[:, None]
     wide[:, :n] = torch.where(visible, logits.float(), -math.inf)
-    return wide.view(rows, nblocks, block_size).amax(-1)
+    return key_values(order_keys(wide).view(rows, nblocks, block_size).amax(-1))
 
 
 def select_blocks(
@@ -97,6 +123,67 @@ def candidate_blocks_dcp(
     scores = group.all_gather(partial[None], dim=0).amax(0)
     ends = group.all_gather(local_ends[None].long(), dim=0).sum(0)
     return select_blocks(scores, ends, block_size, topk_blocks)
+
+
+def local_budget(topk_blocks: int) -> int:
+    """Entries each rank sends: one more than the budget, as the pin can displace one."""
+    return topk_blocks + 1
+
+
+def candidate_blocks_dcp_sparse(
+    group: Group,
+    local_logits: torch.Tensor,
+    local_ends: torch.Tensor,
+    topk_blocks: int,
+    block_size: int,
+    interleave: int,
+    width: int,
+) -> torch.Tensor:
+    """The candidate source on one DCP rank by the sparse merge: each rank sends its
+    top ``topk_blocks + 1`` UNPINNED partial block maxima as (score, block) and its
+    newest visible global position; every rank merges the union: the newest block
+    pinned to +inf, each block's highest copy, the top ``topk_blocks`` by the
+    canonical order. (The kernel's docstring, ``_merge_candidates``, has the
+    argument; the chain test checks it against DCP1.)"""
+    w, rank = group.world_size, group.rank_in_group
+    rows = local_logits.shape[0]
+    frame = torch.full((rows, width), -math.inf, dtype=torch.float32)
+    local = torch.arange(local_logits.shape[1])
+    pos = global_position(local, rank, w, interleave)
+    seen = local[None, :] < local_ends[:, None]
+    frame[:, pos] = torch.where(seen, local_logits.float(), -math.inf)
+    nblocks = -(-width // block_size)
+    partial = block_maxima(frame, torch.full((rows,), width), block_size, nblocks)
+    mine = _packed(partial).topk(min(local_budget(topk_blocks), nblocks), dim=-1).values
+    newest = torch.where(
+        local_ends > 0,
+        global_position(local_ends.long().clamp_min(1) - 1, rank, w, interleave),
+        -1,
+    )
+    sent = group.all_gather(torch.cat([mine, newest[:, None]], 1)[None], dim=0)
+    return merge_sparse(sent, topk_blocks, block_size, nblocks)
+
+
+def merge_sparse(sent: torch.Tensor, topk_blocks: int, block_size: int, nblocks: int):
+    """The merge of ``candidate_blocks_dcp_sparse``: ``sent`` [W, rows, m + 1]."""
+    newest = sent[:, :, -1].amax(0)
+    cand = sent[:, :, :-1].permute(1, 0, 2).reshape(sent.shape[1], -1)
+    keys, blocks = cand >> 32, _LOW32 - (cand & _LOW32)
+    pinned = torch.where(newest >= 0, newest // block_size, -1)
+    inf_key = int(order_keys(torch.tensor(math.inf)))
+    keys = torch.where(blocks == pinned[:, None], inf_key, keys)
+    out = torch.full((sent.shape[1], topk_blocks), -1, dtype=torch.int32)
+    for row in range(sent.shape[1]):
+        best: dict[int, int] = {}
+        for key, block in zip(keys[row].tolist(), blocks[row].tolist(), strict=True):
+            best[block] = max(key, best.get(block, key))
+        if pinned[row] >= 0:
+            best[int(pinned[row])] = inf_key
+        ranked = sorted(best.items(), key=lambda kb: (-kb[1], kb[0]))[: min(topk_blocks, nblocks)]
+        for j, (block, key) in enumerate(ranked):
+            if key_values(torch.tensor(key)).item() != -math.inf:
+                out[row, j] = block
+    return out
 
 
 def _block_kept(blocks: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:

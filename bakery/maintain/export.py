@@ -1,0 +1,212 @@
+"""The series as a git repository, and back (Electron keeps its patches as a branch).
+
+``export`` writes the pristine package's text sources (``*.py``, ``*.pyi`` and every file
+the series touches) under ``<package>/`` as the first commit (tag ``bakery-pristine``),
+then one commit per patch, or per DCP stage, on branch ``series``: the message is the
+patch's summary and description, its author the header's, and trailers name the patch
+(``Bakery-Patch:``), its stage and upstream status. Dates are fixed, so two exports of
+one series are the same commits. Maintainers then use git's own tools (log, blame,
+``rebase -i``, ``format-patch`` for upstream, which applies with ``-p1`` to vLLM).
+
+``import_git`` is the way back: the files HEAD changes against ``bakery-pristine``
+become the series' per-file patches (refresh's rules: a patched file keeps its patch's
+name, a new one gets the next number), and each commit with a ``Bakery-Patch:`` trailer
+gives that patch its summary, description and author back (after a reword).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+
+import tomlkit
+
+from bakery.bake.bake import unpacked
+from bakery.errors import BakeryError, UsageError
+from bakery.maintain import refresh
+from bakery.series import apply
+from bakery.series.series import Series
+from bakery.tree import inside, write_atomic
+
+__all__ = ["export", "import_git", "PRISTINE_TAG", "BRANCH"]
+
+PRISTINE_TAG = "bakery-pristine"
+BRANCH = "series"
+_DATE = "1980-01-01T00:00:00+0000"  # fixed: the same series gives the same commits
+_BOT = ("bakery", "bakery@localhost")
+_AUTHOR = re.compile(r"^(?P<name>[^<>]+?)\s*<(?P<email>[^<>\s]+)>$")
+_TRAILER = re.compile(r"^Bakery-(?P<key>Patch|Base): (?P<value>\S.*)$", re.M)
+
+
+def _git(repo: Path, *args: str, env: dict | None = None, data: bytes | None = None) -> bytes:
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(repo), *args],
+            input=data,
+            capture_output=True,
+            env={**os.environ, **(env or {})},
+            check=False,
+        )
+    except FileNotFoundError:
+        raise BakeryError("git is not installed", hint="install git to export") from None
+    if proc.returncode != 0:
+        why = proc.stderr.decode(errors="replace").strip().splitlines()
+        raise BakeryError(f"git {args[0]} failed in {repo}: {why[-1] if why else '?'}")
+    return proc.stdout
+
+
+def _commit(repo: Path, message: str, author: tuple[str, str]) -> None:
+    env = {
+        "GIT_AUTHOR_NAME": author[0],
+        "GIT_AUTHOR_EMAIL": author[1],
+        "GIT_COMMITTER_NAME": _BOT[0],
+        "GIT_COMMITTER_EMAIL": _BOT[1],
+        "GIT_AUTHOR_DATE": _DATE,
+        "GIT_COMMITTER_DATE": _DATE,
+    }
+    _git(repo, "add", "-A")
+    _git(
+        repo,
+        "commit",
+        "-q",
+        "--allow-empty",
+        "--no-verify",
+        "-F",
+        "-",
+        env=env,
+        data=message.encode(),
+    )
+
+
+def _author(text: str) -> tuple[str, str]:
+    match = _AUTHOR.match(text.strip())
+    return (match["name"], match["email"]) if match else _BOT
+
+
+def _message(entries, pin) -> str:
+    if len(entries) == 1:
+        e = entries[0]
+        body = [e.summary, "", e.description.strip()] if e.description.strip() else [e.summary]
+    else:
+        body = [f"stage {entries[0].stage}: " + "; ".join(e.file for e in entries), ""]
+        body += [f"{e.file}: {e.summary}" for e in entries]
+    trailers = [f"Bakery-Patch: {e.file}" for e in entries]
+    trailers += [f"Bakery-Stage: {entries[0].stage}"] if len(entries) == 1 else []
+    trailers += [f"Bakery-Upstream: {e.upstream}" for e in entries if e.upstream]
+    trailers.append(f"Bakery-Base: {pin.requirement} {pin.sha256}")
+    return "\n".join([*body, "", *trailers]) + "\n"
+
+
+def export(series: Series, base_key: str, out: Path, by_stage: bool = False) -> list[str]:
+    """Write the git repository; returns one line per commit."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(
+            f"--git folder exists and is not empty: {str(out)!r}", hint="name a new folder"
+        )
+    pin = series.base(base_key)
+    package = unpacked(pin) / series.package
+    plan = apply.plan(package, series.patches, max_fuzz=series.max_fuzz)
+    out.mkdir(parents=True, exist_ok=True)
+    _git(out, "init", "-q", "-b", BRANCH)
+    wanted = set(series.touched)
+    for dirpath, _, names in os.walk(package):
+        for name in names:
+            rel = (Path(dirpath) / name).relative_to(package).as_posix()
+            if name.endswith((".py", ".pyi")) or rel in wanted:
+                write_atomic(out / series.package / rel, (package / rel).read_bytes())
+    _commit(
+        out, f"{pin.requirement} (pristine)\n\nBakery-Base: {pin.requirement} {pin.sha256}\n", _BOT
+    )
+    _git(out, "tag", PRISTINE_TAG)
+    groups: dict[int | str, list] = defaultdict(list)
+    for entry in series.entries:
+        groups[entry.stage if by_stage else entry.file].append(entry)
+    owners = {p.name: p.paths for p in series.patches}
+    shown = []
+    for key in sorted(groups, key=str) if by_stage else list(groups):
+        entries = groups[key]
+        for entry in entries:
+            for rel in owners[entry.file]:
+                target = out / series.package / rel
+                after = plan.after[rel]
+                if after is None:
+                    target.unlink(missing_ok=True)
+                else:
+                    write_atomic(target, after, plan.modes.get(rel))
+        author = _author(entries[0].author) if len(entries) == 1 else _BOT
+        _commit(out, _message(entries, pin), author)
+        shown.append(_message(entries, pin).splitlines()[0])
+    return shown
+
+
+def _trailers(message: str) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = defaultdict(list)
+    for m in _TRAILER.finditer(message):
+        found[m["key"]].append(m["value"].strip())
+    return found
+
+
+def import_git(series: Series, base_key: str, repo: Path, yes: bool = False) -> list[str]:
+    """Write the series from the repository's HEAD; returns one line per change."""
+    if not (repo / ".git").exists():
+        raise UsageError(f"not a git repository: {str(repo)!r}", hint="`bakery export --git DIR`")
+    pin = series.base(base_key)
+    first = _git(repo, "log", "-1", "--format=%B", PRISTINE_TAG).decode()
+    if f"{pin.requirement} {pin.sha256}" not in _trailers(first).get("Base", []):
+        raise UsageError(
+            f"{repo}'s {PRISTINE_TAG} is not the {base_key} base {pin.requirement}",
+            hint="export again with `bakery export --git DIR --base KEY` for the base you import",
+        )
+    if _git(repo, "status", "--porcelain").strip():
+        raise UsageError(f"{repo} has uncommitted changes", hint="commit or stash them first")
+    prefix = series.package + "/"
+    listing = _git(repo, "diff", "--name-only", "-z", "--no-renames", PRISTINE_TAG, "HEAD")
+    package = unpacked(pin) / series.package
+    differing: dict[str, tuple[bytes | None, bytes | None]] = {}
+    for name in filter(None, listing.decode("utf-8", "surrogateescape").split("\0")):
+        if not name.startswith(prefix):
+            raise UsageError(f"HEAD changes a file outside {prefix}: {name!r}")
+        rel = name[len(prefix) :]
+        before = inside(package, rel).read_bytes() if inside(package, rel).is_file() else None
+        present = _git(repo, "ls-tree", "--name-only", "HEAD", "--", name).strip()
+        after = _git(repo, "show", f"HEAD:{name}") if present else None
+        differing[rel] = (before, after)
+    changes = refresh.plan_refresh(series, differing)
+    removed = [c.file for c in changes if c.action == "remove"]
+    if removed and not yes:
+        raise UsageError(
+            f"would remove {len(removed)} patch(es) (pass --yes): " + ", ".join(removed)
+        )
+    refresh.write_refresh(series, changes, remembered=refresh.remembered_entries(series))
+    return [f"{c.action}: {c.file}" for c in changes] + _headers_back(series, repo)
+
+
+def _headers_back(series: Series, repo: Path) -> list[str]:
+    """Each commit naming one patch gives it its subject, body and author back."""
+    log = _git(repo, "log", "--reverse", "--format=%an <%ae>%x00%B%x01", f"{PRISTINE_TAG}..HEAD")
+    path = series.root / "series.toml"
+    doc = tomlkit.parse(path.read_text())
+    tables = {str(t["file"]): t for t in doc.get("patches", [])}
+    lines = []
+    for record in filter(str.strip, log.decode(errors="replace").split("\x01")):
+        author, _, message = record.strip("\n").partition("\x00")
+        named = _trailers(message).get("Patch", [])
+        if len(named) != 1 or named[0] not in tables:
+            continue
+        text = _TRAILER.sub("", re.sub(r"^Bakery-(Stage|Upstream): .*$", "", message, flags=re.M))
+        subject, _, body = text.strip().partition("\n")
+        table = tables[named[0]]
+        new = {
+            "summary": subject.strip(),
+            "description": body.strip(),
+            "author": author if author != f"{_BOT[0]} <{_BOT[1]}>" else "",
+        }
+        for key, value in new.items():
+            if value and str(table.get(key, "")).strip() != value:
+                table[key] = tomlkit.string(value, multiline="\n" in value)
+                lines.append(f"header: {named[0]}: {key}")
+    write_atomic(path, tomlkit.dumps(doc).encode())
+    return lines

@@ -1,0 +1,64 @@
+"""Bake up to patch N (quilt's push N) and `bakery bisect` (git bisect run) on the
+synthetic series (tests/_synthetic_release.py): 01 adds a2() to a.py, 02 changes b.py's
+LIMIT, 03 changes c.py's D. What a step baked is read from the tree's files directly."""
+
+import os
+import sys
+
+from tests._synthetic_release import OLD, PATCHED, make_loop
+from tests.conftest import run_cli
+
+
+def bisect(tmp_path, *command):
+    """`bakery bisect` with the loop's series, build and cache before the `--`."""
+    where = ["--series", str(tmp_path / "series"), "--build", str(tmp_path / "build")]
+    env = {"BAKERY_CACHE": str(tmp_path / "cache")}
+    return run_cli("bisect", *where, "--", *command, env=env)
+
+
+def test_bake_upto_bakes_the_first_patches_only_and_no_wheel(tmp_path):
+    series, build, cli, _, _ = make_loop(tmp_path)
+    package = build / "baked" / "vllm"
+    wheels = sorted(os.listdir(build / "dist"))
+    proc = cli("bake", "--upto", "02")
+    assert proc.returncode == 0, proc.stderr
+    assert "with 2 of 3 patch(es) (up to 02-b.py.diff); no wheel" in proc.stdout
+    assert (package / "a.py").read_bytes() == PATCHED["a.py"]
+    assert (package / "b.py").read_bytes() == PATCHED["b.py"]
+    assert (package / "c.py").read_bytes() == OLD["c.py"]  # 03 not applied
+    assert sorted(os.listdir(build / "dist")) == wheels  # the real wheel stays
+    status = cli("status").stdout
+    assert "a bisect bake up to 02-b.py.diff" in status
+    assert cli("bake", "--check").returncode == 1  # not the series' bake
+    refused = cli("refresh")  # a refresh would drop 03: refused
+    assert refused.returncode == 1 and "added: 03-c.py.diff" in refused.stderr
+    assert cli("bake", "--upto", "0").returncode == 0
+    assert all((package / f).read_bytes() == OLD[f] for f in OLD)
+    assert cli("bake", "--upto", "03-c.py.diff").returncode == 0  # all three: the series' tree
+    assert cli("bake", "--check").returncode == 0
+    bad = cli("bake", "--upto", "7")
+    assert bad.returncode == 2 and "not a patch of series t" in bad.stderr
+
+
+def test_bisect_finds_the_first_bad_patch_and_bakes_the_series_again(tmp_path):
+    series, build, cli, _, _ = make_loop(tmp_path)
+    tree_b = build / "baked" / "vllm" / "b.py"
+    # "The test": fails once b.py carries the dcp limit (patch 02).
+    check = f"import sys; sys.exit('# dcp' in open({str(tree_b)!r}).read())"
+    proc = bisect(tmp_path, sys.executable, "-c", check)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "first bad patch: 02-b.py.diff (stage 3): patch 2" in proc.stdout
+    steps = [line for line in proc.stdout.splitlines() if line.startswith("bisect: ")]
+    assert steps[0] == "bisect: 3 of 3 patch(es) (up to 03-c.py.diff): bad (exit 1)"
+    assert steps[1] == "bisect: 0 of 3 patch(es) (up to none): good"
+    assert cli("bake", "--check").returncode == 0  # the whole series, wheel and all
+
+
+def test_bisect_says_when_there_is_nothing_to_find(tmp_path):
+    _, _, cli, _, _ = make_loop(tmp_path)
+    passing = bisect(tmp_path, sys.executable, "-c", "pass")
+    assert passing.returncode == 1 and "the whole series passes" in passing.stdout
+    failing = bisect(tmp_path, sys.executable, "-c", "raise SystemExit(3)")
+    assert failing.returncode == 1
+    assert "error: COMMAND fails with 0 patch(es) too (--good 0)" in failing.stderr
+    assert cli("bake", "--check").returncode == 0

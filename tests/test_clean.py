@@ -1,0 +1,99 @@
+"""`bakery clean`: old wheels, reports and trash out of the build folder; `--cache` drops
+what no pin wants; `--all` the whole build output. Synthetic wheels in a private cache
+(tests/_synthetic_release.py), so the shared cache is never touched. What is left is read
+from the file system (os.listdir, os.path), not through the code under test."""
+
+import json
+import os
+import tomllib
+
+from tests._synthetic_release import make_loop
+
+OLD_WHEEL = "vllm-0.1.0+t.00000000-cp38-abi3-manylinux_2_28_x86_64.whl"
+FOREIGN = "vllm-0.1.0+other.0123abcd-cp38-abi3-manylinux_2_28_x86_64.whl"
+
+
+def listing(root) -> set[str]:
+    out = set()
+    for dirpath, dirnames, names in os.walk(root):
+        for name in names + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            out.add(os.path.relpath(os.path.join(dirpath, name), root))
+    return out
+
+
+def setup(tmp_path):
+    series, build, cli, new, clean_pins = make_loop(tmp_path)
+    assert cli("bake", "--base", "cpu").returncode == 0
+    dist = build / "dist"
+    current = sorted(os.listdir(dist))
+    (dist / OLD_WHEEL).write_bytes(b"an older bake's wheel")
+    (dist / FOREIGN).write_bytes(b"another series' wheel")
+    outside = tmp_path / "outside.whl"
+    outside.write_bytes(b"not ours")
+    (dist / "vllm-0.1.0+t.11111111-cp38-abi3-manylinux_2_28_x86_64.whl").symlink_to(outside)
+    assert cli("rebase", "--to", "vllm==0.1.1").returncode == 0  # build/rebase/vllm-0.1.1
+    (build / ".trash").mkdir(exist_ok=True)
+    (build / ".trash" / "old-tree").write_text("x")
+    return series, build, cli, current, outside
+
+
+def test_clean_removes_old_wheels_reports_and_trash_only(tmp_path):
+    series, build, cli, current, outside = setup(tmp_path)
+    before = listing(build)
+    dry = cli("clean", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert f"would remove: {build / 'dist' / OLD_WHEEL}" in dry.stdout
+    assert f"would remove: {build / 'rebase'}" in dry.stdout
+    assert f"would remove: {build / '.trash'}" in dry.stdout
+    assert dry.stdout.count("would remove: ") == 3
+    assert listing(build) == before  # a dry run removes nothing
+    proc = cli("clean")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("removed: ") == 3 and "clean: 3 item(s)" in proc.stdout
+    assert sorted(os.listdir(build / "dist")) == sorted(
+        [*current, FOREIGN, "vllm-0.1.0+t.11111111-cp38-abi3-manylinux_2_28_x86_64.whl"]
+    )
+    assert outside.read_bytes() == b"not ours"  # a symlink is never followed or removed
+    assert not (build / "rebase").exists() and not (build / ".trash").exists()
+    assert cli("bake", "--check").returncode == 0
+    assert cli("bake", "--check", "--base", "cpu").returncode == 0
+
+
+def test_clean_cache_keeps_what_the_pins_bakes_and_a_rebase_want(tmp_path):
+    series, build, cli, _, _ = setup(tmp_path)
+    cache = tmp_path / "cache"
+    pins = tomllib.loads((series / "series.toml").read_text())
+    wanted = {pins["bases"][k]["sha256"] for k in ("default", "cpu")}
+    assert set(os.listdir(cache / "wheels")) > wanted  # 0.2.0 and 0.1.1 are there too
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("mine")
+    (cache / "wheels" / ("f" * 64)).symlink_to(elsewhere)
+    index = (cache / "index.json").read_bytes()
+
+    # During a rebase, its pins stay too, and --all is refused.
+    assert cli("rebase", "--to", "vllm==0.2.0", "--checkout").returncode == 1
+    state = json.loads((build / ".rebase" / "state.json").read_text())
+    assert cli("clean", "--cache").returncode == 0
+    assert state["pin"]["sha256"] in os.listdir(cache / "wheels")
+    refused = cli("clean", "--all")
+    assert refused.returncode == 2 and "a rebase onto vllm==0.2.0 is in progress" in refused.stderr
+    assert cli("rebase", "--abort").returncode == 0
+
+    proc = cli("clean", "--cache")
+    assert proc.returncode == 0, proc.stderr
+    assert set(os.listdir(cache / "wheels")) == wanted | {"f" * 64}
+    assert {n[:64] for n in os.listdir(cache / "pristine")} <= wanted
+    assert (elsewhere / "keep.txt").read_text() == "mine"
+    assert (cache / "index.json").read_bytes() == index  # the trust record stays
+    assert cli("bake", "--check").returncode == 0
+    assert cli("bake").returncode == 0  # and a bake needs no download
+
+
+def test_clean_all_leaves_an_empty_build_folder_that_bakes_again(tmp_path):
+    series, build, cli, _, _ = setup(tmp_path)
+    proc = cli("clean", "--all")
+    assert proc.returncode == 0, proc.stderr
+    assert os.listdir(build) in ([], [".bake.lock"])
+    assert cli("bake").returncode == 0
+    assert cli("bake", "--check").returncode == 0

