@@ -17,12 +17,15 @@ kernels with no CPU implementation are torch stand-ins (tests/emulate checks eac
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from _launch_support import REPO, free_port, run_sh
-from _planting import bake_planted
+from _planting import plant
 
+from bakery.bake.bake import bake
+from bakery.series.series import load_series
 from bakery.verify import tiny_v41
 
 pytestmark = pytest.mark.slow
@@ -32,13 +35,21 @@ CANDIDATES = ("v41-dcp2-ag_rs", "v41-dcp2-a2a", "v41-dcp2-s9-gather")
 P01 = "01-model_executor_kernels_attention_dsa_candidate_blocks.py.diff"
 P06 = "06-model_executor_layers_sparse_attn_indexer.py.diff"
 P09 = "09-models_deepseek_v4_1_nvidia_flashinfer_sparse.py.diff"
+# plant -> the '+' lines it rewrites (patch, correct text, planted text)
 PLANTS = {
-    # patch 09: every rank takes the next rank's tokens as its own
-    "owner": (P09, None, None),
+    # patch 09: each rank converts the indexer's global ids as if it were the next rank
+    "owner": [
+        (P09, "dcp_rank=self.dcp_rank,", "dcp_rank=(self.dcp_rank + 1) % self.dcp_world_size,")
+    ],
     # patch 01: the consumer takes its local column for the global block
-    "local_block_as_global": (P01, "block = pos // BLOCK_SIZE", "block = (cols - start) // BLOCK_SIZE"),
-    # patch 06: the source layer's all-reduce(max) of block keys never happens
-    "exchange_skipped": (P06, None, None),
+    "local_block_as_global": [
+        (P01, "block = pos // BLOCK_SIZE", "block = (cols - start) // BLOCK_SIZE")
+    ],
+    # patch 06: the source layer publishes its own blocks only (both exchanges skipped)
+    "exchange_skipped": [
+        (P06, "_dcp_all_reduce_max,", "lambda keys: None,"),
+        (P06, "_dcp_all_gather,", "lambda x: torch.stack([x] * dcp_world_size),"),
+    ],
 }
 
 
@@ -51,7 +62,9 @@ def localized(path: Path, model: Path, port: int, only: str | None = None) -> Pa
         entries = [e for e in entries if f'name = "{only}"' in e]
     flags = f'model = "{model}", port = {port}'
     head = head.replace("FLAGS", f"flags = {{ {flags} }}")
-    body = "".join("[[candidates]]" + e.replace("flags = { ", f"flags = {{ {flags}, ") for e in entries)
+    body = "".join(
+        "[[candidates]]" + e.replace("flags = { ", f"flags = {{ {flags}, ") for e in entries
+    )
     path.write_text(head + body)
     return path
 
@@ -88,3 +101,27 @@ def test_the_v41_matrix_passes_and_exercises_the_indexer_and_candidates(matrix_r
         assert len(report["cases"]) == 4
         assert all(case["tokens_match"] for case in report["cases"].values()), name
     assert "indexer calls / masked positions" in (matrix_run / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("name", sorted(PLANTS))
+def test_a_planted_series_bug_fails_the_v41_matrix(name, matrix_run, model, cache, tmp_path):
+    series = tmp_path / "dcp2"
+    shutil.copytree(REPO / "patches" / "dcp2", series)
+    for patch, old, new in PLANTS[name]:
+        plant(series, patch, old, new)
+    tree = bake(load_series(series), "cpu", build=tmp_path / "build", cache=cache).tree
+    out = tmp_path / "m"
+    run = run_sh(
+        "matrix", "--matrix",
+        str(localized(tmp_path / "m.toml", model, free_port(), only="v41-dcp2-a2a")),
+        "--baseline", str(matrix_run / "bundles" / "v41-dcp1"), "--series", str(series),
+        "--out", str(out), "--build", str(tree.parent), "--artifacts", str(tmp_path / "art"),
+        "--grace", "15", timeout=1500,
+    )
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-6000:]
+    assert "parity failed for 1 candidate(s): ['v41-dcp2-a2a']" in run.stderr
+    (row,) = json.loads((out / "summary.json").read_text())["candidates"]
+    first = row["first_divergence"]
+    assert first is not None and first["case"] in row["failing_cases"], row
+    report = (out / "reports" / "v41-dcp2-a2a.md").read_text()
+    assert "First divergence" in report or first["gate_failures"], report[:2000]

@@ -266,3 +266,28 @@ def _swa_indices(module):
     from bakery_emulate import swa_indices
 
     module._COMPUTE_SWA_INDICES_AND_LENS_KERNEL = swa_indices.SWAIndicesAndLens()
+
+
+@after("vllm.model_executor.kernels.attention.dsa.candidate_blocks")
+def _candidate_blocks(module):
+    # DCP1's candidate selection and mask guard on `logits.is_cuda`; everything below
+    # the guard is torch and Triton, so the same code runs with the guard removed.
+    for name in ("select_candidate_blocks", "apply_candidate_mask"):
+        _drop_line(module, name, "assert logits.is_cuda")
+
+
+def _drop_line(module, name: str, line: str) -> None:
+    """Recompile ``module.name`` from its source without the one line ``line``."""
+    import inspect
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(getattr(module, name)))
+    lines = source.splitlines(keepends=True)
+    hits = [i for i, text in enumerate(lines) if text.strip() == line]
+    if len(hits) != 1:
+        raise RuntimeError(f"bakery_emulate: {name} no longer has one {line!r}")
+    del lines[hits[0]]
+    code = compile("".join(lines), inspect.getsourcefile(module), "exec")
+    namespace: dict = {}
+    exec(code, module.__dict__, namespace)
+    setattr(module, name, namespace[name])
