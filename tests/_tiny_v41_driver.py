@@ -53,6 +53,7 @@ def coverage(folder: Path) -> dict:
     with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
         names = sorted(handle.keys())
         tensors = {name: handle.get_tensor(name) for name in names}
+    dtypes = {name: str(t.dtype).removeprefix("torch.") for name, t in tensors.items()}
     cases = {
         "honest": tensors,
         "dropped_bias": {k: v for k, v in tensors.items() if k != DROPPED_BIAS},
@@ -62,6 +63,7 @@ def coverage(folder: Path) -> dict:
     report = {case: loader_coverage(model, iter(ws.items())) for case, ws in cases.items()}
     report["params"] = sorted(n for n, _ in model.named_parameters())
     report["checkpoint"] = names
+    report["dtypes"] = dtypes
     return report
 
 

@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import re
 import subprocess
 import sys
 from dataclasses import asdict
@@ -192,9 +193,14 @@ def test_vllm_loader_takes_every_checkpoint_tensor(fast_folder):
         len(report["checkpoint"])
         == json.loads((fast_folder / tiny_v41.MARKER).read_text())["tensors"]
     )
-    # Every parameter has a checkpoint source, and every fp32 one is stored fp32 (config read
-    # by the driver's independent safetensors reader in the honest case above).
-    assert any(p.endswith("e_score_correction_bias") for p in report["params"])
+    # bf16 throughout, fp32 exactly where vLLM declares fp32 parameters (read back by the
+    # driver with safetensors, not by the builder): mHC, the sinks, the correction bias, image_*.
+    fp32 = re.compile(r"\.(hc_(attn|ffn)_(fn|base|scale)|attn\.attn_sink|ffn\.gate\.bias)$|^image_")
+    dtypes = report["dtypes"]
+    assert {n for n, d in dtypes.items() if d == "float32"} == {n for n in dtypes if fp32.search(n)}
+    assert set(dtypes.values()) == {"bfloat16", "float32"}
+    assert sum(d == "float32" for d in dtypes.values()) == 8 * 8 + 3
+    assert sum(n.startswith("layers.0.ffn.experts.") for n in dtypes) == 64 * 3
     # The planted faults: each is caught, by the check that should catch it.
     bias = "language_model.model.layers.3.ffn.gate.e_score_correction_bias"
     assert report["dropped_bias"]["missing"] == [bias]
