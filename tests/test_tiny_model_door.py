@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
 from bakery.cli.boundary import run_command
-from bakery.verify import tiny_model
+from bakery.verify import tiny_model, tiny_v41
 from tests.conftest import REPO, run_tool
 
 
@@ -26,7 +27,12 @@ def door(monkeypatch, tmp_path):
         built.append(Path(out))
         return Path(out)
 
+    def fake_v41(out, spec):
+        built.append((Path(out), spec.name))
+        return Path(out)
+
     monkeypatch.setattr(tiny_model, "build", fake_build)
+    monkeypatch.setattr(tiny_v41, "build", fake_v41)
     monkeypatch.chdir(tmp_path)
     return module.tiny, built
 
@@ -44,10 +50,29 @@ def test_the_door_builds_only_what_is_missing_unless_forced(door, tmp_path, caps
     assert built == [ready, tiny_model.DEFAULT_DIR]
 
 
+def test_the_v41_door_builds_the_named_spec_only_when_missing(door, tmp_path, capsys):
+    command, built = door
+    assert run_command(command, ["--v41", "released"], "tiny") == 0
+    assert built == [(tiny_v41.DEFAULT_DIRS["released"], "released")]
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    spec = tiny_v41.SPECS["fast"]
+    note = {"spec": {f: getattr(spec, f) for f in spec.__dataclass_fields__}}
+    (ready / tiny_v41.MARKER).write_text(json.dumps(note))
+    assert run_command(command, [str(ready), "--v41", "fast"], "tiny") == 0
+    assert len(built) == 1 and capsys.readouterr().out.endswith(f"tiny model: {ready}\n")
+    # a Llama marker (another spec) or --force rebuilds; the Llama door is unchanged
+    assert run_command(command, [str(ready), "--v41", "released"], "tiny") == 0
+    assert run_command(command, [str(ready), "--v41", "fast", "--force"], "tiny") == 0
+    assert built[1:] == [(ready, "released"), (ready, "fast")]
+    assert run_command(command, [str(ready)], "tiny") == 0  # no Llama marker: builds one
+    assert built[3:] == [ready]
+
+
 def test_the_door_refuses_bad_usage_with_exit_2(tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("")
-    for args in (["--bogus"], ["a", "b"], [str(afile)]):
+    for args in (["--bogus"], ["a", "b"], [str(afile)], ["--v41", "huge"], ["--v41"]):
         proc = run_tool("tiny_model.py", *args)
         assert proc.returncode == 2, (args, proc.stderr)
         assert "Traceback" not in proc.stderr

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Build the tiny random Llama used by the smoke test (a door onto bakery.verify.tiny_model).
+"""Build the tiny random models the tests serve (a door onto bakery.verify.tiny_model and
+bakery.verify.tiny_v41).
 
-usage: tools/tiny_model.py [OUT_DIR] [--force]    (default OUT_DIR: build/tiny-llama)
+usage: tools/tiny_model.py [OUT_DIR] [--force] [--v41 fast|released]
+  default OUT_DIR: build/tiny-llama, or build/tiny-v41-NAME with --v41
 """
 
 import sys
@@ -11,22 +13,30 @@ import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bakery import project  # noqa: E402
 from bakery.cli.boundary import run_command  # noqa: E402
-from bakery.cli.options import under_root  # noqa: E402
-from bakery.verify import tiny_model  # noqa: E402
+from bakery.verify import tiny_model, tiny_v41  # noqa: E402
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument(
-    "out_dir",
-    required=False,
-    type=click.Path(file_okay=False, path_type=Path),
-    callback=under_root(tiny_model.DEFAULT_DIR),
-)
+@click.argument("out_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--force", is_flag=True, help="Rebuild it even when a complete one is there.")
-def tiny(out_dir: Path, force: bool) -> None:
-    """Build the tiny random Llama in OUT_DIR [default: build/tiny-llama], once."""
-    path = tiny_model.build(out_dir) if force else tiny_model.ensure(out_dir)
+@click.option(
+    "--v41",
+    type=click.Choice(sorted(tiny_v41.SPECS)),
+    help="A tiny random DeepSeek-V4.1 instead of the Llama: 'fast' (CI index and candidate "
+    "settings) or 'released' (the released ones; slow to serve).",
+)
+def tiny(out_dir: Path | None, force: bool, v41: str | None) -> None:
+    """Build a tiny random model in OUT_DIR [default: build/tiny-llama, or
+    build/tiny-v41-NAME with --v41], once."""
+    if v41 is None:
+        out = out_dir or project.root() / tiny_model.DEFAULT_DIR
+        path = tiny_model.build(out) if force else tiny_model.ensure(out)
+    else:
+        spec = tiny_v41.SPECS[v41]
+        out = out_dir or project.root() / tiny_v41.DEFAULT_DIRS[v41]
+        path = tiny_v41.build(out, spec) if force else tiny_v41.ensure(out, spec)
     click.echo(f"tiny model: {path}")
 
 
