@@ -35,7 +35,8 @@ def test_fast_and_released_differ_only_in_index_and_candidate_settings():
     released = tiny_v41.config(tiny_v41.SPECS["released"])
     ft, rt = fast["text_config"], released["text_config"]
     assert {k for k in ft if ft[k] != rt[k]} == {"index_topk", "candidate_topk_blocks"}
-    assert (ft["index_topk"], ft["candidate_topk_blocks"], ft["candidate_block_size"]) == (64, 8, 8)
+    fast_index = (ft["index_topk"], ft["candidate_topk_blocks"], ft["candidate_block_size"])
+    assert fast_index == (128, 8, 8)
     assert (rt["index_topk"], rt["candidate_topk_blocks"], rt["candidate_block_size"]) == (
         512,
         2048,

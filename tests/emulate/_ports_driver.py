@@ -21,7 +21,6 @@ import bakery_emulate.hooks  # noqa: E402
 bakery_emulate.hooks.install()
 
 import torch  # noqa: E402
-
 from bakery_emulate import (  # noqa: E402
     cache_insert,
     dcp_combine,
@@ -115,35 +114,38 @@ def correct_attn_out() -> None:
 
 
 def a2a() -> None:
+    for dtype in (torch.bfloat16, torch.float32):
+        _a2a_case(dtype)
+
+
+def _a2a_case(dtype) -> None:
     dcp = importlib.import_module("vllm.v1.attention.ops.dcp")
     gen = torch.Generator().manual_seed(2)
     n, b, h, d = 2, 5, 4, 512
-    for dtype in (torch.bfloat16, torch.float32):
-        out = torch.randn(b, h, d, generator=gen).to(dtype)
-        lse = torch.randn(b, h, generator=gen) * 2
-        pack = dcp._dcp_a2a_lse_pack_dim(dtype)
-        seq_lens, qsl = torch.tensor([3, 0]), torch.tensor([0, 3, 5])  # request 2: empty shard
+    out = torch.randn(b, h, d, generator=gen).to(dtype)
+    lse = torch.randn(b, h, generator=gen) * 2
+    pack = dcp._dcp_a2a_lse_pack_dim(dtype)
+    seq_lens, qsl = torch.tensor([3, 0]), torch.tensor([0, 3, 5])  # request 2: empty shard
 
-        def packed(fn):
-            buf = torch.zeros(n, b, h // n, d + pack, dtype=dtype)
-            fn(out, lse, buf, n, h // n, d, pack, seq_lens=seq_lens, query_start_loc=qsl)
-            return buf.view(torch.int16) if dtype == torch.bfloat16 else buf
-
-        def planted_pack(o, l_, buf, *args, **kwargs):  # the empty-shard mask dropped
-            dcp_combine.pack_send(o, l_, buf, *args)
-
-        name = str(dtype).removeprefix("torch.")
-        check(f"a2a_pack[{name}]", lambda: packed(dcp._dcp_a2a_pack_send),
-              lambda: packed(dcp_combine.pack_send), lambda: packed(planted_pack))
+    def packed(fn):
         buf = torch.zeros(n, b, h // n, d + pack, dtype=dtype)
-        dcp._dcp_a2a_pack_send(out, lse, buf, n, h // n, d, pack)
+        fn(out, lse, buf, n, h // n, d, pack, seq_lens=seq_lens, query_start_loc=qsl)
+        return buf.view(torch.int16) if dtype == torch.bfloat16 else buf
 
-        def planted_unpack(*args):  # base e where the LSE is base 2
-            return dcp_combine.unpack_combine(buf, d, pack, True, True)
+    def planted_pack(o, l_, buf, *args, **kwargs):  # the empty-shard mask dropped
+        dcp_combine.pack_send(o, l_, buf, *args)
 
-        check(f"a2a_unpack[{name}]",
-              lambda: dcp._dcp_a2a_unpack_combine(buf, d, pack, True, False),
-              lambda: dcp_combine.unpack_combine(buf, d, pack, True, False), planted_unpack)
+    name = str(dtype).removeprefix("torch.")
+    check(f"a2a_pack[{name}]", lambda: packed(dcp._dcp_a2a_pack_send),
+          lambda: packed(dcp_combine.pack_send), lambda: packed(planted_pack))
+    buf = torch.zeros(n, b, h // n, d + pack, dtype=dtype)
+    dcp._dcp_a2a_pack_send(out, lse, buf, n, h // n, d, pack)
+    check(
+        f"a2a_unpack[{name}]",
+        lambda: dcp._dcp_a2a_unpack_combine(buf, d, pack, True, False),
+        lambda: dcp_combine.unpack_combine(buf, d, pack, True, False),
+        lambda: dcp_combine.unpack_combine(buf, d, pack, True, True),  # base e, not 2
+    )
 
 
 def inverse_rope() -> None:
@@ -189,13 +191,15 @@ def index_remap_check() -> None:
                 return_valid_counts=True)
 
         planted = (lambda: run(Planted())) if w > 1 else (lambda: run(_OffByOne()))
-        check(f"index_remap[w{w}r{rank}i{il}]", lambda: run(su.ConvertReqIndexToGlobalIndexKernel()),
+        check(f"index_remap[w{w}r{rank}i{il}]",
+              lambda: run(su.ConvertReqIndexToGlobalIndexKernel()),
               lambda: run(index_remap.RemapIndex()), planted)
 
 
 class _OffByOne(index_remap.RemapIndex):  # the in-block offset shifted by one
     def __call__(self, *args, **kwargs):
-        super().__call__(*args, **{**kwargs, "BLOCK_STRIDE_ROWS": kwargs["BLOCK_STRIDE_ROWS"] + 1})
+        stride = kwargs["BLOCK_STRIDE_ROWS"] + 1
+        super().__call__(*args, **{**kwargs, "BLOCK_STRIDE_ROWS": stride})
 
 
 def qkv_rmsnorm() -> None:
@@ -203,10 +207,12 @@ def qkv_rmsnorm() -> None:
     gen = torch.Generator().manual_seed(5)
     x = (torch.randn(7, 640, generator=gen) * 3).to(torch.bfloat16)
     q, kv = x[:, :128], x[:, 128:]
-    qw, kw_ = torch.randn(128, generator=gen).to(torch.bfloat16), torch.randn(512, generator=gen).to(torch.bfloat16)
+    qw = torch.randn(128, generator=gen).to(torch.bfloat16)
+    kw_ = torch.randn(512, generator=gen).to(torch.bfloat16)
 
     def run(kernel, eps=1e-20):
-        qo, ko = torch.empty(7, 128, dtype=torch.bfloat16), torch.empty(7, 512, dtype=torch.bfloat16)
+        qo = torch.empty(7, 128, dtype=torch.bfloat16)
+        ko = torch.empty(7, 512, dtype=torch.bfloat16)
         kernel(q, kv, qo, ko, qw, kw_, eps)
         return qo, ko
 
