@@ -25,6 +25,30 @@ def _interpreter_constexprs(module):
 
     module.InterpretedFunction.constexprs = property(constexprs)
     module._convert_float = _nearest_even(module._convert_float)
+    _bool_masks(module.InterpreterBuilder)
+
+
+def _bool_masks(builder) -> None:
+    """A negated boolean mask (``~(valid & keep)``, in candidate_blocks' mask kernel)
+    reaches the interpreter's load/store as uint8, which its C++ side refuses; on the GPU
+    a mask is an i1. Hand it over as bool."""
+    import numpy as np
+
+    def as_bool(mask):
+        if mask.data.dtype != np.bool_:
+            mask.data = mask.data != 0
+        return mask
+
+    store, load = builder.create_masked_store, builder.create_masked_load
+
+    def create_masked_store(self, ptrs, value, mask, cache_policy):
+        return store(self, ptrs, value, as_bool(mask), cache_policy)
+
+    def create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+        return load(self, ptrs, as_bool(mask), other, cache_policy, is_volatile)
+
+    builder.create_masked_store = create_masked_store
+    builder.create_masked_load = create_masked_load
 
 
 def _nearest_even(convert):
