@@ -49,6 +49,9 @@ class StageDoc(Document):
     env: list[str]
     requires: list[str]
     patches: list[str]
+    # What the whole-model CPU run (launcher/dcp2/matrix-cpu-v41.toml) covers of the stage,
+    # and what only a GPU can.
+    on_cpu: str = ""
 
 
 class GatesDoc(Document):
@@ -83,6 +86,7 @@ class Stage:
     env: tuple[str, ...]
     requires: tuple[str, ...]
     patches: tuple[str, ...]
+    on_cpu: str = ""
 
 
 def read_stages_doc(root: Path) -> StagesDoc:
@@ -103,7 +107,14 @@ def stages_of(doc: StagesDoc, where: Path) -> tuple[Stage, ...]:
     stages = []
     for d in doc.stages:
         stage = Stage(
-            d.number, d.name, d.status, d.enables, tuple(d.env), tuple(d.requires), tuple(d.patches)
+            d.number,
+            d.name,
+            d.status,
+            d.enables,
+            tuple(d.env),
+            tuple(d.requires),
+            tuple(d.patches),
+            d.on_cpu,
         )
         if stage.status == "implemented" and not stage.patches:
             raise SeriesError(
@@ -125,7 +136,9 @@ def _cell(items: tuple[str, ...] | str) -> str:
 
 def render_table(stages: tuple[Stage, ...]) -> str:
     """The markdown stage table (no trailing newline)."""
-    header = ("Stage", "Name", "Status", "Enables", "Env gates", "Constraints", "Patches")
+    header = (
+        "Stage", "Name", "Status", "Enables", "Env gates", "Constraints", "Patches", "On CPU"
+    )
     rows = [
         (
             s.number,
@@ -135,6 +148,7 @@ def render_table(stages: tuple[Stage, ...]) -> str:
             _cell(s.env),
             _cell(s.requires),
             _cell(tuple(f"`{p}`" for p in s.patches)),
+            _cell(s.on_cpu),
         )
         for s in stages
     ]
