@@ -81,6 +81,8 @@ bench-gpu:
 	python3 tools/gpu_dcp_bench.py --baked build/baked-cpu --world-size $(W) --out $${OUT:-artifacts/gpu-dcp}
 	python3 tools/gpu_candidate_blocks.py build/baked-cpu --world-size $(W) --out $${OUT:-artifacts/gpu-dcp}
 	python3 tools/gpu_triton_kernels.py build/baked-cpu --out $${OUT:-artifacts/gpu-dcp}
+	python3 tools/gpu_candidate_blocks.py build/baked-cpu --emulate --out $${OUT:-artifacts/gpu-dcp}
+	python3 tools/gpu_combine_copies.py build/baked-cpu --out $${OUT:-artifacts/gpu-dcp}
 
 clean:
 	rm -rf build artifacts .pytest_cache .ruff_cache .mypy_cache

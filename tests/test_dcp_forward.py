@@ -226,6 +226,21 @@ BUGS = {
         {f"decode@W{QUICK_WORLDS[0]}@ag_rs@no_stage9"},
         {k for k in UNTOUCHED | TOUCHED if not k.endswith("@ag_rs@no_stage9")},
     ),
+    # combine (ag_rs): the partials reduce-scattered in token-major, not rank-major, order
+    # (rows are mixed across tokens, so padding rows of the same steps fail too)
+    "ag_rs_not_rank_major": (
+        "ranked = out_gathered.view(tokens, world, heads // world, dim).transpose(0, 1)",
+        "ranked = out_gathered.view(tokens, world, heads // world, dim)",
+        {k for k in TOUCHED if "@ag_rs@" in k},
+        {k for k in UNTOUCHED | TOUCHED if "@ag_rs@" not in k},
+    ),
+    # combine (a2a): the unpack into the output combines one rank's partial only
+    "a2a_unpack_one_rank": (
+        "N=world,",
+        "N=1,",
+        {k for k in TOUCHED if "@a2a@" in k},
+        {k for k in UNTOUCHED | TOUCHED if "@a2a@" not in k},
+    ),
     # combine: the sink is folded in on every rank, not on rank 0 only
     "sink_every_rank": (
         "sink if self.dcp_rank == 0 else None,",

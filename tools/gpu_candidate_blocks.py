@@ -562,7 +562,18 @@ def local_timing(ns, case: Case, w: int, device: torch.device) -> dict[str, Any]
     graph = {}
     for exchange in ("dense", "sparse"):
         graph[exchange] = graph_check(lambda e=exchange: run(e), c, loc)
+    replay = {}
+    if device.type == "cuda":  # what a captured decode step pays
+        replay = {
+            "ms_dcp1_graph": graph_ms(
+                lambda: ns["select_candidate_blocks"](g1, ks1, ke1, case.topk_blocks, case.bs, c),
+                device,
+            ),
+            "ms_dense_graph": graph_ms(lambda: run("dense"), device),
+            "ms_sparse_graph": graph_ms(lambda: run("sparse"), device),
+        }
     return {
+        **replay,
         "bytes": ns["dcp_candidate_exchange_bytes"](rows, nblocks, case.topk_blocks, w),
         "ms_dcp1": median_ms(
             lambda: ns["select_candidate_blocks"](g1, ks1, ke1, case.topk_blocks, case.bs, c),
@@ -572,6 +583,19 @@ def local_timing(ns, case: Case, w: int, device: torch.device) -> dict[str, Any]
         "ms_sparse_local": median_ms(lambda: run("sparse"), device),
         "graph": graph,
     }
+
+
+def graph_ms(fn, device: torch.device) -> float:
+    """Median ms of one replay of ``fn`` captured in a CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return median_ms(graph.replay, device)
 
 
 def signed_zero_facts(ns, device: torch.device) -> dict[str, Any]:

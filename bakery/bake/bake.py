@@ -31,8 +31,9 @@ from bakery.bake.wheel import (
     read_wheel,
     write_patched_wheel,
 )
-from bakery.errors import BakeryError, PreimageMismatch, UsageError
+from bakery.errors import BakeryError, PreimageMismatch, UnreadableInput, UsageError
 from bakery.progress import interactive, step, warn
+from bakery.schema import read_json
 from bakery.series import apply
 from bakery.series.series import Pin, Series
 from bakery.tree import (
@@ -123,7 +124,13 @@ def _moved_since_extraction(root: Path) -> list[str] | None:
     stamp_path = _stamp_path(root)
     if not (root.is_dir() and stamp_path.is_file()):
         return None
-    then, now = json.loads(stamp_path.read_text()), stamp(root)
+    try:
+        then = read_json(stamp_path, "pristine stamp", UnreadableInput)
+    except UnreadableInput:
+        return None  # a damaged stamp is no stamp: the tree is extracted again
+    if not isinstance(then, dict):
+        return None
+    now = stamp(root)
     return sorted(rel for rel in set(then) | set(now) if then.get(rel) != now.get(rel))
 
 
@@ -143,8 +150,13 @@ def pristine(wheel: WheelInfo, sha256: str, cache: Path) -> Path:
     stamp_path.unlink(missing_ok=True)
     tmp = root.with_name(f".{sha256[:16]}.tmp-{os.getpid()}")
     remove_tree(tmp)
-    with step(f"extracting {wheel.path.name}"):
-        extract(wheel, tmp)
+    sweep_dead(root.parent)  # a failed or killed extraction's leftovers, before the retry
+    try:
+        with step(f"extracting {wheel.path.name}"):
+            extract(wheel, tmp)
+    except BaseException:
+        remove_tree(tmp)  # a full disk must not leave a partial tree for every retry
+        raise
     # staged as ".<name>.<random>.tmp-<pid>", which sweep_dead clears after a kill
     stamp_tmp = stage_beside(
         stamp_path, json.dumps(stamp(tmp), sort_keys=True).encode(), suffix=f".tmp-{os.getpid()}"

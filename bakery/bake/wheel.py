@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import stat
 import zipfile
+import zlib
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -97,22 +98,41 @@ def read_wheel(path: Path) -> WheelInfo:
     )
 
 
-def _extract_part(wheel: str, names: list[str], dest: str) -> None:
+def _extract_part(wheel: str, names: list[str], dest: str) -> str | None:
+    """Extract ``names``; a member zipfile cannot read (encrypted, an unsupported method,
+    a bad CRC) is the reason returned, not a traceback from a worker."""
     with zipfile.ZipFile(wheel) as zf:
         for name in names:
             info = zf.getinfo(name)
             target = os.path.join(dest, name)
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            with zf.open(info) as src, open(target, "wb") as out:
-                while chunk := src.read(_CHUNK):
-                    out.write(chunk)
+            try:
+                with zf.open(info) as src, open(target, "wb") as out:
+                    while chunk := src.read(_CHUNK):
+                        out.write(chunk)
+            except (RuntimeError, NotImplementedError, zipfile.BadZipFile, zlib.error) as exc:
+                return f"member {name!r} cannot be read ({exc})"
             os.chmod(target, (info.external_attr >> 16) & 0o777 or 0o644)
+    return None
+
+
+# An extraction's size bound: 50x the wheel (vLLM's is about 4x), at least 256 MiB and at
+# most 16 GiB, so a zip bomb is refused before it fills the cache's disk.
+def _size_bound(wheel: Path) -> int:
+    return min(16 << 30, max(256 << 20, 50 * wheel.stat().st_size))
 
 
 def extract(wheel: WheelInfo, dest: Path, workers: int = 2) -> None:
     """Extract every file member into ``dest`` (which must not exist yet)."""
     with zipfile.ZipFile(wheel.path) as zf:
         infos = [i for i in zf.infolist() if not i.is_dir()]
+    total, bound = sum(i.file_size for i in infos), _size_bound(wheel.path)
+    if total > bound:
+        raise WheelError(
+            f"{wheel.path.name} would extract to {total} bytes, over its bound of {bound} "
+            "(50 times the wheel, at most 16 GiB): refused",
+            hint="check the wheel's origin; a real vLLM wheel extracts to about 4 times its size",
+        )
     # Balance by size: the few huge .so files would otherwise serialize on one worker.
     infos.sort(key=lambda i: i.file_size, reverse=True)
     parts: list[list[str]] = [[] for _ in range(max(1, workers))]
@@ -123,11 +143,14 @@ def extract(wheel: WheelInfo, dest: Path, workers: int = 2) -> None:
         loads[k] += info.file_size
     dest.mkdir(parents=True)
     if len(parts) == 1:
-        _extract_part(str(wheel.path), parts[0], str(dest))
-        return
-    with ProcessPoolExecutor(len(parts)) as pool:
-        for future in [pool.submit(_extract_part, str(wheel.path), p, str(dest)) for p in parts]:
-            future.result()
+        problems = [_extract_part(str(wheel.path), parts[0], str(dest))]
+    else:
+        with ProcessPoolExecutor(len(parts)) as pool:
+            jobs = [pool.submit(_extract_part, str(wheel.path), p, str(dest)) for p in parts]
+            problems = [job.result() for job in jobs]
+    found = [p for p in problems if p]
+    if found:
+        raise WheelError(f"{wheel.path.name}: {found[0]}", hint="fetch the wheel again")
 
 
 def extract_sources(wheel: WheelInfo, dest: Path) -> None:

@@ -14,10 +14,12 @@ included) and nothing else (see ``processes``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -133,6 +135,25 @@ def _raise_interrupted(signum, _frame):
     raise _Interrupted(signum)
 
 
+# INT, TERM and HUP alike: a TERM from a supervisor or a closed terminal (HUP) must tear
+# down what a Ctrl-C tears down, so each raises where the code is and its finally runs.
+TEARDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def torn_down_on_signals(log: Path | str) -> Iterator[None]:
+    """Run the block with INT, TERM and HUP raising in it (so its ``finally`` stops what
+    it started); the signal becomes ``LaunchInterrupted`` (exit 128 + signal)."""
+    previous = {s: signal.signal(s, _raise_interrupted) for s in TEARDOWN_SIGNALS}
+    try:
+        yield
+    except _Interrupted as exc:
+        raise LaunchInterrupted(exc.signum, log) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _spawn(plan: LaunchPlan, record: Record, grace_s: float) -> tuple[subprocess.Popen, int]:
     read_fd, write_fd = os.pipe()
     keeper = [str(plan.python), "-I", keeper_module.__file__, str(grace_s), str(read_fd), "--"]
@@ -154,7 +175,7 @@ def _spawn(plan: LaunchPlan, record: Record, grace_s: float) -> tuple[subprocess
 
 
 def _abort(proc: subprocess.Popen, record: Record, grace_s: float) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in TEARDOWN_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the teardown short
     end_processes(record.run_dir, proc.pid, grace_s)  # the group and any that left it
     proc.wait(timeout=30)
@@ -167,7 +188,7 @@ def start(
     """Record, spawn, wait until ready; on any failure nothing of the group is left."""
     record = new_record(plan)
     write_record(record, plan, facts, argv)
-    previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, _raise_interrupted) for s in TEARDOWN_SIGNALS}
     proc = write_fd = None
     try:
         proc, write_fd = _spawn(plan, record, grace_s)
@@ -207,7 +228,12 @@ def stop_record(record: Record, grace_s: float) -> bool:
     """Stop the server of one run (the matrix's way); False if it was not running."""
     if not record.pid_file.exists():
         return False
-    return _stop_one(read_pid(record.pid_file), grace_s) > 0
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in TEARDOWN_SIGNALS}
+    try:  # a second TERM must not cut the teardown short
+        return _stop_one(read_pid(record.pid_file), grace_s) > 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def stop(artifacts: Path, profile: str | None, grace_s: float, say=print) -> int:

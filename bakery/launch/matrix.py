@@ -258,10 +258,13 @@ def _serve_and_capture(
     )
     say(f"{entry.name}: ready after {boot_s:.1f} s; capturing")
     try:
-        server = ServerInfo(
-            command=shlex.join(plan.command), env=dict(plan.env), baked_json=plan.tree / MANIFEST
-        )
-        capture_bundle(plan.url, out, suite, settings=settings, server=server)
+        with lifecycle.torn_down_on_signals(record.log):  # TERM and HUP stop it as INT does
+            server = ServerInfo(
+                command=shlex.join(plan.command),
+                env=dict(plan.env),
+                baked_json=plan.tree / MANIFEST,
+            )
+            capture_bundle(plan.url, out, suite, settings=settings, server=server)
     finally:
         lifecycle.stop_record(record, ctx.grace_s)
     run = {"boot_s": round(boot_s, 1), "record": str(record.run_dir)}

@@ -13,7 +13,9 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shlex
+import stat
 import subprocess
 import time
 from collections import deque
@@ -29,7 +31,7 @@ from bakery.launch.plan import LaunchPlan
 from bakery.launch.preflight import Facts
 from bakery.launch.processes import cmdline, launched, start_ticks
 from bakery.launch.profiles import ENV_NAME
-from bakery.tree import write_atomic, write_json_atomic
+from bakery.tree import read_bounded, write_atomic, write_json_atomic
 
 __all__ = [
     "Record",
@@ -236,7 +238,7 @@ def recorded(artifacts: Path, profile: str | None) -> list[Running]:
 
 def read_pid(path: Path) -> Running:
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(read_bounded(path, 1 << 20))  # a FIFO never hangs it
         return Running(
             path,
             int(data["pgid"]),
@@ -245,7 +247,7 @@ def read_pid(path: Path) -> Running:
             str(data.get("profile", "?")),
             tuple(str(a) for a in data["cmdline"]) if "cmdline" in data else None,
         )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         why = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
         return Running(path, -1, -1, None, path.parent.parent.name, error=why[:200])
 
@@ -289,12 +291,32 @@ def rebaked_under(run_dir: Path) -> str | None:
     return f"it serves series {then[:8]}, {path.parent} now holds {str(now)[:8]}"
 
 
+MAX_TAIL = 100_000  # lines `logs -n` shows at most
+_TAIL_BYTES = 8 << 20  # read from the end of a log, however long it grew
+# Terminal control bytes a log may hold (ESC sequences recolour or retitle the terminal):
+# shown as "?" so a log cannot drive the terminal that reads it. Tab and newline stay.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    return _CONTROL.sub("?", text)
+
+
 def tail(path: Path, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log (at most ``MAX_TAIL``), control bytes shown as
+    "?"; opened non-blocking, so a FIFO or a device in its place never hangs it."""
     try:
-        with open(path, errors="replace") as handle:
-            return "".join(deque(handle, maxlen=lines)).rstrip()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         return f"(no log: {exc.strerror})"
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return "(no log: not a regular file)"
+        handle.seek(max(0, info.st_size - _TAIL_BYTES))
+        text = handle.read(_TAIL_BYTES).decode(errors="replace")
+    kept = deque(text.splitlines(keepends=True), maxlen=min(lines, MAX_TAIL))
+    return printable("".join(kept).rstrip()) if lines else ""
 
 
 def latest_log(artifacts: Path, profile: str | None) -> Path:
@@ -317,12 +339,14 @@ def follow(log: Path, lines: int, write, poll_s: float = 0.5) -> None:
     """Write the last ``lines`` of ``log``, then what is appended while the run lives."""
     write(tail(log, lines) + "\n")
     run_dir = log.parent
+    if not log.is_file():
+        return
     with open(log, "rb") as handle:
         handle.seek(0, os.SEEK_END)
         while True:
-            chunk = handle.read()
+            chunk = handle.read(1 << 20)
             if chunk:
-                write(chunk.decode(errors="replace"))
+                write(printable(chunk.decode(errors="replace")))
             elif not launched(run_dir):
                 return  # the run is over and its log fully shown
             else:

@@ -336,6 +336,12 @@ def _resume(
             hint=NEXT_STEP,
         )
     base_key = state["base_key"]
+    unknown = sorted({base_key, *state["other_bases"]} - set(saved.bases))
+    if unknown:
+        raise UnreadableInput(
+            f"the rebase state names bases the series lacks: {unknown!r}",
+            hint=f"`bakery rebase --abort`, then check out again (or delete {build / STATE})",
+        )
     for key in (*drop, *keep):
         if key == base_key or key not in saved.bases:
             others = sorted(set(saved.bases) - {base_key})

@@ -77,6 +77,9 @@ def in_progress(build: Path) -> dict | None:
         own_path(build, f"{STATE}/state.json", "the rebase state")
         data = read_json(path, "state.json", UnreadableInput, limit=4 << 20)
         found = try_decode(data, _StateDoc)[1]
+        if not found:  # a state written before these fields: their defaults, as decoded
+            data.setdefault("series_sha256", "")
+            data.setdefault("wrote", {})
         if not found and not _BASE_KEY.fullmatch(data["base_key"]):
             found = [f"$.base_key: not a base name: {data['base_key']!r}"]
         if not found:

@@ -70,8 +70,14 @@ class CaptureSettings:
         for name in ("concurrency", "logprobs", "repeat"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
-        if self.retries < 0 or self.timeout_s <= 0 or self.backoff_s < 0:
-            raise UsageError("retries and backoff must be >= 0 and the timeout > 0")
+        if self.retries < 0 or self.backoff_s < 0 or not 0 < self.timeout_s <= MAX_TIMEOUT_S:
+            raise UsageError(
+                f"retries and backoff must be >= 0 and the timeout 0 < s <= {MAX_TIMEOUT_S:g} "
+                f"(got timeout {self.timeout_s})"
+            )
+
+
+MAX_TIMEOUT_S = 86400.0  # a day per request: nan and inf are no timeouts
 
 
 @dataclass(frozen=True)
@@ -387,8 +393,15 @@ def _check_inputs(
 ) -> dict[str, CaseRecord] | None:
     """Every check that needs no server, before anything is written or sent."""
     settings.refuse_out_of_range()
-    if httpx.URL(url).scheme not in ("http", "https"):
-        raise UsageError(f"--url must be an http(s) URL, got {url!r}")
+    try:
+        parsed = httpx.URL(url)
+        port = parsed.port  # httpx leaves a port over 65535 to the socket, which overflows
+    except httpx.InvalidURL as exc:
+        raise UsageError(f"--url is not a URL ({exc}): {url!r}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise UsageError(f"--url must be an http(s) URL with a host, got {url!r}")
+    if port is not None and not 0 < port < 65536:
+        raise UsageError(f"--url's port must be 1..65535, got {port}")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UsageError(f"output directory {out_dir} is not empty (pick a new directory)")
     if reference is None:

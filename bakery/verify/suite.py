@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from bakery.schema import Document, refuse, try_decode
+from bakery.schema import Document, read_text, refuse, try_decode
 from bakery.verify.errors import SuiteError
 
 __all__ = ["Suite", "SuiteCase", "CaseDoc", "load_suite", "available_suites", "SUITES_DIR"]
@@ -75,16 +75,14 @@ class CaseDoc(Document):
     why: str | None = None  # what the case is for (dcp_edge cases say which edge)
 
 
+MAX_TOKENS = 1 << 20  # no model's context is longer; 10**12 filler tokens would fill memory
+
+
 def load_suite(name_or_path: str) -> Suite:
     """Load a bundled suite by name (``dcp2``) or any ``.jsonl`` file by path."""
     path = _resolve(name_or_path)
-    try:
-        raw = path.read_bytes()
-        text = raw.decode("utf-8")
-    except OSError as exc:
-        raise SuiteError(f"cannot read suite {path} ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:
-        raise SuiteError(f"cannot read suite {path} (not UTF-8, byte {exc.start})") from None
+    text = read_text(path, SuiteError, "suite")  # bounded, and a FIFO never hangs it
+    raw = text.encode("utf-8")
     cases: list[SuiteCase] = []
     problems: list[str] = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -122,8 +120,8 @@ def _parse_case(line: str) -> SuiteCase:
         problems.append(f"$.case: must match {CASE_ID.pattern}, got {doc.case!r}")
     for key in ("max_tokens", "prompt_tokens"):
         value = getattr(doc, key)
-        if value is not None and value < 1:
-            problems.append(f"$.{key}: must be a positive integer, got {value!r}")
+        if value is not None and not 1 <= value <= MAX_TOKENS:
+            problems.append(f"$.{key}: must be an integer in 1..{MAX_TOKENS}, got {value!r}")
     if (doc.prompt is None) == (doc.prompt_tokens is None):
         problems.append(f"$: case {doc.case!r} gives both or neither of prompt and prompt_tokens")
     if doc.prompt is not None and not doc.prompt:
