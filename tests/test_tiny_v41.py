@@ -36,7 +36,7 @@ def test_fast_and_released_differ_only_in_index_and_candidate_settings():
     ft, rt = fast["text_config"], released["text_config"]
     assert {k for k in ft if ft[k] != rt[k]} == {"index_topk", "candidate_topk_blocks"}
     fast_index = (ft["index_topk"], ft["candidate_topk_blocks"], ft["candidate_block_size"])
-    assert fast_index == (128, 8, 8)
+    assert fast_index == (64, 8, 8)
     assert (rt["index_topk"], rt["candidate_topk_blocks"], rt["candidate_block_size"]) == (
         512,
         2048,

@@ -15,7 +15,7 @@ names the loader expects (the inverse of ``_make_deepseek_v4_weights_mapper``, t
 written file through the model's own ``load_weights`` and refuses the build unless every
 parameter was filled (``loader_coverage``).
 
-Two specs: ``fast`` (index_topk 128, 8 candidate blocks of 8: the indexer runs past 128 tokens
+Two specs: ``fast`` (index_topk 64, 8 candidate blocks of 8: the indexer runs past 64 tokens
 and candidate filtering removes blocks past 64 compressed positions) for CI, and ``released``
 (index_topk 512, 2048 blocks of 8, as shipped; a slow run). The weights are the same in both.
 """
@@ -76,8 +76,7 @@ class V41Spec:
 
 
 SPECS = {
-    # 128, not smaller: patch 09 converts indexer ids in tiles of 128 under DCP.
-    "fast": V41Spec("fast", index_topk=128, candidate_topk_blocks=8),
+    "fast": V41Spec("fast", index_topk=64, candidate_topk_blocks=8),
     "released": V41Spec("released", index_topk=512, candidate_topk_blocks=2048),
 }
 DEFAULT_DIRS = {name: project.BUILD / f"tiny-v41-{name}" for name in SPECS}
