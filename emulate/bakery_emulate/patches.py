@@ -315,3 +315,29 @@ def _drop_line(module, name: str, line: str) -> None:
     namespace: dict = {}
     exec(code, module.__dict__, namespace)
     setattr(module, name, namespace[name])
+
+
+@after("vllm.models.deepseek_v41.nvidia.flashinfer_sparse")
+def _dump_attention(module):
+    # BAKERY_EMULATE_DUMP=DIR saves each layer's attention output (this TP rank's
+    # heads, before o_proj) per call, to diff a DCP>1 run against DCP1 layer by layer.
+    import os
+
+    folder = os.environ.get("BAKERY_EMULATE_DUMP")
+    if not folder:
+        return
+    import torch
+
+    cls = module.DeepseekV4FlashInferSM120Attention
+    o_proj = cls._o_proj
+    calls: dict[str, int] = {}
+
+    def _o_proj(self, attn_out, positions):
+        from vllm.distributed import get_tp_group
+
+        key = f"{self.prefix}.tp{get_tp_group().rank_in_group}"
+        n = calls[key] = calls.get(key, -1) + 1
+        torch.save(attn_out[:, : self.n_local_heads].clone(), f"{folder}/{key}.{n}.pt")
+        return o_proj(self, attn_out, positions)
+
+    cls._o_proj = _o_proj
