@@ -140,7 +140,7 @@ def _check_every_base(series, base_key: str) -> None:
     problems = []
     for key in keys:
         found = refresh.patches_out_of_date(series, unpacked(series.base(key)) / series.package)
-        problems += [f"[bases.{key}] {problem}" for problem in found]
+        problems += [f"[bases.{key}] {p}" if len(keys) > 1 else p for p in found]
     for problem in problems:
         click.echo(problem)
     if problems:
