@@ -141,3 +141,13 @@ def test_a_forged_pid_file_never_makes_stop_signal_an_unrelated_group(tmp_path):
     finally:
         victim.kill()
         victim.wait()
+
+
+@pytest.mark.parametrize("model", ["", "  ", "a\nerror: forged line", "x\x1b[31m"])
+def test_an_empty_or_control_character_model_is_refused(capsys, tmp_path, model):
+    code = main(["start", "--profile", "cpu-tiny", "--model", model, "--dry-run",
+                 "--artifacts", str(tmp_path)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: empty or holding a control character: --model ")
+    assert len(err.splitlines()) == 2  # the newline is escaped: no forged line
