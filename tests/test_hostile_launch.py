@@ -116,3 +116,38 @@ def test_serve_command_never_holds_an_unquoted_name(tmp_path, monkeypatch):
     runnable = script.replace("exec ", "echo ").replace("set -euo pipefail", "")
     proc = subprocess.run(["bash", "-c", runnable], cwd=tmp_path, capture_output=True)
     assert proc.returncode == 0 and not (tmp_path / "pwned").exists(), proc.stderr
+
+
+def test_a_forged_pid_file_never_makes_stop_signal_an_unrelated_group(tmp_path):
+    """Finding 18: pgid, start ticks and command line copied from a live process that the
+    launcher never started (no run marker in its environment): stop leaves it alone."""
+    import json
+    import time
+
+    from bakery.launch.processes import cmdline, start_ticks
+
+    victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        time.sleep(0.2)
+        run = tmp_path / "art" / "cpu-tiny" / "20260101T000000Z"
+        run.mkdir(parents=True)
+        (run / "server.pid").write_text(json.dumps({
+            "pgid": victim.pid, "start_ticks": start_ticks(victim.pid),
+            "cmdline": cmdline(victim.pid), "url": None, "profile": "cpu-tiny",
+        }))  # fmt: skip
+        code = main(["stop", "--artifacts", str(tmp_path / "art"), "--grace", "1"])
+        assert code in (0, 1)
+        assert victim.poll() is None, "stop signalled a group the launcher never started"
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+@pytest.mark.parametrize("model", ["", "  ", "a\nerror: forged line", "x\x1b[31m"])
+def test_an_empty_or_control_character_model_is_refused(capsys, tmp_path, model):
+    code = main(["start", "--profile", "cpu-tiny", "--model", model, "--dry-run",
+                 "--artifacts", str(tmp_path)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: empty or holding a control character: --model ")
+    assert len(err.splitlines()) == 2  # the newline is escaped: no forged line

@@ -3,6 +3,7 @@ trash) are confined, never followed; the rebase loop owns its series (findings 1
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,28 @@ def test_a_symlinked_trash_receives_nothing(loop, tmp_path):
     assert snapshot(build / "baked") == tree
     trash.unlink()
     assert cli("bake").returncode == 0
+
+
+def test_an_append_in_one_checkout_never_passes_anothers_checks(loop, tmp_path):
+    """Finding 8: two build folders share the pristine cache through hard links. An append
+    to an untouched file of the first lands in the second; after the first's refresh
+    extracts the cache again, the second must still be reported stale."""
+    series, build, cli, _, _ = loop
+    other, series2 = tmp_path / "build-2", tmp_path / "series-2"  # a second git checkout
+    shutil.copytree(series, series2)
+    env = {"BAKERY_CACHE": str(tmp_path / "cache")}
+
+    def cli2(*args):
+        return run_cli(*args, "--series", str(series2), "--build", str(other), env=env)
+
+    assert cli2("bake").returncode == 0
+    with open(build / "baked" / "vllm" / "__init__.py", "ab") as handle:  # in place
+        handle.write(b"EVIL = 1\n")
+    assert b"EVIL" in (other / "baked" / "vllm" / "__init__.py").read_bytes()  # shared inode
+    cli("refresh", "--no-bake", "--yes")  # the first checkout; the cache is extracted again
+    proc = cli2("bake", "--check")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "vllm/__init__.py" in proc.stdout + proc.stderr
+    proc = cli2("status")
+    assert "modified since the bake" in proc.stdout, proc.stdout
+    assert cli2("bake").returncode == 0 and cli2("bake", "--check").returncode == 0

@@ -210,6 +210,31 @@ def _check_preimage(root: Path, wheel: WheelInfo, series: Series) -> None:
         )
 
 
+def _tree_stamp_path(tree: Path) -> Path:
+    """Beside the tree: size and mtime of each of its files as the bake wrote them."""
+    return tree.with_name(f".{tree.name}.stamp.json")
+
+
+def restamp(tree: Path) -> None:
+    """Stamp ``tree`` as it is now (``refresh --no-bake`` records its edits as the bake)."""
+    write_atomic(_tree_stamp_path(tree), json.dumps(stamp(tree), sort_keys=True).encode())
+
+
+def _moved_in_tree(tree: Path) -> list[str]:
+    """Files of the tree whose size or mtime moved since the bake: an append through a
+    hard link from another checkout lands in this tree too, and once the pristine cache
+    is extracted again nothing else sees it ([] if none, or no stamp: an older bake)."""
+    try:
+        then = read_json(_tree_stamp_path(tree), "tree stamp", UnreadableInput)
+    except UnreadableInput:
+        return []
+    if not isinstance(then, dict):
+        return []
+    now = stamp(tree)
+    moved = {rel for rel in then if then[rel] != now.get(rel)}  # a new file is refresh's
+    return sorted(r for r in moved if "__pycache__" not in r.split("/"))
+
+
 def staleness(series: Series, base_key: str, build: Path = project.BUILD) -> list[str]:
     """Why the baked tree cannot be trusted as this series' bake ([] if it can)."""
     tree = tree_dir(build, base_key)
@@ -234,6 +259,12 @@ def staleness(series: Series, base_key: str, build: Path = project.BUILD) -> lis
             ("extra", drift.extra),
         )
         for rel in rels
+    ]
+    seen = {line.split(": ", 1)[1] for line in problems if ": " in line}
+    problems += [
+        f"modified since the bake (an edit through a hard link?): {rel}"
+        for rel in _moved_in_tree(tree)
+        if rel not in seen and rel != manifest.MANIFEST
     ]
     return problems
 
@@ -354,10 +385,12 @@ def bake(
                     if content is not None:
                         write_atomic(inside(staging, member), content, modes.get(member))
                 manifest.write(staging / manifest.MANIFEST, data)
+            tree_stamp = json.dumps(stamp(staging), sort_keys=True).encode()
             out = build / "dist" / wheel_name
             if write_wheel:
                 out = _write_wheel(base, build / "dist", wheel_name, version, changed, data, trash)
             swap_into_place(staging, tree, trash)
+            write_atomic(_tree_stamp_path(tree), tree_stamp)
             old = superseded_wheels(build / "dist", wheel_name, series.name) if write_wheel else []
             for path in old:
                 os.rename(path, trash / f"{path.name}-{os.getpid()}")

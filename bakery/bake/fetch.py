@@ -17,7 +17,7 @@ from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
-from bakery.errors import FetchError, HashMismatch
+from bakery.errors import FetchError, HashMismatch, UnreadableInput
 from bakery.series.series import Pin
 from bakery.tree import sha256_file, sweep_dead, write_atomic
 
@@ -119,8 +119,11 @@ def fetch(
 ) -> Path:
     """Path to a wheel whose sha256 is ``pin.sha256``; downloads on a cache miss."""
     if wheel is not None:
-        if not Path(wheel).is_file():
-            raise FetchError(f"no such wheel file: {str(wheel)!r}")
+        if not Path(wheel).is_file():  # missing, a folder, /dev/null: bad input, exit 2
+            raise UnreadableInput(
+                f"--wheel is not a regular file: {str(wheel)!r}",
+                hint=f"give the path of the pinned wheel, {pin.wheel}",
+            )
         _verify_pin(Path(wheel), pin)
         _keep(Path(wheel), (cache or cache_dir()) / "wheels" / pin.sha256 / pin.wheel)
         return Path(wheel)

@@ -100,7 +100,7 @@ def _sources(f):
 
 def _model(value: str | None) -> str | None:
     """A --model that exists from the caller's cwd becomes absolute (vLLM runs at the root)."""
-    if value is not None and Path(value).exists():
+    if value and Path(value).exists():  # "" is no path (Path("") is the cwd)
         return str(Path(value).resolve())
     return value
 

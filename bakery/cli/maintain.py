@@ -140,7 +140,7 @@ def _check_every_base(series, base_key: str) -> None:
     problems = []
     for key in keys:
         found = refresh.patches_out_of_date(series, unpacked(series.base(key)) / series.package)
-        problems += [f"[bases.{key}] {problem}" for problem in found]
+        problems += [f"[bases.{key}] {p}" if len(keys) > 1 else p for p in found]
     for problem in problems:
         click.echo(problem)
     if problems:
@@ -388,16 +388,16 @@ def _rebase_continue(
     click.echo(f"rebased onto {report['release']}; linkcheck: 0 findings")
 
 
-def _release_version(target: str, project: str) -> str:
+def _release_version(target: str, project: str, option: str = "--to") -> str:
     try:
         requirement = Requirement(target)
     except InvalidRequirement as exc:
-        raise UsageError(f"--to is not NAME==VERSION ({exc}): {target!r}") from None
+        raise UsageError(f"{option} is not NAME==VERSION ({exc}): {target!r}") from None
     specs = list(requirement.specifier)
     if canonicalize_name(requirement.name) != canonicalize_name(project) or [
         s.operator for s in specs
     ] != ["=="]:
-        raise UsageError(f"--to must pin {project}==X.Y.Z: {target!r}")
+        raise UsageError(f"{option} must pin {project}==X.Y.Z: {target!r}")
     return specs[0].version
 
 
@@ -424,7 +424,10 @@ def rebase_matrix_cmd(series_dir, base_key, releases, out, fuzz, no_linkcheck, s
     A release that cannot be fetched is a row of "missing", not an abort."""
     series = load_series(series_dir)
     project = series.base(base_key).name
-    versions = [_release_version(f"{project}=={v.strip()}", project) for v in releases.split(",")]
+    versions = [
+        _release_version(f"{project}=={v.strip()}", project, "--releases")
+        for v in releases.split(",")
+    ]
     table = rebase_mod.matrix(
         series, versions, base_key=base_key, max_fuzz=fuzz, linkcheck=not no_linkcheck
     )

@@ -304,6 +304,8 @@ def calibrate(
     token_keys: str,
 ) -> None:
     """Derive gate thresholds from repeated baseline captures (the noise floor)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out must be a folder, not a file: {str(out_dir)!r}")
     dirs = list(bundles)
     if len(dirs) + (runs if url is not None else 0) < 2:
         raise UsageError(

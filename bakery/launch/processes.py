@@ -95,6 +95,11 @@ def _marked(pid: int, needle: bytes) -> bool:
     return needle in environ.split(b"\0")
 
 
+def carries_marker(pid: int, run_dir: Path) -> bool:
+    """Whether ``pid`` was started for the run in ``run_dir`` (its environment says so)."""
+    return _marked(pid, f"{MARK}={run_dir}".encode())
+
+
 def launched(run_dir: Path) -> list[int]:
     """Live processes started for the run recorded in ``run_dir`` (by their marker)."""
     needle = f"{MARK}={run_dir}".encode()

@@ -149,6 +149,7 @@ def _resolve_path(ref: str, directory: Path) -> Path:
     return path
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # What a shell (serve_command.sh exports each) and execve take as a variable name.
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -246,6 +247,16 @@ def override(profile: Profile, **flags: Any) -> Profile:
     unknown = set(flags) - set(Profile.__dataclass_fields__)
     if unknown:
         raise ValueError(f"not a profile field: {sorted(unknown)!r}")
+    bad = [
+        f"--{k.replace('_', '-')} {v!r}"
+        for k, v in flags.items()
+        if isinstance(v, str) and (not v.strip() or _CONTROL.search(v))
+    ]
+    if bad:  # '' would name the project root; a newline would forge lines in messages
+        raise ProfileError(
+            f"empty or holding a control character: {', '.join(bad)}",
+            hint="give the value as plain text (a model folder or a hub id)",
+        )
     return dataclasses.replace(
         profile,
         layout=dataclasses.replace(profile.layout, **layout),

@@ -29,7 +29,7 @@ from bakery.launch.errors import LaunchError, ProfileError
 from bakery.launch.model_config import candidate_blocks
 from bakery.launch.plan import LaunchPlan
 from bakery.launch.preflight import Facts
-from bakery.launch.processes import cmdline, launched, start_ticks
+from bakery.launch.processes import carries_marker, cmdline, launched, start_ticks
 from bakery.launch.profiles import ENV_NAME
 from bakery.tree import read_bounded, write_atomic, write_json_atomic
 
@@ -96,9 +96,11 @@ class Running:
         """The recorded leader is alive and is the process the launcher started."""
         if self.error or self.pgid <= 0 or start_ticks(self.pgid) != self.start_ticks:
             return False
-        if self.cmdline is None:
+        if self.cmdline is None:  # a record from before the launcher kept one: as then
             return True
-        return tuple(cmdline(self.pgid) or ()) == self.cmdline
+        # A pid file can copy a process's start time and command line; not its environment.
+        same = tuple(cmdline(self.pgid) or ()) == self.cmdline
+        return same and carries_marker(self.pgid, self.run_dir)
 
     @property
     def alive(self) -> bool:

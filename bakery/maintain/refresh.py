@@ -28,7 +28,7 @@ from pathlib import Path
 import tomlkit
 
 from bakery.bake import manifest
-from bakery.bake.bake import patched_version, pristine
+from bakery.bake.bake import patched_version, pristine, restamp
 from bakery.bake.fetch import cache_dir, fetch
 from bakery.bake.wheel import patched_wheel_name, read_wheel
 from bakery.errors import BakeryError, HunkFailed, SeriesError, UnsafePathError
@@ -303,6 +303,7 @@ def record(series: Series, base_key: str, tree: Path, cache: Path | None = None)
         raise BakeryError(f"the written series does not reproduce the tree (a bug): {unlike!r}")
     wheel_name = patched_wheel_name(base, patched_version(series, pin.version))
     manifest.write(tree / manifest.MANIFEST, manifest.build(series, pin, result, wheel_name))
+    restamp(tree)  # the tree as recorded: later edits (or appends through links) show
 
 
 def _placement_problems(outcome: apply.PatchOutcome) -> list[str]:

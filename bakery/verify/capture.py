@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from packaging.version import InvalidVersion, Version
 from bakery import __version__
 from bakery.errors import UsageError
 from bakery.progress import step
-from bakery.tree import sha256_file
+from bakery.tree import remove_tree, sha256_file, sweep_dead
 from bakery.verify.bundle import (
     CASE_PREFIX,
     COMPLETIONS_PATH,
@@ -402,6 +401,8 @@ def _check_inputs(
         raise UsageError(f"--url must be an http(s) URL with a host, got {url!r}")
     if port is not None and not 0 < port < 65536:
         raise UsageError(f"--url's port must be 1..65535, got {port}")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out must be a folder for the bundle, not a file: {str(out_dir)!r}")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UsageError(f"output directory {out_dir} is not empty (pick a new directory)")
     if reference is None:
@@ -436,7 +437,11 @@ def capture_bundle(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     # Capture into a hidden sibling and move it into place at the end, so a failed
     # capture leaves no half bundle that a later compare could mistake for a whole one.
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    # Named for this pid (tree.sweep_dead's pattern): a killed capture's is swept here.
+    sweep_dead(out_dir.parent)
+    staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    remove_tree(staging)
+    staging.mkdir()
     try:
         model, version, results = asyncio.run(
             _run(url, staging, suite, settings, ref_cases, teacher_forced)

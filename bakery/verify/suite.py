@@ -121,7 +121,9 @@ def _parse_case(line: str) -> SuiteCase:
     for key in ("max_tokens", "prompt_tokens"):
         value = getattr(doc, key)
         if value is not None and not 1 <= value <= MAX_TOKENS:
-            problems.append(f"$.{key}: must be an integer in 1..{MAX_TOKENS}, got {value!r}")
+            problems.append(
+                f"$.{key}: must be a positive integer (at most {MAX_TOKENS}), got {value!r}"
+            )
     if (doc.prompt is None) == (doc.prompt_tokens is None):
         problems.append(f"$: case {doc.case!r} gives both or neither of prompt and prompt_tokens")
     if doc.prompt is not None and not doc.prompt:
