@@ -16,29 +16,39 @@ in a chosen logprob (PLAN.md, "The whole model on CPU").
 from __future__ import annotations
 
 import math
+import shutil
+from pathlib import Path
 
 import httpx
 import pytest
 from _launch_support import REPO, free_port, run_sh
+from _planting import plant
 
+from bakery.bake.bake import bake
 from bakery.launch.matrix import exercised_counts
+from bakery.series.series import load_series
 from bakery.verify import tiny_v41
 
 pytestmark = pytest.mark.slow
 
+P09 = "09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff"
 FILLER = "The history of numerical computing is a story of trade-offs. " * 40
+
+
+def _start(build: Path, art: Path, port: int, *more: str):
+    model = tiny_v41.ensure(REPO / tiny_v41.DEFAULT_DIRS["fast"])
+    return run_sh(
+        "start", "--profile", "cpu-v41-dcp2", "--build", str(build), "--model", str(model),
+        "--port", str(port), "--grace", "15", "--artifacts", str(art), *more, timeout=1200,
+    )
 
 
 def test_v41_serves_at_dcp2_and_runs_the_indexer_and_the_candidate_exchange(
     cpu_bake, tmp_path
 ):
-    model = tiny_v41.ensure(REPO / tiny_v41.DEFAULT_DIRS["fast"])
     art, port = tmp_path / "artifacts", free_port()
     common = ["--artifacts", str(art)]
-    start = run_sh(
-        "start", "--profile", "cpu-v41-dcp2", "--build", str(cpu_bake.tree.parent),
-        "--model", str(model), "--port", str(port), "--grace", "15", *common, timeout=1200,
-    )
+    start = _start(cpu_bake.tree.parent, art, port)
     try:
         assert start.returncode == 0, start.stdout[-2000:] + start.stderr[-4000:]
         url = f"http://127.0.0.1:{port}/v1/completions"
@@ -62,3 +72,22 @@ def test_v41_serves_at_dcp2_and_runs_the_indexer_and_the_candidate_exchange(
     finally:
         stop = run_sh("stop", *common, "--grace", "15", timeout=120)
         assert stop.returncode == 0, stop.stderr[-2000:]
+
+
+def test_the_series_before_the_run_found_its_tile_bug_does_not_serve(cache, tmp_path):
+    """The run's first finding: patch 09 converted ids in tiles of 128, which asserts on
+    the model's index_topk of 64 under DCP. Planted back, the server never gets ready."""
+    series = tmp_path / "dcp2"
+    shutil.copytree(REPO / "patches" / "dcp2", series)
+    plant(series, P09, "BLOCK_N=min(128, topk_indices.shape[1] & -topk_indices.shape[1]),",
+          "BLOCK_N=128,")
+    tree = bake(load_series(series), "cpu", build=tmp_path / "build", cache=cache).tree
+    art = tmp_path / "artifacts"
+    start = _start(tree.parent, art, free_port(), "--series", str(series))
+    try:
+        assert start.returncode == 1, start.stdout[-2000:] + start.stderr[-2000:]
+        assert "completion probe failed" in start.stderr
+        (run_dir,) = sorted(art.glob("cpu-v41-dcp2/*"))
+        assert "assert NUM_TOPK_TOKENS % BLOCK_N == 0" in (run_dir / "serve.log").read_text()
+    finally:
+        run_sh("stop", "--artifacts", str(art), "--grace", "15", timeout=120)

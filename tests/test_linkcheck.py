@@ -82,6 +82,8 @@ def test_seed_alone_reports_the_known_faults(series, sources_of):
     module = "vllm.model_executor.kernels.attention.dsa.candidate_blocks"
     names = ("_PREFILL_TIMING", "_PrefillTimer", "prefill_acc_add")
     expected = {f"{module}.{name}" for name in names}
+    # The combine's flag check lives in patch 02 since vLLM's --dcp-comm-backend is read.
+    expected.add("vllm.models.deepseek_v41.attention.dsv41_dcp_combine")
     expected |= {
         f"DeepseekV4FlashInferSM120Attention.{attr}"
         for attr in ("dcp_world_size", "dcp_rank", "cp_kv_cache_interleave_size")
