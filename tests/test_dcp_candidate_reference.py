@@ -136,6 +136,29 @@ def test_signed_zero_as_cuda_ranks_it():
     assert str(ref.block_maxima(both, torch.tensor([5]), 2, 3)[0, 1].item()) == "-0.0"
 
 
+def test_dense_exchange_keeps_the_positive_zero_of_another_rank():
+    """Hypothesis' falsifying row (visible columns only): block 5 = [+0.0, -0.0, -1.0]
+    scores +0.0 and beats block 2's -0.0, but +0.0 is on rank 1 and -0.0 on rank 0,
+    and a float max over the ranks (CPU torch: zeros equal, first wins) gave -0.0."""
+    c = dict(
+        w=2,
+        k=1,
+        bs=3,
+        topk_blocks=5,
+        topk=1,
+        logits=torch.tensor(
+            [
+                [-1.0, -2.0, -2.0, 1.0, 0.5, -0.0, -2.0, -0.0, -1.0, 0.5]
+                + [-0.0, -1.0, 3.0, 0.5, 3.0, 0.0, -0.0, -1.0, -1.0]
+            ]
+        ),
+        ends=torch.tensor([19], dtype=torch.int32),
+    )
+    assert dcp1_chain(c)[0].tolist() == [[6, 4, 1, 3, 5]]
+    for exchange in EXCHANGES:
+        assert_chain_matches(c, exchange)
+
+
 def test_sparse_merge_needs_one_more_than_the_budget():
     """The pin can push one winner out of its rank's local top k: rank 0 holds block 0
     (+inf) and the newest block 2 (NaN, above +inf until DCP1 pins it down to +inf,

@@ -108,7 +108,8 @@ def candidate_blocks_dcp(
     """The candidate source on one DCP rank: the GLOBAL block ids DCP1 publishes.
 
     Partial maxima over global blocks from this rank's columns, exchanged by an
-    all-gather and a NaN-propagating max; the global ends are the sum of the
+    all-gather and a max over their ``order_keys`` (NaN on top, -0.0 below +0.0,
+    as the kernel's all-reduce of int32 keys); the global ends are the sum of the
     ranks' local ends (each position has one owner).
     """
     w, rank = group.world_size, group.rank_in_group
@@ -120,7 +121,9 @@ def candidate_blocks_dcp(
     frame[:, pos] = torch.where(seen, local_logits.float(), -math.inf)
     nblocks = -(-width // block_size)
     partial = block_maxima(frame, torch.full((rows,), width), block_size, nblocks)
-    scores = group.all_gather(partial[None], dim=0).amax(0)
+    # max over the ranks on the keys: a float max (CPU) may keep one rank's -0.0 over +0.0
+    keys = group.all_gather(order_keys(partial)[None], dim=0).amax(0)
+    scores = key_values(keys)
     ends = group.all_gather(local_ends[None].long(), dim=0).sum(0)
     return select_blocks(scores, ends, block_size, topk_blocks)
 
