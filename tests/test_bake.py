@@ -182,14 +182,18 @@ def _wheel_only_cache(tmp_path, pin, cache) -> Path:
     return fake
 
 
+# The untouched file a test edits in place through its hard link: copied, not linked, so
+# the edit never reaches the real cache that every other bake of the session links to.
+EDITED = "vllm/models/deepseek_v41/quant_config.py"
+
+
 def _add_pristine(fake, pin, cache) -> None:
-    """A hard-linked copy of the real pristine tree (the file the series patches copied)."""
-    clone_tree(
-        cache / "pristine" / pin.sha256, fake / "pristine" / pin.sha256, skip=frozenset({PATCHED})
-    )
-    shutil.copy2(
-        cache / "pristine" / pin.sha256 / PATCHED, fake / "pristine" / pin.sha256 / PATCHED
-    )
+    """A hard-linked copy of the real pristine tree (the file the series patches and the
+    file a test edits in place copied)."""
+    own = frozenset({PATCHED, EDITED})
+    clone_tree(cache / "pristine" / pin.sha256, fake / "pristine" / pin.sha256, skip=own)
+    for rel in own:
+        shutil.copy2(cache / "pristine" / pin.sha256 / rel, fake / "pristine" / pin.sha256 / rel)
     stamp = f"{pin.sha256}.stamp.json"
     shutil.copyfile(cache / "pristine" / stamp, fake / "pristine" / stamp)
 
@@ -224,7 +228,7 @@ def test_edit_written_through_a_hard_link_is_detected_and_healed(tmp_path, serie
     build = tmp_path / "b"
     env = {"BAKERY_CACHE": str(fake)}
     assert run_cli("bake", "--base", "cpu", "--build", str(build), env=env).returncode == 0
-    untouched = "vllm/models/deepseek_v41/quant_config.py"
+    untouched = EDITED
     baked = build / "baked-cpu" / untouched
     original = baked.read_bytes()
     assert os.stat(baked).st_ino == os.stat(fake / "pristine" / pin.sha256 / untouched).st_ino

@@ -36,7 +36,7 @@ FILLER = "The history of numerical computing is a story of trade-offs. " * 40
 
 
 def _start(build: Path, art: Path, port: int, *more: str):
-    model = tiny_v41.ensure(REPO / tiny_v41.DEFAULT_DIRS["fast"])
+    model = tiny_v41.ensure(REPO / tiny_v41.DEFAULT_DIRS["fast"], tree=build / "baked-cpu")
     return run_sh(
         "start", "--profile", "cpu-v41-dcp2", "--build", str(build), "--model", str(model),
         "--port", str(port), "--grace", "15", "--artifacts", str(art), *more, timeout=1200,

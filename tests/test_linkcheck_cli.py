@@ -14,12 +14,13 @@ def test_full_series_has_no_findings(base):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_seed_alone_reports_the_six_known_faults():
+def test_seed_alone_reports_the_seven_known_faults():
     proc = run_cli("linkcheck", "--base", "cpu", "--only", SEED)
     assert proc.returncode == 1
     lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 6 and all(line.startswith("models/deepseek_v41/") for line in lines)
+    assert len(lines) == 7 and all(line.startswith("models/deepseek_v41/") for line in lines)
     for name in (
+        "dsv41_dcp_combine",  # patch 02's, since patch 09 reads --dcp-comm-backend
         "_PREFILL_TIMING",
         "_PrefillTimer",
         "prefill_acc_add",

@@ -118,23 +118,31 @@ class _Proc:
 
 
 def test_a_failed_or_refused_child_builds_nothing(monkeypatch, tmp_path):
-    out = tmp_path / "model"
+    out, tree = tmp_path / "model", tmp_path / "tree"
+    (tree / "vllm").mkdir(parents=True)
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: _Proc(1, "", "x\nImportError: vllm"))
     with pytest.raises(tiny_v41.TinyV41Error) as err:
-        tiny_v41.build(out)
+        tiny_v41.build(out, tree=tree)
     assert err.value.exit_code == 1 and "\n" not in str(err.value)
     assert "ImportError: vllm" in err.value.hint
     refused = {"tensors": 3, "bytes": 9, "coverage": {"missing": ["a"], "problems": 1}}
     report = tiny_v41._CHILD_MARK + json.dumps(refused)
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: _Proc(0, report))
     with pytest.raises(tiny_v41.TinyV41Error, match="did not take"):
-        tiny_v41.build(out)
-    assert list(tmp_path.iterdir()) == []  # no folder, no staging left
+        tiny_v41.build(out, tree=tree)
+    assert list(tmp_path.iterdir()) == [tree]  # no folder, no staging left
+
+
+def test_a_build_without_a_baked_tree_is_refused_before_vllm_runs(monkeypatch, tmp_path):
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("ran a child"))
+    with pytest.raises(tiny_v41.TinyV41Error, match="no baked cpu tree") as err:
+        tiny_v41.build(tmp_path / "model", tree=tmp_path / "missing")
+    assert err.value.hint == "make bake BASE=cpu"
 
 
 def test_ensure_rebuilds_a_folder_of_another_spec(monkeypatch, tmp_path):
     built = []
-    monkeypatch.setattr(tiny_v41, "build", lambda out, spec: built.append(spec) or out)
+    monkeypatch.setattr(tiny_v41, "build", lambda out, spec, **_: built.append(spec) or out)
     fast, released = tiny_v41.SPECS["fast"], tiny_v41.SPECS["released"]
     (tmp_path / tiny_v41.MARKER).write_text(json.dumps({"spec": asdict(fast)}))
     assert tiny_v41.ensure(tmp_path, fast) == tmp_path and built == []
@@ -148,9 +156,9 @@ def test_ensure_rebuilds_a_folder_of_another_spec(monkeypatch, tmp_path):
 # ---- slow: vLLM under emulate/ ------------------------------------------------------------
 
 
-def _run_driver(mode: str, folder: Path, timeout: float) -> dict:
+def _run_driver(mode: str, folder: Path, timeout: float, tree: Path) -> dict:
     env = {
-        **tiny_v41.child_env(REPO),
+        **tiny_v41.child_env(REPO, tree),
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CPU_OMP_THREADS_BIND": "0|1",
     }
@@ -169,8 +177,9 @@ def _run_driver(mode: str, folder: Path, timeout: float) -> dict:
 
 
 @pytest.fixture(scope="module")
-def fast_folder(tmp_path_factory):
-    return tiny_v41.build(tmp_path_factory.mktemp("v41") / "fast", tiny_v41.SPECS["fast"])
+def fast_folder(tmp_path_factory, cpu_bake):
+    folder = tmp_path_factory.mktemp("v41") / "fast"
+    return tiny_v41.build(folder, tiny_v41.SPECS["fast"], tree=cpu_bake.tree)
 
 
 def _digests(folder: Path) -> dict[str, str]:
@@ -178,16 +187,16 @@ def _digests(folder: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_two_builds_are_byte_identical(fast_folder, tmp_path):
-    again = tiny_v41.build(tmp_path / "again", tiny_v41.SPECS["fast"])
+def test_two_builds_are_byte_identical(fast_folder, tmp_path, cpu_bake):
+    again = tiny_v41.build(tmp_path / "again", tiny_v41.SPECS["fast"], tree=cpu_bake.tree)
     first = _digests(fast_folder)
     assert set(first) >= {"config.json", "tokenizer.json", "model.safetensors", tiny_v41.MARKER}
     assert first == _digests(again)
 
 
 @pytest.mark.slow
-def test_vllm_loader_takes_every_checkpoint_tensor(fast_folder):
-    report = _run_driver("coverage", fast_folder, timeout=900)
+def test_vllm_loader_takes_every_checkpoint_tensor(fast_folder, cpu_bake):
+    report = _run_driver("coverage", fast_folder, timeout=900, tree=cpu_bake.tree)
     honest = report["honest"]
     assert honest == {"missing": [], "unexpected": [], "unfilled": [], "problems": 0}
     assert (
@@ -212,8 +221,8 @@ def test_vllm_loader_takes_every_checkpoint_tensor(fast_folder):
 
 
 @pytest.mark.slow
-def test_engine_greedy_generates_with_healthy_margins(fast_folder):
-    result = _run_driver("engine", fast_folder, timeout=1200)
+def test_engine_greedy_generates_with_healthy_margins(fast_folder, cpu_bake):
+    result = _run_driver("engine", fast_folder, timeout=1200, tree=cpu_bake.tree)
     margins = result["margins"]
     print("tiny V4.1 margins:", margins, "tokens:", result["tokens"])
     assert [len(t) for t in result["tokens"]] == [4] * len(driver.PROMPTS)

