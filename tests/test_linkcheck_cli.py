@@ -29,4 +29,4 @@ def test_seed_alone_reports_the_seven_known_faults():
         "self.cp_kv_cache_interleave_size",
     ):
         assert sum(name in line for line in lines) == 1, name
-    assert proc.stderr.startswith("error: 6 unresolved name(s)")
+    assert proc.stderr.startswith("error: 7 unresolved name(s)")

@@ -27,7 +27,7 @@ def door(monkeypatch, tmp_path):
         built.append(Path(out))
         return Path(out)
 
-    def fake_v41(out, spec):
+    def fake_v41(out, spec, **_):
         built.append((Path(out), spec.name))
         return Path(out)
 
