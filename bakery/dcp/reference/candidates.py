@@ -96,6 +96,27 @@ def candidate_blocks_dcp1(
     )
 
 
+def _partial_maxima(
+    group: Group,
+    local_logits: torch.Tensor,
+    local_ends: torch.Tensor,
+    block_size: int,
+    interleave: int,
+    width: int,
+) -> tuple[torch.Tensor, int]:
+    """This rank's maxima over GLOBAL blocks (its columns placed at their global
+    positions, -inf elsewhere), and the number of blocks; both exchanges start here."""
+    w, rank = group.world_size, group.rank_in_group
+    rows = local_logits.shape[0]
+    frame = torch.full((rows, width), -math.inf, dtype=torch.float32)
+    local = torch.arange(local_logits.shape[1])
+    pos = global_position(local, rank, w, interleave)
+    seen = local[None, :] < local_ends[:, None]
+    frame[:, pos] = torch.where(seen, local_logits.float(), -math.inf)
+    nblocks = -(-width // block_size)
+    return block_maxima(frame, torch.full((rows,), width), block_size, nblocks), nblocks
+
+
 def candidate_blocks_dcp(
     group: Group,
     local_logits: torch.Tensor,
@@ -112,15 +133,9 @@ def candidate_blocks_dcp(
     as the kernel's all-reduce of int32 keys); the global ends are the sum of the
     ranks' local ends (each position has one owner).
     """
-    w, rank = group.world_size, group.rank_in_group
-    rows = local_logits.shape[0]
-    frame = torch.full((rows, width), -math.inf, dtype=torch.float32)
-    local = torch.arange(local_logits.shape[1])
-    pos = global_position(local, rank, w, interleave)
-    seen = local[None, :] < local_ends[:, None]
-    frame[:, pos] = torch.where(seen, local_logits.float(), -math.inf)
-    nblocks = -(-width // block_size)
-    partial = block_maxima(frame, torch.full((rows,), width), block_size, nblocks)
+    partial, nblocks = _partial_maxima(
+        group, local_logits, local_ends, block_size, interleave, width
+    )
     # max over the ranks on the keys: a float max (CPU) may keep one rank's -0.0 over +0.0
     keys = group.all_gather(order_keys(partial)[None], dim=0).amax(0)
     scores = key_values(keys)
@@ -149,14 +164,9 @@ def candidate_blocks_dcp_sparse(
     canonical order. (The kernel's docstring, ``_merge_candidates``, has the
     argument; the chain test checks it against DCP1.)"""
     w, rank = group.world_size, group.rank_in_group
-    rows = local_logits.shape[0]
-    frame = torch.full((rows, width), -math.inf, dtype=torch.float32)
-    local = torch.arange(local_logits.shape[1])
-    pos = global_position(local, rank, w, interleave)
-    seen = local[None, :] < local_ends[:, None]
-    frame[:, pos] = torch.where(seen, local_logits.float(), -math.inf)
-    nblocks = -(-width // block_size)
-    partial = block_maxima(frame, torch.full((rows,), width), block_size, nblocks)
+    partial, nblocks = _partial_maxima(
+        group, local_logits, local_ends, block_size, interleave, width
+    )
     mine = _packed(partial).topk(min(local_budget(topk_blocks), nblocks), dim=-1).values
     newest = torch.where(
         local_ends > 0,
