@@ -151,3 +151,34 @@ def test_an_empty_or_control_character_model_is_refused(capsys, tmp_path, model)
     assert code == 2, err
     assert err.startswith("error: empty or holding a control character: --model ")
     assert len(err.splitlines()) == 2  # the newline is escaped: no forged line
+
+
+@pytest.mark.parametrize(
+    "line, field",
+    [
+        ("stage_max = 100000000000000000000000", "stage_max"),
+        ("stage_max = 0", "stage_max"),
+        ("stage_min = -1", "stage_min"),
+        ("stage_default = 10", "stage_default"),
+        ("dcp_min_stage = 99", "dcp_min_stage"),
+        ("stage_min = 5", ""),  # above stage_default 3
+    ],
+)
+def test_a_stage_range_beyond_the_table_is_refused(capsys, tmp_path, line, field):
+    """Finding 18: stages.toml's [gates] numbers name stages of the table, in order."""
+    import shutil
+
+    series = tmp_path / "dcp2"
+    shutil.copytree(SERIES, series)
+    text = (series / "stages.toml").read_text()
+    key = line.split(" = ")[0]
+    lines = [line if row.startswith(f"{key} = ") else row for row in text.splitlines()]
+    assert lines != text.splitlines()
+    (series / "stages.toml").write_text("\n".join(lines) + "\n")
+    code = main(["start", "--profile", "cpu-tiny", "--series", str(series), "--dry-run",
+                 "--artifacts", str(tmp_path / "art")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: ") and len(err.splitlines()) == 2, err  # error + hint
+    assert f"$.gates.{field}: must be" in err if field else "$.gates: stage_min <=" in err
+    assert not (tmp_path / "art").exists()

@@ -128,6 +128,24 @@ def gate_table_of(doc: StagesDoc, where: Path) -> GateTable:
         raise SeriesError(
             f"{where}: $.gates: missing (the launcher's stage range and head set)", hint=_HINT
         )
+    # The stage numbers the launcher hands vLLM: each must name a stage of the table, in
+    # order (a stage_max of 10**23 would let any DSV41_DCP_STAGE through).
+    keys = ("stage_min", "stage_default", "dcp_min_stage", "stage_max")
+    for key in keys:
+        value = getattr(gates, key)
+        if not 1 <= value <= len(stages):
+            raise SeriesError(
+                f"{where}: $.gates.{key}: must be a stage of the table, 1..{len(stages)}, "
+                f"not {value!r}",
+                hint=_HINT,
+            )
+    low, default, dcp, high = (getattr(gates, key) for key in keys)
+    if not (low <= default <= high and low <= dcp <= high):
+        raise SeriesError(
+            f"{where}: $.gates: stage_min <= stage_default, dcp_min_stage <= stage_max must "
+            f"hold, not {low}, {default}, {dcp}, {high}",
+            hint=_HINT,
+        )
     heads_file, sep, heads_name = gates.heads_source.partition(":")
     if not (sep and heads_file and heads_name) or ":" in heads_name:
         raise SeriesError(
