@@ -82,6 +82,26 @@ def test_refresh_refuses_a_tracked_file_turned_into_a_folder(loop):
     assert snapshot(series) == before
 
 
+@pytest.mark.parametrize(
+    "name, data",
+    [
+        ("ext.abi3.so", b"\x7fELF\x02\x01\x01\x00" + b"\x00" * 4000 + b"EDITED!"),
+        ("a.py", b"x = 1\n" * 2000 + b"y = '\x00'\n"),  # the NUL past git's 8000 bytes
+    ],
+    ids=["so", "nul-past-8000-bytes"],
+)
+def test_a_binary_file_is_refused_at_once_never_diffed(loop, name, data):
+    """Finding 18: a 7-byte edit to a .so became a 43 s diff (and a patch no tool applies)."""
+    series, build, cli, _, _ = loop
+    before = snapshot(series)
+    (build / "baked" / "vllm" / name).write_bytes(data)
+    proc = cli("refresh", "--no-bake")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and len(proc.stderr.splitlines()) == 2
+    assert f"'{name}': a binary file (a NUL byte), which no text diff carries" in proc.stderr
+    assert snapshot(series) == before
+
+
 def test_a_fifo_in_the_tree_neither_hangs_nor_becomes_a_patch(loop):
     series, build, cli, _, _ = loop
     before = snapshot(series)

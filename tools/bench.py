@@ -31,7 +31,9 @@ from bakery import (
 from bakery.bake.bake import bake  # noqa: E402
 from bakery.bake.fetch import cache_dir, fetch  # noqa: E402
 from bakery.cli.boundary import run_command  # noqa: E402
+from bakery.errors import UnsafePathError  # noqa: E402
 from bakery.maintain.rebase import matrix, release_pin  # noqa: E402
+from bakery.maintain.refresh import differing_files  # noqa: E402
 from bakery.series import apply  # noqa: E402
 from bakery.series.series import Series, load_series  # noqa: E402
 
@@ -99,6 +101,35 @@ def _matrix_row(series: Series, version: str, work: Path) -> tuple[str, ...]:
     )
 
 
+def _binary_edit_row(pristine: Path, tree: Path) -> tuple[str, ...]:
+    """refresh's tree walk with a 7-byte edit to the base's largest .so under 64 MiB (it
+    must refuse it at once: it once took 43 s to diff) vs GNU `diff -rq` of the trees."""
+    sos = [p for p in pristine.rglob("*.so") if p.stat().st_size < 64 << 20]
+    target = max(sos, key=lambda p: p.stat().st_size)
+    edited = tree / target.relative_to(pristine)
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 7] = b"EDITED!"
+    edited.unlink()  # a new file: never written through a link
+    edited.write_bytes(bytes(data))
+
+    def ours() -> None:
+        try:
+            differing_files(pristine, tree)
+        except UnsafePathError:
+            return
+        raise AssertionError("refresh did not refuse the binary edit")
+
+    base = _median(lambda: subprocess.run(["diff", "-rq", str(pristine), str(tree)],
+                                          capture_output=True, check=False), 3)  # fmt: skip
+    return _row(
+        f"refresh walk, 7-byte edit to {target.name} ({target.stat().st_size >> 10} KiB)",
+        _median(ours, 3),
+        base,
+        "diff -rq",
+        "report",
+    )
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--base", "base_key", type=click.Choice(["default", "cpu"]), default="default")
 @click.option("--engine-only", is_flag=True, help="Only the engine rows (seconds, not minutes).")
@@ -145,6 +176,8 @@ def main(base_key: str, engine_only: bool) -> int:
             _row("engine: place only (parsed)", placing, gnu, "GNU patch --dry-run", "report")
         )
         if not engine_only:
+            baked = work / "build" / ("baked" if base_key == "default" else f"baked-{base_key}")
+            rows.append(_binary_edit_row(tree, baked / series.package))
             for version in ("0.31.0", "0.32.0", "0.33.0"):
                 rows.append(_matrix_row(series, version, work))
     print(f"# bakery bench ({base_key} base, {len(series.entries)} patches)\n")

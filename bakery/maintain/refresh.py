@@ -93,11 +93,21 @@ def _files(root: Path) -> dict[str, Path]:
 _UNSAFE_NAME = re.compile(r"[\x00-\x1f\x7f\\]")
 
 
-def _unpatchable(rel: str, path: Path, left: dict[str, Path]) -> str | None:
+def _folders(files: dict[str, Path]) -> set[str]:
+    """Every folder above a listed file (a set: a scan of all files per file is 11 M
+    string tests on vLLM's 3,300 files)."""
+    out = set()
+    for rel in files:
+        parts = rel.split("/")[:-1]
+        out.update("/".join(parts[: i + 1]) for i in range(len(parts)))
+    return out
+
+
+def _unpatchable(rel: str, path: Path, left_folders: set[str]) -> str | None:
     """Why the baked tree's entry at ``rel`` cannot become a patch (None if it can)."""
     if _UNSAFE_NAME.search(rel):
         return f"{rel!r}: a name with a control character or a backslash"
-    if any(other.startswith(rel + "/") for other in left):
+    if rel in left_folders:
         return f"{rel!r}: a folder of the base is a file here"
     mode = os.lstat(path).st_mode
     if stat.S_ISLNK(mode):
@@ -107,6 +117,13 @@ def _unpatchable(rel: str, path: Path, left: dict[str, Path]) -> str | None:
     return None
 
 
+def _binary_head(path: Path) -> bool:
+    """A NUL byte in the first 8000 bytes, as git and GNU diff tell binary files: a
+    compiled module is refused at once, never split into lines and diffed."""
+    with open(path, "rb") as handle:
+        return b"\0" in handle.read(8000)
+
+
 def differing_files(
     pristine: Path, baked: Path, strays: list[str] | None = None
 ) -> dict[str, tuple[bytes | None, bytes | None]]:
@@ -114,6 +131,7 @@ def differing_files(
 
     New stray files are left out (and listed in ``strays`` when given)."""
     left, right = _files(pristine), _files(baked)
+    left_folders, right_folders = _folders(left), _folders(right)
     # filecmp caches verdicts by path, size and mtime: without this, a same-size edit
     # within one mtime tick of an earlier call (status, then refresh) would be missed.
     filecmp.clear_cache()
@@ -127,10 +145,10 @@ def differing_files(
                 strays.append(rel)
             continue
         a, b = left.get(rel), right.get(rel)
-        if b is None and any(other.startswith(rel + "/") for other in right):
+        if b is None and rel in right_folders:
             refused.append(f"{rel!r}: a file of the base is a folder here")
             continue
-        why = _unpatchable(rel, b, left) if b is not None else None
+        why = _unpatchable(rel, b, left_folders) if b is not None else None
         if why:
             refused.append(why)
             continue
@@ -141,13 +159,21 @@ def differing_files(
                 continue
             if filecmp.cmp(a, b, shallow=False):
                 continue
-        out[rel] = (a.read_bytes() if a else None, read_bounded(b) if b else None)
+        if any(_binary_head(side) for side in (a, b) if side):
+            refused.append(f"{rel!r}: a binary file (a NUL byte), which no text diff carries")
+            continue
+        old, new = (a.read_bytes() if a else None, read_bounded(b) if b else None)
+        if b"\0" in (old or b"") or b"\0" in (new or b""):
+            refused.append(f"{rel!r}: a binary file (a NUL byte), which no text diff carries")
+            continue
+        out[rel] = (old, new)
     if refused:
         raise UnsafePathError(
             f"{baked}: {len(refused)} entr{'y' if len(refused) == 1 else 'ies'} no patch can "
             "carry: " + "; ".join(refused[:8]) + ("; ..." if len(refused) > 8 else ""),
-            hint="put a regular file back in each place (e.g. from the base), or remove the "
-            "entry, then refresh again",
+            hint="put the base's regular text file back in each place (a binary file is "
+            "the base's or a new build's, never a patch's), or remove the entry, then refresh "
+            "again",
         )
     return out
 
