@@ -44,8 +44,15 @@ CONFLICT = (  # zdiff3: the old pristine lines between the two sides
 )
 
 
-def wheel(folder: Path, project: str, version: str, files: dict[str, bytes]) -> dict:
-    """A minimal real wheel (METADATA, WHEEL, RECORD written with csv); its pin table."""
+def wheel(
+    folder: Path,
+    project: str,
+    version: str,
+    files: dict[str, bytes],
+    wrong: frozenset = frozenset(),
+) -> dict:
+    """A minimal real wheel (METADATA, WHEEL, RECORD written with csv); its pin table.
+    RECORD gives the members named in ``wrong`` another file's hash."""
     name = f"{project}-{version}-cp38-abi3-{PLATFORM}.whl"
     dist = f"{project}-{version}.dist-info"
     members = {f"vllm/{path}": data for path, data in files.items()}
@@ -59,7 +66,8 @@ def wheel(folder: Path, project: str, version: str, files: dict[str, bytes]) -> 
     record = io.StringIO()
     writer = csv.writer(record, lineterminator="\n")
     for member, data in members.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        hashed = data + b"# not this file" if member in wrong else data
+        digest = base64.urlsafe_b64encode(hashlib.sha256(hashed).digest()).rstrip(b"=").decode()
         writer.writerow([member, f"sha256={digest}", len(data)])
     writer.writerow([f"{dist}/RECORD", "", ""])
     members[f"{dist}/RECORD"] = record.getvalue().encode()

@@ -29,6 +29,7 @@ from bakery.bake.wheel import (
     extract,
     patched_wheel_name,
     read_wheel,
+    record_errata,
     write_patched_wheel,
 )
 from bakery.errors import BakeryError, PreimageMismatch, UnreadableInput, UsageError
@@ -118,6 +119,35 @@ def _stamp_path(root: Path) -> Path:
     return root.with_name(f"{root.name}.stamp.json")
 
 
+def _errata_path(root: Path) -> Path:
+    return root.with_name(f"{root.name}.record.json")
+
+
+def _write_errata(root: Path, errata: dict[str, str]) -> None:
+    write_atomic(_errata_path(root), json.dumps(errata, sort_keys=True).encode())
+
+
+def record_errata_of(wheel: WheelInfo, root: Path) -> dict[str, str]:
+    """The real hash of each member whose RECORD hash is wrong ({} for a sound wheel),
+    found once per wheel: by the extraction that made ``root``, else (a tree extracted
+    by an older bakery) by reading the wheel, then kept beside the tree. It depends on
+    the wheel's bytes alone, which its sha256 (the folder's name) pins."""
+    try:
+        kept = read_json(_errata_path(root), "RECORD errata", UnreadableInput)
+    except UnreadableInput:
+        kept = None
+    if (
+        isinstance(kept, dict)
+        and all(isinstance(v, str) for v in kept.values())
+        and set(kept) <= set(wheel.record)
+    ):
+        return kept
+    with step(f"checking {wheel.path.name}'s RECORD"):
+        errata = record_errata(wheel)
+    _write_errata(root, errata)
+    return errata
+
+
 def _moved_since_extraction(root: Path) -> list[str] | None:
     """Files of a cached pristine tree whose size or mtime differ from its stamp, taken at
     extraction ([] if none); None if the tree or its stamp is missing (never trusted)."""
@@ -153,7 +183,8 @@ def pristine(wheel: WheelInfo, sha256: str, cache: Path) -> Path:
     sweep_dead(root.parent)  # a failed or killed extraction's leftovers, before the retry
     try:
         with step(f"extracting {wheel.path.name}"):
-            extract(wheel, tmp)
+            errata = extract(wheel, tmp)
+        _write_errata(root, errata)
     except BaseException:
         remove_tree(tmp)  # a full disk must not leave a partial tree for every retry
         raise
@@ -277,6 +308,7 @@ def _write_wheel(
     changed: dict[str, bytes | None],
     data: dict,
     trash: Path,
+    errata: dict[str, str],
 ) -> Path:
     dist.mkdir(exist_ok=True)
     out = dist / name
@@ -284,7 +316,7 @@ def _write_wheel(
     with step(f"building {name}"):
         try:
             write_patched_wheel(
-                base, tmp, version, changed, {manifest.MANIFEST: manifest.dumps(data)}
+                base, tmp, version, changed, {manifest.MANIFEST: manifest.dumps(data)}, errata
             )
             swap_into_place(tmp, out, trash)  # freeing a 300 MB file is slow: trash it
         finally:
@@ -361,6 +393,13 @@ def bake(
     base = read_wheel(wheel_path)
     root = pristine(base, pin.sha256, cache)
     _check_preimage(root, base, series)
+    errata = record_errata_of(base, root) if write_wheel else {}
+    if errata:
+        first = next(iter(errata))
+        warn(
+            f"{base.path.name}: its RECORD has a wrong hash for {len(errata)} member(s) "
+            f"(first {first!r}); the patched wheel records their real hashes"
+        )
     with step(f"applying {len(series.entries)} patch(es) of {series.name}"):
         plan = apply.plan(inside(root, series.package), series.patches, max_fuzz=series.max_fuzz)
     version = patched_version(series, pin.version)
@@ -388,7 +427,9 @@ def bake(
             tree_stamp = json.dumps(stamp(staging), sort_keys=True).encode()
             out = build / "dist" / wheel_name
             if write_wheel:
-                out = _write_wheel(base, build / "dist", wheel_name, version, changed, data, trash)
+                out = _write_wheel(
+                    base, build / "dist", wheel_name, version, changed, data, trash, errata
+                )
             swap_into_place(staging, tree, trash)
             write_atomic(_tree_stamp_path(tree), tree_stamp)
             old = superseded_wheels(build / "dist", wheel_name, series.name) if write_wheel else []

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from bakery.errors import WheelError
 
-__all__ = ["record_hash", "record_hash_file", "parse_record", "record_bytes"]
+__all__ = ["hash_field", "record_hash", "record_hash_file", "parse_record", "record_bytes"]
 
 
 class _RecordDialect(csv.excel):
@@ -24,10 +24,15 @@ class _RecordDialect(csv.excel):
     lineterminator = "\n"
 
 
-def record_hash(data: bytes) -> str:
-    """The RECORD hash field: ``sha256=`` and the urlsafe base64 digest without padding."""
-    digest = hashlib.sha256(data).digest()
+def hash_field(digest: bytes) -> str:
+    """The RECORD hash field of a sha256 digest: ``sha256=`` and the urlsafe base64
+    digest without padding."""
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def record_hash(data: bytes) -> str:
+    """The RECORD hash field of ``data``."""
+    return hash_field(hashlib.sha256(data).digest())
 
 
 def record_hash_file(path) -> str:
@@ -36,7 +41,7 @@ def record_hash_file(path) -> str:
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
-    return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+    return hash_field(digest.digest())
 
 
 def parse_record(text: str, where: str) -> dict[str, str]:

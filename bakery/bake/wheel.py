@@ -10,11 +10,12 @@ byte-identical wheels.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import zipfile
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from packaging.metadata import Metadata
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from bakery.bake.record import parse_record, record_bytes, record_hash
+from bakery.bake.record import hash_field, parse_record, record_bytes, record_hash
 from bakery.bake.zipwriter import ZipWriter
 from bakery.errors import UnsafePathError, WheelError
 from bakery.tree import relative
@@ -33,6 +34,7 @@ __all__ = [
     "read_wheel",
     "extract",
     "extract_sources",
+    "record_errata",
     "read_members",
     "pinned_requirement",
     "write_patched_wheel",
@@ -98,22 +100,47 @@ def read_wheel(path: Path) -> WheelInfo:
     )
 
 
-def _extract_part(wheel: str, names: list[str], dest: str) -> str | None:
-    """Extract ``names``; a member zipfile cannot read (encrypted, an unsupported method,
-    a bad CRC) is the reason returned, not a traceback from a worker."""
+def _extract_part(
+    wheel: str, names: list[str], dest: str, record: dict[str, str]
+) -> tuple[str | None, dict[str, str]]:
+    """Extract ``names``, hashing each as it is written; returns the reason a member
+    cannot be read (encrypted, an unsupported method, a bad CRC: not a traceback from a
+    worker) and the real hash of each member whose RECORD hash is wrong."""
+    errata: dict[str, str] = {}
     with zipfile.ZipFile(wheel) as zf:
         for name in names:
             info = zf.getinfo(name)
             target = os.path.join(dest, name)
             os.makedirs(os.path.dirname(target), exist_ok=True)
+            h = hashlib.sha256()
             try:
                 with zf.open(info) as src, open(target, "wb") as out:
                     while chunk := src.read(_CHUNK):
+                        h.update(chunk)
                         out.write(chunk)
             except (RuntimeError, NotImplementedError, zipfile.BadZipFile, zlib.error) as exc:
-                return f"member {name!r} cannot be read ({exc})"
+                return f"member {name!r} cannot be read ({exc})", errata
             os.chmod(target, (info.external_attr >> 16) & 0o777 or 0o644)
-    return None
+            if name in record and record[name] != hash_field(h.digest()):
+                errata[name] = hash_field(h.digest())
+    return None, errata
+
+
+def record_errata(wheel: WheelInfo) -> dict[str, str]:
+    """Member -> its real hash, for each member whose RECORD hash is wrong ({} for a
+    sound wheel): read from the wheel itself (``extract`` finds the same as it writes)."""
+    errata = {}
+    with zipfile.ZipFile(wheel.path) as zf:
+        for info in zf.infolist():
+            if info.filename not in wheel.record:
+                continue
+            h = hashlib.sha256()
+            with zf.open(info) as src:
+                while chunk := src.read(_CHUNK):
+                    h.update(chunk)
+            if hash_field(h.digest()) != wheel.record[info.filename]:
+                errata[info.filename] = hash_field(h.digest())
+    return errata
 
 
 # An extraction's size bound: 50x the wheel (vLLM's is about 4x), at least 256 MiB and at
@@ -122,8 +149,9 @@ def _size_bound(wheel: Path) -> int:
     return min(16 << 30, max(256 << 20, 50 * wheel.stat().st_size))
 
 
-def extract(wheel: WheelInfo, dest: Path, workers: int = 2) -> None:
-    """Extract every file member into ``dest`` (which must not exist yet)."""
+def extract(wheel: WheelInfo, dest: Path, workers: int = 2) -> dict[str, str]:
+    """Extract every file member into ``dest`` (which must not exist yet); returns
+    ``record_errata``'s answer, found on the way."""
     with zipfile.ZipFile(wheel.path) as zf:
         infos = [i for i in zf.infolist() if not i.is_dir()]
     total, bound = sum(i.file_size for i in infos), _size_bound(wheel.path)
@@ -142,15 +170,19 @@ def extract(wheel: WheelInfo, dest: Path, workers: int = 2) -> None:
         parts[k].append(info.filename)
         loads[k] += info.file_size
     dest.mkdir(parents=True)
+    record = dict(wheel.record)
     if len(parts) == 1:
-        problems = [_extract_part(str(wheel.path), parts[0], str(dest))]
+        results = [_extract_part(str(wheel.path), parts[0], str(dest), record)]
     else:
         with ProcessPoolExecutor(len(parts)) as pool:
-            jobs = [pool.submit(_extract_part, str(wheel.path), p, str(dest)) for p in parts]
-            problems = [job.result() for job in jobs]
-    found = [p for p in problems if p]
+            jobs = [
+                pool.submit(_extract_part, str(wheel.path), p, str(dest), record) for p in parts
+            ]
+            results = [job.result() for job in jobs]
+    found = [problem for problem, _ in results if problem]
     if found:
         raise WheelError(f"{wheel.path.name}: {found[0]}", hint="fetch the wheel again")
+    return {name: digest for _, errata in results for name, digest in sorted(errata.items())}
 
 
 def extract_sources(wheel: WheelInfo, dest: Path) -> None:
@@ -223,9 +255,14 @@ def write_patched_wheel(
     version: Version,
     replaced: Mapping[str, bytes | None],
     extra_dist_info: Mapping[str, bytes],
-    progress: Callable[[int], None] | None = None,
+    errata: Mapping[str, str] | None = None,
 ) -> None:
-    """Write ``out``: ``base`` with ``replaced`` members (None deletes) under ``version``."""
+    """Write ``out``: ``base`` with ``replaced`` members (None deletes) under ``version``.
+
+    ``errata`` (``record_errata``'s answer) gives the real hash of each untouched member
+    whose RECORD hash is wrong: pip copies a wheel's hashes into the installed RECORD
+    unchecked, and the wheel spec has installers refuse a wheel whose RECORD is wrong."""
+    errata = errata or {}
     new_dist_info = f"{base.name}-{version}.dist-info"
     for name in [*replaced, *extra_dist_info]:  # no member may leave the install root
         _safe_member(name, out)
@@ -257,12 +294,10 @@ def write_patched_wheel(
             else:  # every other name is a base member: copied raw
                 info = sources[name]
                 writer.add_raw(name, raw, info)
-                digest = base.record.get(info.filename)
+                digest = errata.get(info.filename) or base.record.get(info.filename)
                 if digest is None:  # RECORD lacked it: hash the real bytes
                     digest = record_hash(zf.read(info))
                 rows.append((name, digest, info.file_size))
-            if progress:
-                progress(1)
         rows.append((record_name, "", ""))
         writer.add_bytes(record_name, record_bytes(rows), _FILE_ATTR)
         writer.finish()
