@@ -222,22 +222,28 @@ def test_damage_the_stamp_cannot_see_is_caught_by_the_record_preimage_check(
     assert not (tmp_path / "b" / "baked-cpu").exists()
 
 
-def test_edit_written_through_a_hard_link_is_detected_and_healed(tmp_path, series, cache, cpu_bake):
+def test_an_edit_of_the_build_folders_own_copy_is_healed_from_the_cache(
+    tmp_path, series, cache, cpu_bake
+):
+    """An in-place edit of an untouched baked file reaches the build folder's own copy of
+    the pristine tree (the cache never: tests/test_linked_edits.py); the next bake copies
+    that file again from the cache and bakes it as it was."""
     pin = series.base("cpu")
     fake = _fake_cache(tmp_path, pin, cache)
     build = tmp_path / "b"
     env = {"BAKERY_CACHE": str(fake)}
     assert run_cli("bake", "--base", "cpu", "--build", str(build), env=env).returncode == 0
-    untouched = EDITED
-    baked = build / "baked-cpu" / untouched
+    baked = build / "baked-cpu" / EDITED
+    own = build / ".pristine" / pin.sha256 / EDITED
     original = baked.read_bytes()
-    assert os.stat(baked).st_ino == os.stat(fake / "pristine" / pin.sha256 / untouched).st_ino
-    with open(baked, "ab") as handle:  # an editor writing in place: reaches the cache
+    assert os.stat(baked).st_ino == os.stat(own).st_ino
+    assert os.stat(baked).st_ino != os.stat(fake / "pristine" / pin.sha256 / EDITED).st_ino
+    with open(baked, "ab") as handle:  # an editor writing in place: reaches the own copy
         handle.write(b"# edited in place\n")
     proc = run_cli("bake", "--base", "cpu", "--build", str(build), env=env)
-    assert proc.returncode == 0 and "re-extracting" in proc.stderr
-    assert (fake / "pristine" / pin.sha256 / untouched).read_bytes() == original
-    assert (build / "baked-cpu" / untouched).read_bytes() == original
+    assert proc.returncode == 0 and "copied again from the cache" in proc.stderr
+    assert (fake / "pristine" / pin.sha256 / EDITED).read_bytes() == original
+    assert own.read_bytes() == original and baked.read_bytes() == original
 
 
 def test_bake_killed_at_random_points_never_leaves_a_half_tree(tmp_path, cpu_bake, series, cache):

@@ -97,3 +97,18 @@ def test_clean_all_leaves_an_empty_build_folder_that_bakes_again(tmp_path):
     assert os.listdir(build) in ([], [".bake.lock"])
     assert cli("bake").returncode == 0
     assert cli("bake", "--check").returncode == 0
+
+
+def test_clean_removes_the_pristine_copies_no_baked_tree_links_to(tmp_path):
+    """A build folder's own copy of the pristine tree goes with the last tree linking it."""
+    import shutil
+
+    series, build, cli, _, _ = make_loop(tmp_path)
+    kept = listing(build / ".pristine")
+    assert len(kept) > 2 and ".pristine" not in cli("clean", "--dry-run").stdout
+    cache = listing(tmp_path / "cache")
+    shutil.rmtree(build / "baked")
+    proc = cli("clean")
+    assert proc.returncode == 0 and proc.stdout.count("pristine copy no baked tree") == 2
+    assert listing(build / ".pristine") == set() and listing(tmp_path / "cache") == cache
+    assert cli("bake").returncode == 0 and listing(build / ".pristine") == kept

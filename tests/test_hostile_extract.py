@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bakery.bake import bake as bake_mod
+from bakery.bake import pristine as pristine_mod
 from bakery.bake import wheel as wheel_mod
 from bakery.errors import WheelError
 
@@ -40,7 +40,7 @@ def test_a_member_with_a_bad_crc_is_one_wheel_error(tmp_path):
     data[at] = ord("B")  # the stored bytes no longer match their CRC
     path.write_bytes(bytes(data))
     with pytest.raises(WheelError, match=r"member 'vllm/a.py' cannot be read \(Bad CRC"):
-        wheel_mod.extract(info(path), tmp_path / "out", workers=1)
+        wheel_mod.extract(info(path), tmp_path / "out")
 
 
 def test_a_failed_extraction_leaves_nothing_for_the_retry(tmp_path, monkeypatch):
@@ -48,15 +48,15 @@ def test_a_failed_extraction_leaves_nothing_for_the_retry(tmp_path, monkeypatch)
     (cache / "pristine").mkdir(parents=True)
     calls = []
 
-    def full_disk(wheel, dest, workers=2):
+    def full_disk(wheel, dest):
         dest.mkdir(parents=True)
         (dest / "half.py").write_bytes(b"x")
         calls.append(dest)
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(bake_mod, "extract", full_disk)
+    monkeypatch.setattr(pristine_mod, "extract", full_disk)
     for _ in range(3):
         with pytest.raises(OSError):
-            bake_mod.pristine(info(tmp_path / "w.whl"), "ab" * 32, cache)
+            pristine_mod.pristine(info(tmp_path / "w.whl"), "ab" * 32, cache)
         assert list((cache / "pristine").iterdir()) == []  # nothing piles up
     assert len(calls) == 3

@@ -1,40 +1,75 @@
-"""An append to an untouched baked file writes through its hard link into the pristine
-cache: `bake --check` and `check` must see it (per-file hashes of the tree cannot)."""
+"""Issue 24, item 5: an in-place edit to an untouched file of a baked tree never reaches
+the pristine cache, which other checkouts share. The baked tree links to its build
+folder's own copy; the test bakes the real cpu base with a private cache (never the real
+one), appends with the shell's `>>`, and a plant of the old linking fails it."""
 
+import hashlib
 import os
+import subprocess
 
 import pytest
 
+from bakery.bake import bake as bake_mod
+from bakery.bake.bake import bake
+from bakery.bake.pristine import pristine_edits
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
-UNTOUCHED = "vllm/models/deepseek_v41/quant_config.py"
+UNTOUCHED = "vllm/envs.py"
 
 
-def test_append_through_a_hard_link_is_reported_by_bake_check_and_check(
-    tmp_path, series, cache, cpu_bake
-):
-    pin = series.base("cpu")
-    # A private cache (the real wheel, a fresh pristine tree): the append below must
-    # not reach the cache every other bake on this machine shares.
+def _private_cache(tmp_path, pin, cache):
+    """The real wheel (a link to the session's copy) and nothing else: a fresh pristine."""
     private = tmp_path / "cache"
     (private / "wheels" / pin.sha256).mkdir(parents=True)
     os.symlink(
         cache / "wheels" / pin.sha256 / pin.wheel, private / "wheels" / pin.sha256 / pin.wheel
     )
+    return private
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _append_leaves_the_cache_intact(tmp_path, series, private) -> None:
+    pin = series.base("cpu")
+    build, other = tmp_path / "build", tmp_path / "other-checkout"
+    bake(series, "cpu", build=build, cache=private)
+    bake(series, "cpu", build=other, cache=private)
+    cached = private / "pristine" / pin.sha256 / UNTOUCHED
+    before = _digest(cached)
+    edited = build / "baked-cpu" / UNTOUCHED
+    subprocess.run(["bash", "-c", f"echo >> '{edited}'"], check=True)
+    assert _digest(edited) != before  # the edit is in this checkout's tree ...
+    assert _digest(cached) == before, "the append reached the shared pristine cache"
+    assert pristine_edits(pin.sha256, private) == []
+    assert _digest(other / "baked-cpu" / UNTOUCHED) == before  # ... and in no other
+
+
+def test_an_append_to_an_untouched_file_never_reaches_the_cache(tmp_path, series, cache):
+    pin = series.base("cpu")
+    private = _private_cache(tmp_path, pin, cache)
+    _append_leaves_the_cache_intact(tmp_path, series, private)
     env = {"BAKERY_CACHE": str(private)}
     build = tmp_path / "build"
-    assert run_cli("bake", "--base", "cpu", "--build", str(build), env=env).returncode == 0
-    tree = build / "baked-cpu"
-    assert (
-        os.stat(tree / UNTOUCHED).st_ino
-        == os.stat(private / "pristine" / pin.sha256 / UNTOUCHED).st_ino
-    )
-    for args in (["bake", "--check", "--base", "cpu", "--build", str(build)], ["check", str(tree)]):
-        assert run_cli(*args, env=env).returncode == 0
-    with open(tree / UNTOUCHED, "ab") as handle:  # `echo ... >> file`
-        handle.write(b"# appended\n")
-    for args in (["bake", "--check", "--base", "cpu", "--build", str(build)], ["check", str(tree)]):
+    checks = (["bake", "--check", "--base", "cpu", "--build", str(build)],
+              ["check", str(build / "baked-cpu")])  # fmt: skip
+    for args in checks:  # this checkout sees its own edit
         proc = run_cli(*args, env=env)
-        assert proc.returncode == 1, (args, proc.stdout)
-        assert f"modified through a hard link into the pristine cache: {UNTOUCHED}" in proc.stdout
+        assert proc.returncode == 1 and UNTOUCHED in proc.stdout, (args, proc.stdout)
+    proc = run_cli("bake", "--base", "cpu", "--build", str(build), env=env)
+    assert proc.returncode == 0 and "copied again from the cache" in proc.stderr, proc.stderr
+    cached = private / "pristine" / pin.sha256 / UNTOUCHED
+    assert _digest(build / "baked-cpu" / UNTOUCHED) == _digest(cached)
+    for args in checks:
+        assert run_cli(*args, env=env).returncode == 0, args
+
+
+def test_planted_linking_into_the_cache_fails_it(tmp_path, series, cache, monkeypatch):
+    """The old bake: untouched files linked straight to the shared cache."""
+    pin = series.base("cpu")
+    private = _private_cache(tmp_path, pin, cache)
+    monkeypatch.setattr(bake_mod, "own_pristine", lambda source, build: source)
+    with pytest.raises(AssertionError, match="reached the shared pristine cache"):
+        _append_leaves_the_cache_intact(tmp_path, series, private)

@@ -23,20 +23,19 @@ from packaging.version import Version
 from bakery import project
 from bakery.bake import manifest
 from bakery.bake.fetch import cache_dir, fetch
+from bakery.bake.pristine import own_pristine, pristine, record_errata_of
 from bakery.bake.record import record_hash
 from bakery.bake.wheel import (
     WheelInfo,
-    extract,
     patched_wheel_name,
     read_wheel,
-    record_errata,
     write_patched_wheel,
 )
 from bakery.errors import BakeryError, PreimageMismatch, UnreadableInput, UsageError
 from bakery.progress import interactive, step, warn
 from bakery.schema import read_json
 from bakery.series import apply
-from bakery.series.series import Pin, Series
+from bakery.series.series import Series
 from bakery.tree import (
     clone_tree,
     empty_trash,
@@ -44,7 +43,6 @@ from bakery.tree import (
     open_own,
     own_folder,
     remove_tree,
-    stage_beside,
     stamp,
     swap_into_place,
     sweep_dead,
@@ -56,11 +54,8 @@ __all__ = [
     "bake",
     "up_to",
     "tree_dir",
-    "pristine",
-    "unpacked",
     "patched_version",
     "staleness",
-    "pristine_edits",
     "build_lock",
     "superseded_wheels",
     "baked_wheel",
@@ -115,110 +110,6 @@ def patched_version(series: Series, base_version: str) -> Version:
     return Version(f"{base_version}+{series.name}.{series.sha256[:8]}")
 
 
-def _stamp_path(root: Path) -> Path:
-    return root.with_name(f"{root.name}.stamp.json")
-
-
-def _errata_path(root: Path) -> Path:
-    return root.with_name(f"{root.name}.record.json")
-
-
-def _write_errata(root: Path, errata: dict[str, str]) -> None:
-    write_atomic(_errata_path(root), json.dumps(errata, sort_keys=True).encode())
-
-
-def record_errata_of(wheel: WheelInfo, root: Path) -> dict[str, str]:
-    """The real hash of each member whose RECORD hash is wrong ({} for a sound wheel),
-    found once per wheel: by the extraction that made ``root``, else (a tree extracted
-    by an older bakery) by reading the wheel, then kept beside the tree. It depends on
-    the wheel's bytes alone, which its sha256 (the folder's name) pins."""
-    try:
-        kept = read_json(_errata_path(root), "RECORD errata", UnreadableInput)
-    except UnreadableInput:
-        kept = None
-    if (
-        isinstance(kept, dict)
-        and all(isinstance(v, str) for v in kept.values())
-        and set(kept) <= set(wheel.record)
-    ):
-        return kept
-    with step(f"checking {wheel.path.name}'s RECORD"):
-        errata = record_errata(wheel)
-    _write_errata(root, errata)
-    return errata
-
-
-def _moved_since_extraction(root: Path) -> list[str] | None:
-    """Files of a cached pristine tree whose size or mtime differ from its stamp, taken at
-    extraction ([] if none); None if the tree or its stamp is missing (never trusted)."""
-    stamp_path = _stamp_path(root)
-    if not (root.is_dir() and stamp_path.is_file()):
-        return None
-    try:
-        then = read_json(stamp_path, "pristine stamp", UnreadableInput)
-    except UnreadableInput:
-        return None  # a damaged stamp is no stamp: the tree is extracted again
-    if not isinstance(then, dict):
-        return None
-    now = stamp(root)
-    return sorted(rel for rel in set(then) | set(now) if then.get(rel) != now.get(rel))
-
-
-def pristine(wheel: WheelInfo, sha256: str, cache: Path) -> Path:
-    """The wheel extracted once per sha256, shared by every bake through hard links.
-
-    Its stamp (size + mtime of every file) is checked on each use; a pristine
-    tree that was written through a link from a baked tree is re-extracted."""
-    root = cache / "pristine" / sha256
-    stamp_path = _stamp_path(root)
-    moved = _moved_since_extraction(root)
-    if moved == []:
-        return root
-    if moved:
-        warn(f"pristine cache {root} was modified (an edit through a hard link?); re-extracting")
-    remove_tree(root)
-    stamp_path.unlink(missing_ok=True)
-    tmp = root.with_name(f".{sha256[:16]}.tmp-{os.getpid()}")
-    remove_tree(tmp)
-    sweep_dead(root.parent)  # a failed or killed extraction's leftovers, before the retry
-    try:
-        with step(f"extracting {wheel.path.name}"):
-            errata = extract(wheel, tmp)
-        _write_errata(root, errata)
-    except BaseException:
-        remove_tree(tmp)  # a full disk must not leave a partial tree for every retry
-        raise
-    # staged as ".<name>.<random>.tmp-<pid>", which sweep_dead clears after a kill
-    stamp_tmp = stage_beside(
-        stamp_path, json.dumps(stamp(tmp), sort_keys=True).encode(), suffix=f".tmp-{os.getpid()}"
-    )
-    try:
-        os.rename(tmp, root)
-    except OSError:  # a concurrent bake extracted the same bytes first: use its tree
-        remove_tree(tmp)
-        stamp_tmp.unlink()
-        return root
-    os.replace(stamp_tmp, stamp_path)  # last: a tree without its stamp is never trusted
-    return root
-
-
-def pristine_edits(sha256: str, cache: Path | None = None) -> list[str]:
-    """One line per file of the cached pristine tree modified since extraction: an append
-    (``>>``) to an untouched file of a baked tree lands there, through the hard link, and
-    changes every tree linked to it, unseen by per-file hashes of the tree ([] if none,
-    or nothing cached)."""
-    moved = _moved_since_extraction((cache or cache_dir()) / "pristine" / sha256)
-    return [f"modified through a hard link into the pristine cache: {rel}" for rel in moved or []]
-
-
-def unpacked(pin: Pin, cache: Path | None = None, wheel: Path | None = None) -> Path:
-    """Fetch (hash-pinned) and extract a pinned wheel; the read-only pristine root."""
-    cache = cache or cache_dir()
-    with step(f"fetching {pin.wheel}"):
-        path = fetch(pin, wheel=wheel, cache=cache, verbose=interactive())
-    return pristine(read_wheel(path), pin.sha256, cache)
-
-
 def _check_preimage(root: Path, wheel: WheelInfo, series: Series) -> None:
     """Every touched file must be what the wheel's RECORD says, before patching."""
     bad = []
@@ -252,9 +143,9 @@ def restamp(tree: Path) -> None:
 
 
 def _moved_in_tree(tree: Path) -> list[str]:
-    """Files of the tree whose size or mtime moved since the bake: an append through a
-    hard link from another checkout lands in this tree too, and once the pristine cache
-    is extracted again nothing else sees it ([] if none, or no stamp: an older bake)."""
+    """Files of the tree whose size or mtime moved since the bake: an append to an
+    untouched file, which the per-file hashes of BAKED.json do not cover ([] if none, or
+    no stamp: an older bake)."""
     try:
         then = read_json(_tree_stamp_path(tree), "tree stamp", UnreadableInput)
     except UnreadableInput:
@@ -293,7 +184,7 @@ def staleness(series: Series, base_key: str, build: Path = project.BUILD) -> lis
     ]
     seen = {line.split(": ", 1)[1] for line in problems if ": " in line}
     problems += [
-        f"modified since the bake (an edit through a hard link?): {rel}"
+        f"modified since the bake: {rel}"
         for rel in _moved_in_tree(tree)
         if rel not in seen and rel != manifest.MANIFEST
     ]
@@ -418,8 +309,9 @@ def bake(
         sweep_dead(cache / "pristine")
         staging = build / f".{tree.name}.new-{os.getpid()}"
         try:
+            own = own_pristine(root, build)  # never the shared cache: others use it
             with step(f"writing {tree}"):
-                clone_tree(root, staging, skip=frozenset(changed))
+                clone_tree(own, staging, skip=frozenset(changed))
                 for member, content in changed.items():
                     if content is not None:
                         write_atomic(inside(staging, member), content, modes.get(member))

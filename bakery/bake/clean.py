@@ -92,6 +92,10 @@ def build_garbage(build: Path, series_name: str, everything: bool = False) -> li
         path = build / name
         if path.is_dir() and not path.is_symlink():
             out.append(Removal(path, _freed(path), f"`bakery {name}` reports"))
+    bases = {data["base"]["sha256"] for data in _baked_manifests(build)}
+    for path in sorted((build / ".pristine").iterdir()) if (build / ".pristine").is_dir() else []:
+        if _SHA.match(path.name) and path.name[:64] not in bases and not path.is_symlink():
+            out.append(Removal(path, _freed(path), "a pristine copy no baked tree links to"))
     for path in sorted(build.glob(".trash*")):
         if not path.is_symlink():
             out.append(Removal(path, _freed(path), "trash of an earlier swap"))

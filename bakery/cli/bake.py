@@ -12,8 +12,9 @@ import click
 
 from bakery.bake import clean, manifest
 from bakery.bake.bake import bake as run_bake
-from bakery.bake.bake import pristine_edits, staleness, tree_dir, up_to
+from bakery.bake.bake import staleness, tree_dir, up_to
 from bakery.bake.fetch import cache_dir
+from bakery.bake.pristine import pristine_edits
 from bakery.cli.options import base_option, build_option, series_option
 from bakery.errors import BakeryError, HunkFailed, UsageError
 from bakery.maintain import rebase_loop
@@ -123,7 +124,7 @@ def check_cmd(directory: Path | None, python: Path | None) -> None:
     ):
         for rel in paths:
             click.echo(f"{label}: {rel}")
-    # Only a baked tree shares its untouched files with the pristine cache (hard links).
+    # A tree an older bakery baked may still share its untouched files with the cache.
     linked = pristine_edits(data["base"]["sha256"]) if path.parent == directory else []
     for line in linked:
         click.echo(line)

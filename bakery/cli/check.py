@@ -8,7 +8,8 @@ import click
 
 from bakery import project
 from bakery.bake import manifest
-from bakery.bake.bake import tree_dir, unpacked
+from bakery.bake.bake import tree_dir
+from bakery.bake.pristine import unpacked
 from bakery.check.importcheck import import_check, touched_modules
 from bakery.check.linkcheck import format_finding, run_linkcheck
 from bakery.cli.options import base_option, series_option

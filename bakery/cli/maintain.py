@@ -16,8 +16,9 @@ from packaging.utils import canonicalize_name
 from bakery import project
 from bakery.bake import manifest
 from bakery.bake.bake import bake as run_bake
-from bakery.bake.bake import tree_dir, unpacked
+from bakery.bake.bake import tree_dir
 from bakery.bake.fetch import cache_dir
+from bakery.bake.pristine import unpacked
 from bakery.cli.options import base_option, build_option, series_option, under_root
 from bakery.errors import BakeryError, UsageError
 from bakery.maintain import rebase as rebase_mod
@@ -77,7 +78,7 @@ def refresh_cmd(
             hint=f"run `bakery bake --base {base_key}`",
         )
     _refuse_if_series_moved(series, base_key, tree, build_dir)
-    pristine_pkg = unpacked(series.base(base_key)) / series.package
+    pristine_pkg = unpacked(series.base(base_key), build=build_dir) / series.package
     strays: list[str] = []
     edited = refresh.differing_files(pristine_pkg, tree / series.package, strays)
     for rel in strays:

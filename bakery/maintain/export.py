@@ -24,7 +24,7 @@ from pathlib import Path
 
 import tomlkit
 
-from bakery.bake.bake import unpacked
+from bakery.bake.pristine import unpacked
 from bakery.errors import BakeryError, UsageError
 from bakery.maintain import refresh
 from bakery.series import apply

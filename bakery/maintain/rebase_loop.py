@@ -24,7 +24,8 @@ from pathlib import Path
 
 import tomlkit
 
-from bakery.bake.bake import bake, build_lock, staleness, tree_dir, unpacked
+from bakery.bake.bake import bake, build_lock, staleness, tree_dir
+from bakery.bake.pristine import unpacked
 from bakery.check.linkcheck import format_finding, run_linkcheck
 from bakery.errors import BakeryError, HunkFailed, UnreadableInput, UsageError
 from bakery.maintain import refresh
@@ -172,7 +173,7 @@ def checkout(
     with build_lock(build):
         refuse_during_rebase(build)
         tree = tree_dir(build, base_key)
-        old_pkg = unpacked(series.base(base_key), cache) / series.package
+        old_pkg = unpacked(series.base(base_key), cache, build=build) / series.package
         if tree.exists():
             # The old tree is set aside and dropped by --continue: edits in it would be lost.
             problems = staleness(series, base_key, build)
@@ -188,7 +189,7 @@ def checkout(
         pin = release_pin(series, base_key, version, cache)
         deps = _dependency_pins(series, pin, cache)
         others, notes = other_base_pins(series, base_key, version, cache)
-        new_root = unpacked(pin, cache)
+        new_root = unpacked(pin, cache, build=build)  # its own copy: the tree links to it
         outcomes = _reuse(
             build,
             _place(series, old_pkg, new_root / series.package, str(pin.requirement), max_fuzz),
@@ -353,7 +354,7 @@ def _resume(
     pin = Pin.parse(base_key, state["pin"], "rebase state")
     strays: list[str] = []
     edited = refresh.differing_files(
-        unpacked(pin, cache) / saved.package, tree / saved.package, strays
+        unpacked(pin, cache, build=build) / saved.package, tree / saved.package, strays
     )
     # The new series is made in a copy of the saved one, then written all at once.
     work = own_path(build, f"{STATE}/next", "the series being written")

@@ -28,8 +28,9 @@ from pathlib import Path
 import tomlkit
 
 from bakery.bake import manifest
-from bakery.bake.bake import patched_version, pristine, restamp
+from bakery.bake.bake import patched_version, restamp
 from bakery.bake.fetch import cache_dir, fetch
+from bakery.bake.pristine import own_pristine, pristine
 from bakery.bake.wheel import patched_wheel_name, read_wheel
 from bakery.errors import BakeryError, HunkFailed, SeriesError, UnsafePathError
 from bakery.series import apply
@@ -318,7 +319,7 @@ def record(series: Series, base_key: str, tree: Path, cache: Path | None = None)
     pin = series.base(base_key)
     cache = cache or cache_dir()
     base = read_wheel(fetch(pin, cache=cache))
-    package = pristine(base, pin.sha256, cache) / series.package
+    package = own_pristine(pristine(base, pin.sha256, cache), tree.parent) / series.package
     result = apply.plan(package, series.patches, max_fuzz=series.max_fuzz)
     edited = differing_files(package, tree / series.package)
     unlike = sorted(

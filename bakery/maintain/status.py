@@ -14,12 +14,12 @@ from bakery import __version__
 from bakery.bake import manifest
 from bakery.bake.bake import (
     baked_wheel,
-    pristine_edits,
     staleness,
     superseded_wheels,
     tree_dir,
 )
 from bakery.bake.fetch import cache_dir
+from bakery.bake.pristine import compared_pristine, pristine_edits
 from bakery.launch import lifecycle
 from bakery.maintain import refresh
 from bakery.maintain.rebase_loop import conflicts_left, in_progress
@@ -30,7 +30,7 @@ __all__ = ["collect", "lines"]
 
 def _pending(series: Series, key: str, tree: Path, cache: Path) -> dict:
     """The edits refresh would write, or why they cannot be told."""
-    pristine = cache / "pristine" / series.base(key).sha256 / series.package
+    pristine = compared_pristine(series.base(key).sha256, cache, tree.parent) / series.package
     if not pristine.is_dir():
         return {"pending": None, "why": f"pristine tree not cached ({pristine})", "strays": []}
     strays: list[str] = []

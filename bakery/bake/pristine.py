@@ -1,0 +1,232 @@
+"""Pristine trees: each pinned wheel extracted once into the shared cache, and each build
+folder's own copy of it, which that folder's baked trees hard-link to.
+
+The cache (``$BAKERY_CACHE/pristine/<sha256>``) may be shared by other checkouts, so no
+baked tree links to it: an edit written in place (``echo >>``, an editor that keeps the
+inode) to an untouched file of ``build/baked`` would reach every other checkout. The link
+goes to ``build/.pristine/<sha256>`` instead, copied once per build folder; an edit that
+reaches that copy is seen by its stamp and the file copied again from the cache. Every
+tree carries a stamp (size and mtime of every file) taken as it is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from bakery.bake.fetch import cache_dir, fetch
+from bakery.bake.wheel import WheelInfo, extract, read_wheel, record_errata
+from bakery.errors import UnreadableInput
+from bakery.progress import interactive, step, warn
+from bakery.schema import read_json
+from bakery.series.series import Pin
+from bakery.tree import (
+    inside,
+    own_folder,
+    remove_tree,
+    stage_beside,
+    stamp,
+    sweep_dead,
+    write_atomic,
+)
+
+__all__ = [
+    "pristine",
+    "own_pristine",
+    "own_copy",
+    "compared_pristine",
+    "pristine_edits",
+    "record_errata_of",
+    "unpacked",
+]
+
+
+def _stamp_path(root: Path) -> Path:
+    return root.with_name(f"{root.name}.stamp.json")
+
+
+def _errata_path(root: Path) -> Path:
+    return root.with_name(f"{root.name}.record.json")
+
+
+def _write_errata(root: Path, errata: dict[str, str]) -> None:
+    write_atomic(_errata_path(root), json.dumps(errata, sort_keys=True).encode())
+
+
+def record_errata_of(wheel: WheelInfo, root: Path) -> dict[str, str]:
+    """The real hash of each member whose RECORD hash is wrong ({} for a sound wheel),
+    found once per wheel: by the extraction that made ``root``, else (a tree extracted
+    by an older bakery) by reading the wheel, then kept beside the tree. It depends on
+    the wheel's bytes alone, which its sha256 (the folder's name) pins."""
+    try:
+        kept = read_json(_errata_path(root), "RECORD errata", UnreadableInput)
+    except UnreadableInput:
+        kept = None
+    if (
+        isinstance(kept, dict)
+        and all(isinstance(v, str) for v in kept.values())
+        and set(kept) <= set(wheel.record)
+    ):
+        return kept
+    with step(f"checking {wheel.path.name}'s RECORD"):
+        errata = record_errata(wheel)
+    _write_errata(root, errata)
+    return errata
+
+
+def _moved_since_extraction(root: Path) -> list[str] | None:
+    """Files of a cached pristine tree whose size or mtime differ from its stamp, taken at
+    extraction ([] if none); None if the tree or its stamp is missing (never trusted)."""
+    stamp_path = _stamp_path(root)
+    if not (root.is_dir() and stamp_path.is_file()):
+        return None
+    try:
+        then = read_json(stamp_path, "pristine stamp", UnreadableInput)
+    except UnreadableInput:
+        return None  # a damaged stamp is no stamp: the tree is extracted again
+    if not isinstance(then, dict):
+        return None
+    now = stamp(root)
+    return sorted(rel for rel in set(then) | set(now) if then.get(rel) != now.get(rel))
+
+
+def pristine(wheel: WheelInfo, sha256: str, cache: Path) -> Path:
+    """The wheel extracted once per sha256 into the cache, which every checkout shares.
+
+    Its stamp (size + mtime of every file) is checked on each use; a tree modified
+    since (by hand, or through a link an older bakery made) is extracted again."""
+    root = cache / "pristine" / sha256
+    stamp_path = _stamp_path(root)
+    moved = _moved_since_extraction(root)
+    if moved == []:
+        return root
+    if moved:
+        warn(f"pristine cache {root} was modified (by hand, or through a link); re-extracting")
+    remove_tree(root)
+    stamp_path.unlink(missing_ok=True)
+    tmp = root.with_name(f".{sha256[:16]}.tmp-{os.getpid()}")
+    remove_tree(tmp)
+    sweep_dead(root.parent)  # a failed or killed extraction's leftovers, before the retry
+    try:
+        with step(f"extracting {wheel.path.name}"):
+            errata = extract(wheel, tmp)
+        _write_errata(root, errata)
+    except BaseException:
+        remove_tree(tmp)  # a full disk must not leave a partial tree for every retry
+        raise
+    # staged as ".<name>.<random>.tmp-<pid>", which sweep_dead clears after a kill
+    stamp_tmp = stage_beside(
+        stamp_path, json.dumps(stamp(tmp), sort_keys=True).encode(), suffix=f".tmp-{os.getpid()}"
+    )
+    try:
+        os.rename(tmp, root)
+    except OSError:  # a concurrent bake extracted the same bytes first: use its tree
+        remove_tree(tmp)
+        stamp_tmp.unlink()
+        return root
+    os.replace(stamp_tmp, stamp_path)  # last: a tree without its stamp is never trusted
+    return root
+
+
+def pristine_edits(sha256: str, cache: Path | None = None) -> list[str]:
+    """One line per file of the cached pristine tree modified since extraction ([] if
+    none, or nothing cached): baked trees no longer link to it, but an older bakery's
+    trees may, and the next bake extracts it again."""
+    moved = _moved_since_extraction((cache or cache_dir()) / "pristine" / sha256)
+    return [f"modified through a hard link into the pristine cache: {rel}" for rel in moved or []]
+
+
+def unpacked(
+    pin: Pin, cache: Path | None = None, wheel: Path | None = None, build: Path | None = None
+) -> Path:
+    """Fetch (hash-pinned) and extract a pinned wheel; the read-only pristine root (with
+    ``build``: that build folder's own copy, to compare with or link into its trees)."""
+    cache = cache or cache_dir()
+    with step(f"fetching {pin.wheel}"):
+        path = fetch(pin, wheel=wheel, cache=cache, verbose=interactive())
+    root = pristine(read_wheel(path), pin.sha256, cache)
+    return root if build is None else own_pristine(root, build)
+
+
+def own_copy(build: Path, sha256: str) -> Path:
+    """Where ``build`` keeps its own copy of the pristine tree of ``sha256``."""
+    return build / ".pristine" / sha256
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    """A real copy (new inodes), with each file's mode: what the baked trees link to."""
+    for dirpath, _, filenames in os.walk(src):
+        rel = os.path.relpath(dirpath, src)
+        out = dst / rel if rel != "." else dst
+        out.mkdir(parents=True, exist_ok=True)
+        for name in filenames:
+            shutil.copyfile(os.path.join(dirpath, name), out / name, follow_symlinks=False)
+            os.chmod(out / name, os.stat(os.path.join(dirpath, name)).st_mode & 0o777)
+
+
+def _recopy(source: Path, root: Path, moved: list[str]) -> None:
+    """Put the cache's bytes back for each moved file, as a new inode: the baked tree
+    that shares the edited one keeps its edit (``refresh`` sees it as one)."""
+    for rel in moved:
+        target = inside(root, rel)
+        if not (source / rel).is_file():
+            target.unlink(missing_ok=True)
+            continue
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        shutil.copyfile(source / rel, tmp)
+        os.chmod(tmp, (source / rel).stat().st_mode & 0o777)
+        os.replace(tmp, target)
+    write_atomic(_stamp_path(root), json.dumps(stamp(root), sort_keys=True).encode())
+
+
+def own_pristine(source: Path, build: Path) -> Path:
+    """``build``'s own copy of the cached pristine tree ``source`` (``pristine``'s answer),
+    made once: a real copy, never a link into the shared cache; each file moved since its
+    stamp is copied again first."""
+    sha256 = source.name
+    root = own_copy(build, sha256)
+    moved = _moved_since_extraction(root)
+    if moved == []:
+        return root
+    if moved:
+        warn(
+            f"{len(moved)} file(s) of {root} changed through a hard link from a baked tree "
+            f"(first {moved[0]}); copied again from the cache, which the edit never reached"
+        )
+        _recopy(source, root, moved)
+        return root
+    folder = own_folder(root.parent)
+    sweep_dead(folder)  # a killed copy's leftovers
+    remove_tree(root)
+    _stamp_path(root).unlink(missing_ok=True)
+    tmp = folder / f".{sha256[:16]}.tmp-{os.getpid()}"
+    remove_tree(tmp)
+    try:
+        with step(f"copying the pristine tree into {folder}"):
+            _copy_tree(source, tmp)
+        stamp_tmp = stage_beside(
+            _stamp_path(root),
+            json.dumps(stamp(tmp), sort_keys=True).encode(),
+            suffix=f".tmp-{os.getpid()}",
+        )
+    except BaseException:
+        remove_tree(tmp)
+        raise
+    try:
+        os.rename(tmp, root)
+    except OSError:  # another command of this build folder copied it first: use that
+        remove_tree(tmp)
+        stamp_tmp.unlink()
+        return root
+    os.replace(stamp_tmp, _stamp_path(root))  # last: a copy without its stamp is redone
+    return root
+
+
+def compared_pristine(sha256: str, cache: Path, build: Path) -> Path:
+    """The pristine tree to compare ``build``'s trees with, offline and read-only: its own
+    copy while the copy's stamp holds (its files are the trees' untouched files, so they
+    compare by inode), else the cache's (which may not be there)."""
+    root = own_copy(build, sha256)
+    return root if _moved_since_extraction(root) == [] else cache / "pristine" / sha256
