@@ -6,7 +6,8 @@
 - warm rebake (pristine cached) vs the same baseline, and its absolute time;
 - the first bake of a new build folder (pristine cached: it copies its own once);
 - the hunk engine (in process) vs GNU `patch` (a process) on the same series;
-- refresh's walk over a tree with a 7-byte edit to a .so vs GNU `diff -rq`.
+- refresh's walk over a tree with a 7-byte edit to a .so vs GNU `diff -rq`;
+- `bakery --help` vs `python -c "import click"`.
 
 This machine is noisy, so every number is a median of repeated runs.
 """
@@ -104,6 +105,18 @@ def _matrix_row(series: Series, version: str, work: Path) -> tuple[str, ...]:
     )
 
 
+def _help_row() -> tuple[str, ...]:
+    """`bakery --help` (a fresh interpreter) vs `python -c "import click"`: the CLI's own
+    start-up cost over the library it stands on."""
+
+    def run(*args: str) -> None:
+        subprocess.run([sys.executable, *args], capture_output=True, check=True)
+
+    base = _median(lambda: run("-c", "import click"), 10)
+    ours = _median(lambda: run("-m", "bakery", "--help"), 10)
+    return _row("bakery --help", ours, base, 'python -c "import click"', "<= 2.0x")
+
+
 def _binary_edit_row(pristine: Path, tree: Path) -> tuple[str, ...]:
     """refresh's tree walk with a 7-byte edit to the base's largest .so under 64 MiB (it
     must refuse it at once: it once took 43 s to diff) vs GNU `diff -rq` of the trees."""
@@ -193,6 +206,7 @@ def main(base_key: str, engine_only: bool) -> int:
             rows.append(_binary_edit_row(tree, baked / series.package))
             for version in ("0.31.0", "0.32.0", "0.33.0"):
                 rows.append(_matrix_row(series, version, work))
+    rows.append(_help_row())
     print(f"# bakery bench ({base_key} base, {len(series.entries)} patches)\n")
     print(markdown.table(("what", "ours", "baseline", "ratio", "target"), rows))
     return 0
