@@ -16,7 +16,7 @@ import pytest
 from _launch_support import wait_until
 
 from bakery.launch import keeper
-from bakery.launch.processes import group_members, teardown_group
+from bakery.launch.processes import group_members
 
 SERVE = ["/bin/sh", "-c", "sleep 300 & sleep 300; wait"]
 
@@ -38,8 +38,12 @@ def spawn(grace: float = 5.0):
 def cleanup():
     groups = []
     yield groups
-    for pgid in groups:
-        teardown_group(pgid, 2.0)
+    for pgid in groups:  # whatever a failed test left running
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        wait_until(lambda pgid=pgid: not group_members(pgid), 10)
 
 
 def test_pipe_eof_tears_the_group_down(cleanup):

@@ -149,7 +149,11 @@ def _size_bound(wheel: Path) -> int:
     return min(16 << 30, max(256 << 20, 50 * wheel.stat().st_size))
 
 
-def extract(wheel: WheelInfo, dest: Path, workers: int = 2) -> dict[str, str]:
+# Two processes: inflating is CPU-bound, and the few huge .so files dominate the time.
+_WORKERS = 2
+
+
+def extract(wheel: WheelInfo, dest: Path) -> dict[str, str]:
     """Extract every file member into ``dest`` (which must not exist yet); returns
     ``record_errata``'s answer, found on the way."""
     with zipfile.ZipFile(wheel.path) as zf:
@@ -163,7 +167,7 @@ def extract(wheel: WheelInfo, dest: Path, workers: int = 2) -> dict[str, str]:
         )
     # Balance by size: the few huge .so files would otherwise serialize on one worker.
     infos.sort(key=lambda i: i.file_size, reverse=True)
-    parts: list[list[str]] = [[] for _ in range(max(1, workers))]
+    parts: list[list[str]] = [[] for _ in range(_WORKERS)]
     loads = [0] * len(parts)
     for info in infos:
         k = loads.index(min(loads))
@@ -171,14 +175,9 @@ def extract(wheel: WheelInfo, dest: Path, workers: int = 2) -> dict[str, str]:
         loads[k] += info.file_size
     dest.mkdir(parents=True)
     record = dict(wheel.record)
-    if len(parts) == 1:
-        results = [_extract_part(str(wheel.path), parts[0], str(dest), record)]
-    else:
-        with ProcessPoolExecutor(len(parts)) as pool:
-            jobs = [
-                pool.submit(_extract_part, str(wheel.path), p, str(dest), record) for p in parts
-            ]
-            results = [job.result() for job in jobs]
+    with ProcessPoolExecutor(len(parts)) as pool:
+        jobs = [pool.submit(_extract_part, str(wheel.path), p, str(dest), record) for p in parts]
+        results = [job.result() for job in jobs]
     found = [problem for problem, _ in results if problem]
     if found:
         raise WheelError(f"{wheel.path.name}: {found[0]}", hint="fetch the wheel again")

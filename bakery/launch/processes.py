@@ -21,7 +21,6 @@ __all__ = [
     "cmdline",
     "start_ticks",
     "group_members",
-    "teardown_group",
     "launched",
     "launched_runs",
     "end_processes",
@@ -71,20 +70,6 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass  # the group is already gone: nothing left to signal
-
-
-def teardown_group(pgid: int, grace_s: float) -> bool:
-    """SIGTERM the group, then SIGKILL after ``grace_s``; True once no member is left."""
-    _signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while group_members(pgid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if group_members(pgid):
-        _signal_group(pgid, signal.SIGKILL)
-        deadline = time.monotonic() + 10.0
-        while group_members(pgid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    return not group_members(pgid)
 
 
 def _marked(pid: int, needle: bytes) -> bool:
