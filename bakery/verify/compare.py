@@ -8,7 +8,7 @@ same questions, compute each case's metrics, apply the gates. It writes nothing;
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from bakery.verify.bundle import (
     load_bundle,
     load_json_object,
 )
+from bakery.verify.diagnose import case_fields, case_views, diagnose, first_divergence_text
 from bakery.verify.errors import BundleError, GatesError
 from bakery.verify.metrics import compare_completions, compare_teacher_forced
 
@@ -231,6 +232,7 @@ def _case_report(
     top_n: int,
     low_margin: float,
     teacher_forced: bool,
+    decode: Callable[[Sequence[int]], str] | None,
 ) -> dict[str, Any]:
     case = compare_completions(
         base.name, base.completion, cand.completion, top_n=top_n, low_margin=low_margin
@@ -239,6 +241,12 @@ def _case_report(
         case.update(_teacher_fields(base, cand))
     case["gate_failures"] = evaluate_gates(case, gates)
     case["passed"] = not case["gate_failures"]
+    case.update(case_fields(base.completion, cand.completion))
+    fork = case["first_token_mismatch"]
+    if decode is not None and fork is not None:
+        case["first_token_mismatch_text"] = first_divergence_text(
+            base.completion, cand.completion, fork["step"], decode
+        )
     return case
 
 
@@ -255,18 +263,25 @@ def compare_bundles(
     top_n: int = 20,
     low_margin: float = 0.5,
     teacher_forced: bool = False,
+    boundaries: Sequence[int] = (),
+    decode: Callable[[Sequence[int]], str] | None = None,
 ) -> dict[str, Any]:
-    """The full comparison report: ``{"cases", "passed", "gates", "settings", ...}``."""
+    """The full comparison report: ``{"cases", "passed", "gates", "settings", "diagnosis",
+    ...}``. ``boundaries`` (page and shard lengths in tokens) let the diagnosis name a
+    layout failure; ``decode`` (ids -> text, the served model's tokenizer) adds each first
+    fork as text."""
     gates = gates or ParityGates()
     baseline, candidate = load_bundle(Path(baseline_dir)), load_bundle(Path(candidate_dir))
     _check_comparable(baseline, candidate)
     cand = candidate.by_name()
     cases = {
-        b.name: _case_report(b, cand[b.name], gates, top_n, low_margin, teacher_forced)
+        b.name: _case_report(b, cand[b.name], gates, top_n, low_margin, teacher_forced, decode)
         for b in sorted(baseline.cases, key=lambda c: c.name)
     }
+    found = diagnose(case_views({"cases": cases}), boundaries)
     return {
         "cases": cases,
+        "diagnosis": found.as_dict(),
         "passed": all(case["passed"] for case in cases.values()),
         "gates": gates.as_dict(),
         "settings": {"top_n": top_n, "low_margin": low_margin, "teacher_forced": teacher_forced},

@@ -26,6 +26,7 @@ __all__ = [
     "TeacherForced",
     "compare_completions",
     "compare_teacher_forced",
+    "chosen_deltas",
     "top1_margin",
     "first_mismatch",
     "matching_prefix",
@@ -401,3 +402,16 @@ def compare_teacher_forced(baseline: TeacherScores, candidate: TeacherScores) ->
         ),
         kls=tuple(None if b is None or c is None else bucket_kl(b, c) for b, c in pairs),
     )
+
+
+def chosen_deltas(oracle: Completion, actual: Completion) -> tuple[float | None, ...]:
+    """|Δ chosen-token logprob| per baseline step while both runs chose the same token;
+    None from the first fork on (the two runs then condition on different text)."""
+    out: list[float | None] = []
+    for step in range(len(oracle.tokens)):
+        same = step < len(actual.tokens) and oracle.tokens[step] == actual.tokens[step]
+        out.append(_chosen_delta(oracle, actual, step) if same else None)
+        if not same:
+            out.extend([None] * (len(oracle.tokens) - step - 1))
+            break
+    return tuple(out)

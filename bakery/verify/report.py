@@ -123,7 +123,22 @@ def _divergence_section(case: Mapping[str, Any]) -> list[str]:
         f"baseline's top-k: {format_value(case['first_token_mismatch_oracle_actual_rank'])}",
         "",
     )
-    return [*intro, _top5_table(case), ""]
+    text = case.get("first_token_mismatch_text")
+    said = []
+    if text:
+        said = [
+            f"- as text (the served model's tokenizer): …{code(text['context'])}",
+            f"  - the baseline continues {code(text['baseline'])}",
+            f"  - the candidate continues {code(text['candidate'])}",
+            "",
+        ]
+    return [*intro, *said, _top5_table(case), ""]
+
+
+def _diagnosis_section(diagnosis: Mapping[str, Any] | None) -> list[str]:
+    if not diagnosis:
+        return []
+    return ["## Diagnosis", "", f"- {diagnosis['line']}", f"- next: {diagnosis['next_step']}", ""]
 
 
 def _top5_table(case: Mapping[str, Any]) -> str:
@@ -160,6 +175,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"- top-n {settings['top_n']}, low-margin threshold {settings['low_margin']}, "
         f"teacher-forced {format_value(settings['teacher_forced'])}",
         "",
+        *_diagnosis_section(report.get("diagnosis")),
         *_gates_section(report["gates"]),
         *_summary_section(report["cases"]),
     ]

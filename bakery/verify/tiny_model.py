@@ -20,9 +20,23 @@ from pathlib import Path
 
 from bakery import project
 
-__all__ = ["TinySpec", "SPEC", "DEFAULT_DIR", "build", "ensure", "perturb", "MARKER"]
+__all__ = [
+    "TinySpec",
+    "SPEC",
+    "DEFAULT_DIR",
+    "PERTURBED_DIR",
+    "PLANTED",
+    "build",
+    "ensure",
+    "perturb",
+    "MARKER",
+]
 
 DEFAULT_DIR = project.BUILD / "tiny-llama"
+PERTURBED_DIR = project.BUILD / "tiny-llama-perturbed"
+# The planted numerical bug of matrix-cpu.toml's must-fail candidate: one value of the
+# first layer's V projection moved far (the model's weights are ~0.02).
+PLANTED = ("model.layers.0.self_attn.v_proj.weight", (0, 0), 50.0)
 MARKER = "TINY.json"  # written last: a folder without it is incomplete
 
 _CORPUS = (

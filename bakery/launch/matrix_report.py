@@ -1,0 +1,172 @@
+"""The matrix's summary for a person: summary.md (parity, serving figures, diagnosis, the
+plots linked) and the PNG plots beside it (drawn by ``bakery.verify.plots``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bakery import markdown
+from bakery.verify import plots
+from bakery.verify.diagnose import case_views
+from bakery.verify.report import format_value
+
+__all__ = ["summary_markdown", "write_plots", "KV_PLOT", "BENCH_PLOT"]
+
+KV_PLOT = "kv_tokens.png"
+BENCH_PLOT = "bench.png"
+
+
+def _order(summary: dict) -> list[str]:
+    return [summary["baseline"]["name"], *(r["name"] for r in summary["candidates"])]
+
+
+def write_plots(summary: dict, out: Path, say=print) -> list[str]:
+    """Draw the plots beside summary.md; their file names (relative to ``out``)."""
+    if not plots.available():
+        say("note: matplotlib is not installed (the `plots` extra): no plots drawn")
+        return []
+    names, figures = _order(summary), summary["serving"]
+    written = []
+    tokens = [figures.get(n, {}).get("kv_cache_tokens") for n in names]
+    if any(t is not None for t in tokens):
+        plots.kv_plot(names, tokens, names[0], out / KV_PLOT)
+        written.append(KV_PLOT)
+    benched = [figures.get(n, {}).get("bench") for n in names]
+    if any(benched):
+        plots.bench_plot(names, benched, out / BENCH_PLOT)
+        written.append(BENCH_PLOT)
+    for row in summary["candidates"]:
+        report = json.loads(Path(row["report_json"]).read_text())
+        rows = [
+            plots.HeatRow(v.case, v.prompt_tokens, v.deltas, v.fork_step)
+            for v in case_views(report)
+        ]
+        name = f"parity-{row['name']}.png"
+        title = f"{row['name']} vs {names[0]}: {row['diagnosis']['pattern']}"
+        bounds = report["diagnosis"].get("boundary")
+        plots.parity_heatmap(rows, out / name, title=title, boundaries=_bounds(row, bounds))
+        written.append(name)
+    return written
+
+
+def _bounds(row: dict, found: int | None) -> list[int]:
+    return [found] if found else list(row.get("layout_boundaries") or [])
+
+
+def _divergence_text(row: dict) -> str:
+    first = row["first_divergence"]
+    if first is None:
+        return "–"
+    mismatch = first.get("first_token_mismatch")
+    if mismatch:
+        text = first.get("text")
+        said = (
+            f": …`{text['context']!r}` → `{text['baseline']!r}` vs `{text['candidate']!r}`"
+            if text
+            else f": `{mismatch['oracle']!r}` vs `{mismatch['actual']!r}`"
+        )
+        return f"{first['case']} step {mismatch['step']}{said}"
+    return f"{first['case']}: {'; '.join(first.get('gate_failures') or [])}"
+
+
+def _exercised_text(counts: dict | None) -> str:
+    if not counts:
+        return "–"
+    return f"{counts['indexer_calls']} / {counts['candidate_masked_positions']}"
+
+
+def _result(row: dict) -> str:
+    verdict = "pass" if row["passed"] else "FAIL"
+    if row.get("expect") == "fail":
+        return f"{verdict} (planted bug: {'caught' if not row['passed'] else 'MISSED'})"
+    return verdict
+
+
+def _serving_section(summary: dict) -> list[str]:
+    figures = summary["serving"]
+    header = (
+        "entry", "KV tokens", "×", "max concurrency", "×", "TTFT p50 / p99 ms",
+        "ITL p50 / p99 ms", "output tok/s", "×",
+    )  # fmt: skip
+    rows = []
+    for name in _order(summary):
+        f = figures.get(name, {})
+        ratio, bench = f.get("vs_baseline", {}), f.get("bench") or {}
+
+        def pair(key: str, bench: dict = bench) -> str:
+            p50, p99 = bench.get(f"{key}_p50"), bench.get(f"{key}_p99")
+            return "–" if p50 is None else f"{p50:.1f} / {p99:.1f}"
+
+        rows.append((
+            name,
+            format_value(f.get("kv_cache_tokens")), format_value(ratio.get("kv_cache_tokens")),
+            format_value(f.get("max_concurrency")), format_value(ratio.get("max_concurrency")),
+            pair("ttft_ms"), pair("itl_ms"), format_value(bench.get("output_tok_s")),
+            format_value(ratio.get("output_tok_s")),
+        ))  # fmt: skip
+    length = next((f["max_model_len"] for f in figures.values() if "max_model_len" in f), None)
+    return [
+        "## Serving",
+        "",
+        f"KV tokens and max concurrency (at max_model_len {format_value(length)}) are vLLM's "
+        "own startup figures; × is the ratio to the baseline.",
+        "",
+        markdown.table(header, rows),
+        "",
+    ]
+
+
+def _plots_section(summary: dict) -> list[str]:
+    names = summary.get("plots") or []
+    if not names:
+        return []
+    lines = ["## Plots", ""]
+    for name in names:
+        lines += [f"![{name}]({name})", ""]
+    lines.append(
+        "A parity heatmap has one row per case, shortest prompt at the top (a dashed line "
+        "where the prompts cross a page or shard boundary), one column per decode step; the "
+        "colour is |Δ chosen logprob| against the baseline, the first divergence red, the "
+        "steps after it grey."
+    )
+    return [*lines, ""]
+
+
+def summary_markdown(summary: dict) -> str:
+    base = summary["baseline"]
+    lines = [
+        "# DCP parity matrix",
+        "",
+        f"- matrix: `{summary['matrix']}`, suite `{summary['suite']}`, "
+        f"low margin {summary['low_margin']}, top-n {summary['top_n']}",
+        f"- baseline `{base['name']}`: `{base['bundle']}`"
+        + (" (reused)" if base["reused"] else f" (booted in {base.get('boot_s')} s)"),
+        f"- result: **{'PASS' if summary['passed'] else 'FAIL'}**",
+        "",
+    ]
+    header = (
+        "candidate", "profile", "flags", "result", "failing cases", "first divergence",
+        "indexer calls / masked positions", "report",
+    )  # fmt: skip
+    rows = [
+        (
+            row["name"],
+            row["profile"],
+            ", ".join(f"{k}={v}" for k, v in row["flags"].items()) or "–",
+            _result(row),
+            len(row["failing_cases"]),
+            _divergence_text(row),
+            _exercised_text(row.get("exercised")),
+            f"`{row['report_markdown']}`",
+        )
+        for row in summary["candidates"]
+    ]
+    lines += [markdown.table(header, rows), "", "## Diagnosis", ""]
+    for row in summary["candidates"]:
+        diagnosis = row.get("diagnosis")
+        if diagnosis:
+            lines.append(f"- `{row['name']}`: {diagnosis['line']}; next: {diagnosis['next_step']}")
+    lines.append("")
+    lines += _serving_section(summary) + _plots_section(summary)
+    return "\n".join(lines).rstrip() + "\n"

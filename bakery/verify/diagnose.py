@@ -1,0 +1,181 @@
+"""What a parity failure looks like, in words a person can act on.
+
+``case_views`` reads, per case, what the pictures and the diagnosis need (prompt length,
+|Δ chosen logprob| per step, the first fork and its margin) from the two bundles and the
+compare report. ``diagnose`` names the pattern in one line and the next step:
+
+- every case diverges at step 0: **systematic** (wrong on any prompt: a stage, a combine
+  or a kernel, not rounding): bisect by stage or combine;
+- late, low-margin forks (or logprob drift with the same tokens) only: **numerical noise**:
+  calibrate the gates on repeated baseline captures;
+- only prompts past a page or shard boundary fail: **layout** (the KV cache's placement or
+  index conversion): ``--teacher-forced`` to find the first position that differs, then
+  bisect by stage;
+- anything else: **mixed**: ``--teacher-forced`` so a fork no longer hides the rest.
+
+``first_divergence_text`` decodes the first fork with the served model's tokenizer: a few
+tokens of context, then both continuations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bakery.verify.bundle import Completion
+from bakery.verify.metrics import chosen_deltas
+
+__all__ = [
+    "CaseView",
+    "Diagnosis",
+    "case_views",
+    "case_fields",
+    "diagnose",
+    "first_divergence_text",
+    "tokenizer_decoder",
+    "NEXT_STEPS",
+]
+
+NEXT_STEPS = {
+    "pass": "none: every case is within its gates",
+    "systematic": "bisect by stage or combine: serve the candidate at a lower `stage` or "
+    "the other `combine` in the matrix, or `bakery bisect -- <a command that fails>` to "
+    "name the first bad patch",
+    "noise": "calibrate: `bakery verify calibrate` over repeated baseline captures, then "
+    "rerun with `--gates` set to its output",
+    "layout": "capture with `--teacher-forced` to find the first position past the "
+    "boundary that differs, then bisect by stage (`bakery bisect`)",
+    "mixed": "capture with `--teacher-forced` (the baseline's tokens scored through the "
+    "candidate, so a fork no longer hides the rest), then bisect by stage or combine",
+}
+CONTEXT_TOKENS = 8
+CONTINUATION_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class CaseView:
+    case: str
+    prompt_tokens: int | None
+    deltas: tuple[float | None, ...]
+    fork_step: int | None
+    low_margin: bool
+    passed: bool
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    pattern: str  # pass | systematic | noise | layout | mixed
+    line: str
+    next_step: str
+    boundary: int | None = None  # layout: the page or shard length the failures lie past
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def case_views(report: Mapping[str, Any]) -> list[CaseView]:
+    """One view per case of a compare report, shortest prompt first (ties by name)."""
+    views = [
+        CaseView(
+            case=name,
+            prompt_tokens=case.get("prompt_tokens"),
+            deltas=tuple(case.get("chosen_logprob_abs_deltas") or ()),
+            fork_step=None
+            if case["first_token_mismatch"] is None
+            else case["first_token_mismatch"]["step"],
+            low_margin=bool(case.get("first_token_mismatch_low_margin")),
+            passed=bool(case["passed"]),
+        )
+        for name, case in report["cases"].items()
+    ]
+    return sorted(views, key=lambda v: (v.prompt_tokens or 0, v.case))
+
+
+def case_fields(base: Completion, cand: Completion) -> dict[str, Any]:
+    """What compare adds to a case for the pictures and the diagnosis."""
+    ids = base.prompt_token_ids
+    return {
+        "prompt_tokens": None if ids is None else len(ids),
+        "chosen_logprob_abs_deltas": list(chosen_deltas(base, cand)),
+    }
+
+
+def _noise_like(view: CaseView) -> bool:
+    """A late, low-margin fork, or the same tokens with drifting logprobs."""
+    return view.fork_step is None or (view.fork_step > 0 and view.low_margin)
+
+
+def _layout_boundary(views: Sequence[CaseView], boundaries: Sequence[int]) -> int | None:
+    """The largest boundary that splits the cases: all failing ones past it, all the
+    ones within it passing (and there are some): the one closest to the failures."""
+    for bound in sorted(set(boundaries), reverse=True):
+        within = [v for v in views if (v.prompt_tokens or 0) <= bound]
+        past = [v for v in views if (v.prompt_tokens or 0) > bound]
+        if within and all(v.passed for v in within) and any(not v.passed for v in past):
+            return bound
+    return None
+
+
+def diagnose(views: Sequence[CaseView], boundaries: Sequence[int] = ()) -> Diagnosis:
+    """The pattern of the failing cases, in one line, and the next step it suggests."""
+    failing = [v for v in views if not v.passed]
+    total = len(views)
+    if not failing:
+        return Diagnosis("pass", f"all {total} cases pass", NEXT_STEPS["pass"])
+    if len(failing) == total and all(v.fork_step == 0 for v in failing):
+        line = (
+            f"systematic: all {total} cases diverge at step 0, so the candidate is wrong "
+            "on any prompt (a stage, a combine or a kernel, not rounding)"
+        )
+        return Diagnosis("systematic", line, NEXT_STEPS["systematic"])
+    if all(_noise_like(v) for v in failing):
+        forks = sorted({v.fork_step for v in failing if v.fork_step is not None})
+        where = f"fork late (steps {forks}) at low margin" if forks else "keep every token"
+        line = (
+            f"numerical noise: {len(failing)} of {total} cases fail, and all {where}; "
+            "rounding, not a wrong result"
+        )
+        return Diagnosis("noise", line, NEXT_STEPS["noise"])
+    bound = _layout_boundary(views, boundaries)
+    if bound is not None:
+        line = (
+            f"layout: only prompts past {bound} tokens fail ({len(failing)} of {total}); "
+            f"every case within {bound} passes, so the KV placement or index conversion "
+            "past that page or shard is suspect"
+        )
+        return Diagnosis("layout", line, NEXT_STEPS["layout"], bound)
+    steps = sorted({v.fork_step for v in failing if v.fork_step is not None})
+    line = f"mixed: {len(failing)} of {total} cases fail, first forks at steps {steps}"
+    return Diagnosis("mixed", line, NEXT_STEPS["mixed"])
+
+
+def tokenizer_decoder(model_dir: Path | None) -> Callable[[Sequence[int]], str] | None:
+    """Decode ids with the served model's ``tokenizer.json`` (the ``tokenizers`` library,
+    vLLM's own dependency); None when there is none to read."""
+    path = None if model_dir is None else Path(model_dir) / "tokenizer.json"
+    if path is None or not path.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    tokenizer = Tokenizer.from_file(str(path))
+    return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+def first_divergence_text(
+    base: Completion, cand: Completion, step: int, decode: Callable[[Sequence[int]], str]
+) -> dict[str, str] | None:
+    """``{context, baseline, candidate}``: the last few tokens before the fork (prompt and
+    common output), then each side's next few tokens, decoded; None without token ids."""
+    base_ids, cand_ids = base.token_ids, cand.token_ids
+    if base_ids is None or cand_ids is None:
+        return None
+    before = list(base.prompt_token_ids or ()) + list(base_ids[:step])
+    return {
+        "context": decode(before[-CONTEXT_TOKENS:]),
+        "baseline": decode(base_ids[step : step + CONTINUATION_TOKENS]),
+        "candidate": decode(cand_ids[step : step + CONTINUATION_TOKENS]),
+    }
