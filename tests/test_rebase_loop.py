@@ -41,7 +41,7 @@ def test_checkout_writes_conflicts_then_continue_gives_a_clean_series(loop):
     assert f"applied: {package / 'a.py'} (01-a.py.diff)" in proc.stdout
     assert f"conflict: {package / 'b.py'} (02-b.py.diff)" in proc.stdout
     assert f"upstream: {package / 'c.py'} (03-c.py.diff)" in proc.stdout
-    assert "1 file(s) with conflicts left" in proc.stdout
+    assert "error: 1 file(s) with conflicts left" in proc.stderr
     assert (package / "a.py").read_bytes() == NEW["a.py"] + b"\n\ndef a2():\n    return a() * 2\n"
     assert (package / "b.py").read_bytes() == CONFLICT  # git merge-file's markers
     # Nothing may overwrite the conflict tree meanwhile, and unfixed markers block --continue.

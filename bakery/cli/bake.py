@@ -222,7 +222,7 @@ def clean_cmd(series_dir, build_dir, everything, gc_cache, dry_run) -> None:
     help="The last patch known good (0: the pristine base passes).",
 )
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def bisect_cmd(series_dir, base_key, build_dir, good, command) -> int:
+def bisect_cmd(series_dir, base_key, build_dir, good, command) -> None:
     """Find the first patch that makes COMMAND fail, as `git bisect run` does: bake the
     patches up to N (tree only), run COMMAND, exit 0 is good, anything else bad. The
     whole series is baked again at the end."""
@@ -244,8 +244,10 @@ def bisect_cmd(series_dir, base_key, build_dir, good, command) -> int:
 
     try:
         if passes(total):
-            click.echo("bisect: the whole series passes; nothing to find")
-            return 1
+            raise BakeryError(
+                "COMMAND passes on the whole series: there is no bad patch to find",
+                hint="check that COMMAND fails on the tree `bakery bake` writes",
+            )
         if not passes(low):
             raise BakeryError(
                 f"COMMAND fails with {low} patch(es) too (--good {good})",
@@ -259,4 +261,3 @@ def bisect_cmd(series_dir, base_key, build_dir, good, command) -> int:
         run_bake(series, base_key, build=build_dir)  # the whole series, as before
     entry = series.entries[high - 1]
     click.echo(f"first bad patch: {entry.file} (stage {entry.stage}): {entry.summary}")
-    return 0

@@ -8,11 +8,38 @@ the user from any command group: every entry point goes through here.
 
 from __future__ import annotations
 
+import errno
+
 import click
 
-from bakery.errors import BakeryError
+from bakery.errors import BakeryError, UnreadableInput
 
 __all__ = ["run_command"]
+
+
+# The disk failed the work (exit 1); any other OSError is a path that cannot be read or
+# written as given: missing, not ours, not a regular file, too large (exit 2).
+_DISK = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO}
+
+
+def _as_bakery_error(exc: OSError) -> BakeryError:
+    """An OSError that reached the boundary, as the error it is for the user."""
+    where = f": {exc.filename!r}" if exc.filename else ""
+    text = f"{exc.strerror or exc}{where}"
+    if exc.errno in _DISK:
+        return BakeryError(text, hint="free space (or make the disk writable), then run it again")
+    return UnreadableInput(
+        text,
+        hint="check the path named: it must exist, be a regular file where a file is "
+        "expected, and be yours to read (or write, for an output)",
+    )
+
+
+def _report(exc: BakeryError) -> int:
+    click.echo(f"error: {exc}", err=True)
+    if exc.hint:
+        click.echo(f"hint: {exc.hint}", err=True)
+    return exc.exit_code
 
 
 def run_command(command: click.Command, argv: list[str] | None, prog_name: str) -> int:
@@ -20,10 +47,7 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str) 
     try:
         result = command.main(args=argv, prog_name=prog_name, standalone_mode=False)
     except BakeryError as exc:
-        click.echo(f"error: {exc}", err=True)
-        if exc.hint:
-            click.echo(f"hint: {exc.hint}", err=True)
-        return exc.exit_code
+        return _report(exc)
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:
@@ -33,8 +57,5 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str) 
         click.echo("aborted", err=True)
         return 130
     except OSError as exc:  # disk full, permissions: the user's world, not a bug
-        where = f": {exc.filename!r}" if exc.filename else ""
-        click.echo(f"error: {exc.strerror or exc}{where}", err=True)
-        click.echo("hint: free space or fix the permission named, then run it again", err=True)
-        return 1
+        return _report(_as_bakery_error(exc))
     return result if isinstance(result, int) else 0

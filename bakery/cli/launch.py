@@ -20,8 +20,9 @@ from bakery import project
 from bakery.bake.bake import tree_dir
 from bakery.cli.boundary import run_command
 from bakery.cli.options import under_root
-from bakery.errors import UsageError
+from bakery.errors import BakeryError, UsageError
 from bakery.launch import lifecycle, preflight, run_record
+from bakery.launch.errors import LaunchError
 from bakery.launch.gates import load_gate_table
 from bakery.launch.plan import make_plan, render_plan
 from bakery.launch.profiles import BACKENDS, load_profile, override, profile_names
@@ -262,7 +263,10 @@ def status_cmd(profile, as_json, artifacts) -> None:
     # Nothing recorded (say, after `stop`) is a clean state; a recorded one that is
     # dead or unhealthy is not.
     if rows and not any(r["running"] and r["health"] in ("healthy", "headless") for r in rows):
-        raise click.exceptions.Exit(1)
+        raise LaunchError(
+            f"none of the {len(rows)} recorded server(s) is healthy",
+            hint="`run.sh logs` shows why; `run.sh restart` starts it again",
+        )
 
 
 @launch.command("restart")
@@ -336,8 +340,8 @@ def doctor_cmd(base, python, as_json, build, series_dir) -> None:
     else:
         for check in checks:
             click.echo(check.line())
-    if not checks[-1].ok:
-        raise click.exceptions.Exit(1)
+    if not checks[-1].ok:  # the verdict
+        raise BakeryError(checks[-1].detail, hint="each FAIL line above names its fix")
 
 
 launch.add_command(doctor_cmd)

@@ -245,7 +245,7 @@ def rebase_cmd(
     abort,
     drop,
     keep,
-) -> int | None:
+) -> None:
     """Try the series on another release: per-hunk report, refreshed series, linkcheck.
 
     With --checkout, --continue and --abort it is the conflict loop of `git rebase`."""
@@ -282,11 +282,12 @@ def rebase_cmd(
         for name in state["kept"]:
             click.echo(f"kept: {name} (changed after --continue wrote it)", err=True)
         click.echo(f"aborted the rebase onto {state['release']}: series and tree restored")
-        return None
+        return
     series = load_series(series_dir)
     version = _release_version(target, series.base(base_key).name)
     if checkout:
-        return _rebase_checkout(series, version, build_dir, base_key, fuzz)
+        _rebase_checkout(series, version, build_dir, base_key, fuzz)
+        return
     out = out or build_dir / "rebase" / f"{series.base(base_key).name}-{version}"
     report = rebase_mod.rebase(series, version, out, base_key=base_key, max_fuzz=fuzz)
     counts = Counter(h["status"] for h in report["hunks"])
@@ -340,7 +341,7 @@ def _tie(finding: str, series, failed: list[str]) -> str:
     return out + (f" [defined by {(looked or cause)[0]}, which did not place]" if cause else "")
 
 
-def _rebase_checkout(series, version: str, build_dir: Path, base_key: str, fuzz: int) -> int:
+def _rebase_checkout(series, version: str, build_dir: Path, base_key: str, fuzz: int) -> None:
     state = rebase_loop.checkout(
         series, version, build_dir, base_key=base_key, max_fuzz=fuzz, cache=cache_dir()
     )
@@ -360,11 +361,8 @@ def _rebase_checkout(series, version: str, build_dir: Path, base_key: str, fuzz:
             f"{len(reused)} conflict(s) resolved as you fixed them before "
             f"({build_dir / rebase_loop.RERERE}): review them"
         )
-    if left:
-        click.echo(f"{len(left)} file(s) with conflicts left; {rebase_loop.NEXT_STEP}")
-        return 1
+    rebase_loop.stop_at_conflicts(left)
     click.echo("no conflicts: review the tree, then `bakery rebase --continue`")
-    return 0
 
 
 def _rebase_continue(

@@ -78,12 +78,19 @@ __all__ = [
     "checkout",
     "resume",
     "abort",
+    "stop_at_conflicts",
 ]
 
 _MARKERS = (b"<<<<<<< ", b"||||||| ", b"=======", b">>>>>>> ")
 # zdiff3: each conflict also shows the old pristine lines (the base) between the sides.
 _STYLE = ("--zdiff3", "--diff3")  # the second for git before 2.35
 NEXT_STEP = "fix them in the tree, then `bakery rebase --continue` (or `bakery rebase --abort`)"
+
+
+def stop_at_conflicts(left: list) -> None:
+    """As `git rebase` stops at a conflict: exit 1, after the checkout's report."""
+    if left:
+        raise BakeryError(f"{len(left)} file(s) with conflicts left", hint=NEXT_STEP)
 
 
 def _merge(current: bytes, base: bytes, other: bytes, labels: tuple[str, str, str]):
