@@ -42,6 +42,7 @@ CHECKS = (
     "candidates_eq_dcp1_kernel",
     "candidates_eq_reference",
     "mask_eq_reference",
+    "mask_outside_untouched",
     # each exchange forced, whatever the size rule picks
     "dense_eq_dcp1_kernel",
     "sparse_eq_reference",
@@ -100,6 +101,7 @@ class Case:
     pad: int = 0
     seed: int = 0
     first_row: tuple[float, ...] = ()  # fixed values for row 0 (the rest random)
+    programs: int = 0  # programs a row for the striding kernels (0: patch 01's choice)
 
     @property
     def name(self) -> str:
@@ -131,7 +133,10 @@ CASES[2] += [
     # the one 9.0 sits in the second 128-block tile of the key kernel, below the newest
     # visible position: the live-context bound must still read that tile
     Case("decode", 2, 1, 1, 2, (201,), width=320, seed=12, first_row=(0.0,) * 150 + (9.0,)),
+    # one program a row strides over every tile: 6 key tiles, 2 mask tiles on each rank
+    Case("decode", 2, 1, 4, 8, (2500, 700), width=2600, seed=13, programs=1),
 ]
+CASES[4] += [Case("prefill", 4, 2, 2, 4, (600, 30), 2, seed=14, programs=1)]
 
 
 def global_logits(case: Case) -> tuple[torch.Tensor, list[tuple[int, int]]]:
@@ -210,6 +215,17 @@ def run_case(mod, case: Case, rank: int, w: int) -> dict:
     also the source with each exchange forced (patch 06's collectives)."""
     packed, ks, ke, gw, _, rows = layout(case, rank, w, case.k if w > 1 else 1)
     cands = torch.full((len(rows), case.topk_blocks), 99, dtype=torch.int32)
+    kernels = sys.modules[KERNELS]
+    own = kernels._row_programs
+    if case.programs:
+        kernels._row_programs = lambda rows, tiles: min(tiles, case.programs)
+    try:
+        return _run_case(mod, case, rank, w, packed, ks, ke, gw, rows, cands)
+    finally:
+        kernels._row_programs = own
+
+
+def _run_case(mod, case, rank, w, packed, ks, ke, gw, rows, cands) -> dict:
     mod._candidate_step(
         packed.clone(), ks, ke, cands, case.bs, True, gw, rank, w, case.k, case.row_repeat
     )
@@ -377,25 +393,28 @@ def check_case(report: Report, mod, case: Case, outs: list[dict]) -> None:
             not bad,
             f"rows {bad}: {[cands[i].tolist() for i in bad]} vs {[want[i].tolist() for i in bad]}",
         )
-        # the consumer mask on this rank's columns == the reference DCP1 mask there
+        # the consumer mask on each row's own columns == the reference DCP1 mask there;
+        # the columns outside the row's bounds (garbage here) are left as they were
         packed, ks, ke, _, owned, rows = layout(case, rank, case.w, case.k)
-        expect = torch.full_like(packed, -math.inf)
+        expect = packed.clone()
+        inside = torch.zeros(packed.shape, dtype=torch.bool)
         masked1 = ref.mask_candidates_dcp1(logits, ends, cands, case.bs)
         for i, (req, end) in enumerate(rows):
             start = 0 if ks is None else int(ks[i])
             for j, p in enumerate(owned[req]):
                 if p < end:
                     expect[i, start + j] = masked1[i, p]
-        diff = expect.nan_to_num() != out["masked"].nan_to_num()
-        same = torch.equal(expect.isnan(), out["masked"].isnan()) and torch.equal(
-            expect.nan_to_num(), out["masked"].nan_to_num()
-        )
-        report.check(
-            "mask_eq_reference",
-            label,
-            same,
-            f"differs at {diff.nonzero()[:5].tolist()}",
-        )
+                    inside[i, start + j] = True
+        got = out["masked"]
+        bits = lambda t: torch.where(t.isnan(), 7.0, t.nan_to_num())  # noqa: E731
+        differ = (bits(expect) != bits(got)) | (expect.isnan() != got.isnan())
+        for name, where in (("mask_eq_reference", inside), ("mask_outside_untouched", ~inside)):
+            report.check(
+                name,
+                label,
+                not (differ & where).any(),
+                f"differs at {(differ & where).nonzero()[:5].tolist()}",
+            )
 
 
 def check_refusals(report: Report, mod) -> None:

@@ -21,7 +21,6 @@ slot ``nblocks``) DCP1's clamp keeps the last global position, on the rank that 
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -162,9 +161,10 @@ def _gloo_rank(mod, rank: int, w: int, store_path: str, outdir: str) -> None:
 
 
 def expected_mask(case: Case, rank: int, cands: torch.Tensor, edge: bool) -> torch.Tensor:
-    """This rank's columns of DCP1's masked logits (reference mask; with ``edge``, the
-    global last position also kept where a row sees it: DCP1's clamp, which the reference
-    does not model)."""
+    """This rank's columns of DCP1's masked logits inside each row's bounds (reference
+    mask; with ``edge``, the global last position also kept where a row sees it: DCP1's
+    clamp, which the reference does not model); outside them the logits as they came
+    (the DCP mask writes only the row's own columns, the only ones the top-k reads)."""
     from bakery.dcp import reference as ref
 
     logits, ends, _, _ = reference_rows(case)
@@ -174,7 +174,7 @@ def expected_mask(case: Case, rank: int, cands: torch.Tensor, edge: bool) -> tor
         last = gw - 1
         seen = ends > last
         masked1[seen, last] = logits[seen, last]
-    out = torch.full_like(packed, -math.inf)
+    out = packed.clone()
     for i, (req, end) in enumerate(rows):
         for j, p in enumerate(owned[req]):
             if p < end:

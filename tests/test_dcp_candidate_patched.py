@@ -28,6 +28,8 @@ SOURCE_COLS = "cols = start + (pos // (INTERLEAVE * WORLD)) * INTERLEAVE + pos %
 CONSUMER_BLOCK = "block = pos // BLOCK_SIZE"
 BY_BLOCK = "by_block = (block << 32) | ((1 << 31) - 1 - key)"
 LOCAL_BUDGET = "m = min(topk_blocks + 1, nblocks)"
+KEY_LOOP = "for tile in range(tl.program_id(1), tl.cdiv(nblocks + 1, TILE), step):"
+MASK_LOOP = "for tile in range(tl.program_id(1), tl.cdiv(tl.maximum(end - start, 0), TILE), step):"
 # variant -> (correct text, planted text, checks that must fail)
 BUGS = {
     "clean": None,
@@ -57,9 +59,27 @@ BUGS = {
     ),
     # the live-context bound skips a tile that still holds visible columns
     "keys_skip_live_tile": (
-        "if tl.program_id(1) * TILE * BLOCK_SIZE <= last:",
-        "if tl.program_id(1) * TILE * BLOCK_SIZE * WORLD <= last:",
+        "if tile * TILE * BLOCK_SIZE <= last:",
+        "if tile * TILE * BLOCK_SIZE * WORLD <= last:",
         {"dense_eq_dcp1_kernel", "sparse_eq_reference"},
+    ),
+    # a key program strides past a tile: its keys are never written
+    "keys_stride_skips_tile": (
+        KEY_LOOP,
+        KEY_LOOP.replace("step):", "step + 1):"),
+        {"dense_eq_dcp1_kernel", "sparse_eq_reference"},
+    ),
+    # a mask program strides past a tile: its columns stay unmasked
+    "mask_stride_skips_tile": (
+        MASK_LOOP,
+        MASK_LOOP.replace("step):", "step + 1):"),
+        {"mask_eq_reference"},
+    ),
+    # the mask writes -inf past the row's end (up to its last tile), as DCP1's fill does
+    "mask_writes_past_row_end": (
+        "valid = cols < end",
+        "valid = cols < width",
+        {"mask_outside_untouched"},
     ),
     # each rank sends its top k, not k + 1: the pin can push a winner out
     "sparse_local_budget_k": (
@@ -91,8 +111,8 @@ def test_candidate_baked_code_and_planted_bugs(candidate_variants, name):
     if bug is None:
         ran = {c["name"] for c in result["checks"]}
         assert ran == {*CHECKS, "refusal"}, ran
-        # W=2: 7 cases x 2 ranks, W=4: 3 x 4, W=8: 2 x 8, for each check; the gate cases
-        assert len(result["checks"]) == len(CHECKS) * (7 * 2 + 3 * 4 + 2 * 8) + len(REFUSALS)
+        # W=2: 8 cases x 2 ranks, W=4: 4 x 4, W=8: 2 x 8, for each check; the gate cases
+        assert len(result["checks"]) == len(CHECKS) * (8 * 2 + 4 * 4 + 2 * 8) + len(REFUSALS)
         # both exchanges were picked by the size rule somewhere
         picked = {
             c["case"].rsplit(":", 1)[1]

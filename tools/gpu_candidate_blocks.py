@@ -117,6 +117,10 @@ def cases(quick: bool, dtypes: tuple[str, ...] = ("float32", "bfloat16")) -> lis
         out.append(
             Case("decode", 2, 8, 2048, (1 << 20, 300000, 5000, 1) * 2, width=1 << 20, seed=5)
         )
+        # a batch of 64 live contexts far below a 1M width: what the live-context bound buys
+        out.append(
+            Case("decode", 2, 8, 2048, (65536, 16384, 4096, 1000) * 16, width=1 << 20, seed=6)
+        )
     return out
 
 
@@ -186,7 +190,8 @@ def build(case: Case, rank: int, w: int) -> dict[str, Any]:
 
 
 def expected_local(case: Case, masked1: torch.Tensor, d1: dict, d: dict) -> torch.Tensor:
-    """DCP1's masked logits on this rank's columns (-inf outside each row's bounds).
+    """DCP1's masked logits on this rank's columns inside each row's bounds; outside
+    them the rank's input, untouched (patch 01's mask walks only the row's columns).
 
     Local column ``c`` is request position ``gmap[c]``; in DCP1's packed logits that is
     column ``row start + gmap[c]`` (decode rows start at 0).
@@ -198,9 +203,9 @@ def expected_local(case: Case, masked1: torch.Tensor, d1: dict, d: dict) -> torc
     cols = torch.arange(n)
     idx = (g_start[:, None].long() + d["gmap"][None, :]).clamp(0, masked1.shape[1] - 1)
     valid = (cols[None, :] >= start[:, None]) & (cols[None, :] < d["ke"][:, None])
-    want = torch.full(d["packed"].shape, -math.inf, dtype=masked1.dtype)
-    ninf = torch.tensor(-math.inf, dtype=masked1.dtype)
-    want[:, :n] = torch.where(valid, masked1.gather(1, idx), ninf)
+    want = d["packed"].to(masked1.dtype)  # a copy when the dtypes differ
+    want = want.clone() if want is d["packed"] else want
+    want[:, :n] = torch.where(valid, masked1.gather(1, idx), want[:, :n])
     return want
 
 
@@ -501,7 +506,7 @@ def emulated_ranks(ns, case: Case, w: int, device: torch.device) -> dict[str, An
         def all_reduce_max(x: torch.Tensor) -> None:
             x.copy_(all_gather(x).amax(0))
 
-        out = {}
+        out, on_device = {}, {}
         for exchange in ("dense", "sparse"):
             c = torch.full((d["ends"].numel(), case.topk_blocks), 99, dtype=torch.int32)
             c = c.to(device)
@@ -522,6 +527,20 @@ def emulated_ranks(ns, case: Case, w: int, device: torch.device) -> dict[str, An
                 exchange,
             )
             out[exchange] = c.cpu()
+            on_device[exchange] = c
+        masked = d["packed"].to(device)
+        ns["apply_candidate_mask_dcp"](
+            masked,
+            None if d["ks"] is None else d["ks"].to(device),
+            d["ke"].to(device),
+            on_device["dense"],  # DCP1's own candidates, also on CPU (ties)
+            case.bs,
+            d["global_width"],
+            group.rank_in_group,
+            w,
+            case.k,
+        )
+        out["masked"] = masked.cpu()
         return out
 
     return dict(enumerate(ref.run_spmd(w, rank_fn, timeout=600.0)))
@@ -581,6 +600,16 @@ def local_timing(ns, case: Case, w: int, device: torch.device) -> dict[str, Any]
         ),
         "ms_dense_local": median_ms(lambda: run("dense"), device),
         "ms_sparse_local": median_ms(lambda: run("sparse"), device),
+        # the consumer masks: DCP1's on the full logits, DCP's on rank 0's columns
+        "ms_dcp1_mask": median_ms(
+            lambda: ns["apply_candidate_mask"](g1, ks1, ke1, c, case.bs), device
+        ),
+        "ms_dcp_mask": median_ms(
+            lambda: ns["apply_candidate_mask_dcp"](
+                loc, ks, ke, c, case.bs, d["global_width"], 0, w, case.k
+            ),
+            device,
+        ),
         "graph": graph,
     }
 
@@ -711,6 +740,72 @@ def signed_zero_case(ns, case: Case, frame: torch.Tensor, device) -> dict[str, A
     }
 
 
+def index_k_costs(ns, device: torch.device) -> dict[str, Any]:
+    """What the prefill alternative, all-gathering the source layer's index K and running
+    DCP1's selection, pays locally on one chunk at vLLM's logits budget (M x N fp32 = 512
+    MB: M = 2048 rows, N = 65536 positions, W = 2): the logits of the other rank's half,
+    recomputed (an fp8 MQA-logits kernel of DeepSeek-V4.1's shape, 32 heads x 128, relu and
+    head weights folded as DeepGEMM's ``fp8_mqa_logits`` does; a Triton stand-in, not
+    DeepGEMM), HBM bandwidth, and DCP1's select on the full logits, against the dense and
+    sparse exchanges' local work on the rank's half (the wire is in neither)."""
+    from gpu_mqa_logits import mqa_logits_kernel  # Triton: only on this path
+
+    m, n, h, dim = 2048, 65536, 32, 128
+    gen = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(m * h, dim, device=device, generator=gen).to(torch.float8_e4m3fn)
+    k = torch.randn(n, dim, device=device, generator=gen).to(torch.float8_e4m3fn)
+    w = torch.rand(m * h, device=device, generator=gen)
+    logits = torch.empty(m, n, device=device)
+
+    def run_logits():
+        mqa_logits_kernel[(m // 64, n // 128)](q, k, w, logits, n, h, dim, 64, 128)
+
+    ms_logits = median_ms(run_logits, device, reps=10)
+    big = torch.empty(1 << 28, device=device)  # 1 GiB
+    ms_copy = median_ms(lambda: big.clone(), device, reps=10)
+    ends = torch.arange(n - m + 1, n + 1, dtype=torch.int32, device=device)  # causal rows
+    starts = torch.zeros(m, dtype=torch.int32, device=device)
+    c = torch.full((m, 2048), 99, dtype=torch.int32, device=device)
+    ms_dcp1 = median_ms(
+        lambda: ns["select_candidate_blocks"](logits, starts, ends, 2048, 8, c), device
+    )
+    local = logits[:, : n // 2].contiguous()
+    lends = (ends + 1) // 2  # rank 0's columns at K = 1, W = 2
+
+    def dcp(exchange):
+        ns["select_candidate_blocks_dcp"](
+            local,
+            starts,
+            lends,
+            2048,
+            8,
+            c,
+            n,
+            0,
+            2,
+            1,
+            lambda x: None,
+            1,
+            lambda x: x[None].expand(2, *x.shape).contiguous(),
+            exchange,
+        )
+
+    return {
+        "rows": m,
+        "positions": n,
+        "heads": h,
+        "head_dim": dim,
+        "ms_logits_full": ms_logits,
+        "tflops_logits": 2 * m * n * h * dim / ms_logits / 1e9,
+        "hbm_gbs_copy": 2 * big.numel() * 4 / ms_copy / 1e6,
+        "ms_dcp1_select_full": ms_dcp1,
+        "ms_dense_local": median_ms(lambda: dcp("dense"), device),
+        "ms_sparse_local": median_ms(lambda: dcp("sparse"), device),
+        "bytes": ns["dcp_candidate_exchange_bytes"](m, n // 8, 2048, 2),
+        "index_k_bytes": n * (dim + 4) // 2,
+    }
+
+
 def _serialize_interpreter(ns) -> None:
     """Triton's interpreter (the CPU dry run) is not thread-safe: one launch at a time."""
     lock = threading.Lock()
@@ -737,9 +832,12 @@ def emulated(args: argparse.Namespace) -> int:
         "baked": str(args.baked),
         "kernels_verbatim": report["kernels_verbatim"],
         "signed_zero": signed_zero_facts(ns, device),
+        "index_k": index_k_costs(ns, device) if device.type == "cuda" else None,
         "cases": [],
     }
     for case in cases(args.quick, ("float32",)):
+        if args.wide_only and case.width < (1 << 20):
+            continue
         for w in (2, 4, 8) if max(case.lens) < (1 << 20) else (2, 8):
             per_rank = emulated_ranks(ns, case, w, device)
             d1 = build(case, 0, 1)
@@ -753,8 +851,24 @@ def emulated(args: argparse.Namespace) -> int:
                 case.bs,
                 c1,
             )
+            if device.type == "cuda":
+                m1 = d1["packed"].to(device)
+                ns["apply_candidate_mask"](
+                    m1,
+                    None if d1["ks"] is None else d1["ks"].to(device),
+                    d1["ke"].to(device),
+                    c1,
+                    case.bs,
+                )
+                m1 = m1.cpu()
+            else:  # Triton 3.9's interpreter refuses DCP1's negated-bool store mask
+                m1 = reference_masked_packed(case, d1, c1.cpu())
             c1 = c1.cpu()
             row = {**asdict(case), "lens": list(case.lens)[:4], "W": w}
+            row["mask_eq_dcp1"] = all(
+                same_bits(per_rank[r]["masked"], expected_local(case, m1, d1, build(case, r, w)))
+                for r in per_rank
+            )
             sets = lambda t: [sorted(b for b in r if b >= 0) for r in t.tolist()]  # noqa: E731
             for x in ("dense", "sparse"):
                 # consumers read the set; the order is reported beside it
@@ -766,7 +880,10 @@ def emulated(args: argparse.Namespace) -> int:
             print(json.dumps(row, default=str), flush=True)
     sz = res["signed_zero"]
     res["ok"] = all(
-        c["dense_eq_dcp1"] and c["sparse_eq_dcp1"] and c["graph"]["sparse"] is True
+        c["dense_eq_dcp1"]
+        and c["sparse_eq_dcp1"]
+        and c["mask_eq_dcp1"]
+        and c["graph"]["sparse"] is True
         for c in res["cases"]
     ) and all(
         z["rows_dense_eq_dcp1_set"] == z["rows_sparse_eq_dcp1_set"] == z["rows"]
@@ -790,6 +907,11 @@ def main(argv: list[str] | None = None) -> int:
         "--emulate",
         action="store_true",
         help="one device: W = 2, 4, 8 ranks as threads, dense and sparse exchange, signed zero",
+    )
+    ap.add_argument(
+        "--wide-only",
+        action="store_true",
+        help="with --emulate: only the cases at a 1M-position decode width (timing)",
     )
     args = ap.parse_args(argv)
     if args.emulate:
