@@ -11,6 +11,7 @@ tree carries a stamp (size and mtime of every file) taken as it is written.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -155,15 +156,33 @@ def own_copy(build: Path, sha256: str) -> Path:
     return build / ".pristine" / sha256
 
 
+_FICLONE = 0x40049409  # linux/fs.h: share the extents, copy on write (btrfs, xfs, ...)
+
+
+def _clone_file(src: str, dst: Path, reflink: list[bool]) -> None:
+    """``dst`` as a new inode holding ``src``'s bytes: a reflink where the filesystem has
+    them (instant, no space), else a copy; ``reflink`` remembers which, per tree."""
+    if reflink[0]:
+        with open(src, "rb") as s, open(dst, "wb") as d:
+            try:
+                fcntl.ioctl(d.fileno(), _FICLONE, s.fileno())
+                return
+            except OSError:
+                reflink[0] = False  # ext4, tmpfs, another filesystem: copy from now on
+    shutil.copyfile(src, dst, follow_symlinks=False)
+
+
 def _copy_tree(src: Path, dst: Path) -> None:
     """A real copy (new inodes), with each file's mode: what the baked trees link to."""
+    reflink = [True]
     for dirpath, _, filenames in os.walk(src):
         rel = os.path.relpath(dirpath, src)
         out = dst / rel if rel != "." else dst
         out.mkdir(parents=True, exist_ok=True)
         for name in filenames:
-            shutil.copyfile(os.path.join(dirpath, name), out / name, follow_symlinks=False)
-            os.chmod(out / name, os.stat(os.path.join(dirpath, name)).st_mode & 0o777)
+            source = os.path.join(dirpath, name)
+            _clone_file(source, out / name, reflink)
+            os.chmod(out / name, os.stat(source).st_mode & 0o777)
 
 
 def _recopy(source: Path, root: Path, moved: list[str]) -> None:
@@ -175,7 +194,7 @@ def _recopy(source: Path, root: Path, moved: list[str]) -> None:
             target.unlink(missing_ok=True)
             continue
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        shutil.copyfile(source / rel, tmp)
+        _clone_file(str(source / rel), tmp, [True])
         os.chmod(tmp, (source / rel).stat().st_mode & 0o777)
         os.replace(tmp, target)
     write_atomic(_stamp_path(root), json.dumps(stamp(root), sort_keys=True).encode())
