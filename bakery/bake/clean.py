@@ -38,7 +38,7 @@ _LOCK = ".bake.lock"
 @dataclass(frozen=True)
 class Removal:
     path: Path
-    size: int  # bytes freed: files with no other hard link (a baked tree shares the cache's)
+    size: int  # bytes freed: files with no other hard link (a baked tree shares its copy's)
     why: str
 
 
