@@ -78,3 +78,24 @@ def test_the_door_refuses_bad_usage_with_exit_2(tmp_path):
         assert "Traceback" not in proc.stderr
     assert run_tool("tiny_model.py", "--help").stdout.startswith("Usage: tools/tiny_model.py")
     assert not (REPO / "a").exists()
+
+
+def test_the_perturbed_door_moves_one_weight_of_a_copy(door, tmp_path, capsys, monkeypatch):
+    """--perturbed copies the tiny Llama with PLANTED applied; safetensors reads it back."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    command, _ = door
+    base = tmp_path / "build" / "tiny-llama"
+    base.mkdir(parents=True)
+    name, index, delta = tiny_model.PLANTED
+    save_file({name: torch.zeros(4, 4), "other": torch.ones(2)}, base / "model.safetensors")
+    (base / tiny_model.MARKER).write_text("{}")
+    monkeypatch.setattr(tiny_model, "DEFAULT_DIR", Path("build/tiny-llama"))
+    out = tmp_path / "moved"
+    assert run_command(command, ["--perturbed", str(out)], "tiny") == 0
+    moved, kept = load_file(out / "model.safetensors"), load_file(base / "model.safetensors")
+    assert moved[name][index].item() == delta and kept[name].abs().sum().item() == 0
+    assert (moved[name] != 0).sum().item() == 1 and torch.equal(moved["other"], kept["other"])
+    assert json.loads((out / tiny_model.MARKER).read_text())["perturbed"]["delta"] == delta
+    assert run_command(command, ["--perturbed", "--v41", "fast"], "tiny") == 2
