@@ -1,6 +1,7 @@
 """The parity report's diagnosis and decoded first divergence, each on bundles built to show
 one pattern: systematic (every case forks at step 0), layout (only prompts past a page or
-shard fail), numerical noise (late low-margin forks and small drift), mixed, and a pass.
+shard fail), numerical noise (late low-margin forks and small drift), drift (late forks
+above the low-margin threshold, short prompts too), mixed, and a pass.
 
 The bundles are written as a server writes them (``completion_<case>.json``, token ids as
 ``token_id:N``) and go through ``compare_bundles`` and the Markdown report, as the matrix
@@ -112,6 +113,14 @@ def test_late_low_margin_forks_and_drift_are_noise(tmp_path):
     assert report["cases"]["completion_b_page"]["first_token_mismatch_low_margin"] is True
     assert report["diagnosis"]["pattern"] == "noise", report["diagnosis"]
     assert "calibrate" in report["diagnosis"]["next_step"]
+
+
+def test_late_forks_above_the_threshold_at_any_length_are_drift(tmp_path):
+    plan = {case: (base_steps(), forked(base_steps(), 3 + i % 2))
+            for i, case in enumerate(LENGTHS)}  # fmt: skip
+    diagnosis = run(tmp_path, plan)["diagnosis"]
+    assert diagnosis["pattern"] == "drift", diagnosis
+    assert "steps [3, 4]" in diagnosis["line"] and "--teacher-forced" in diagnosis["next_step"]
 
 
 def test_no_single_pattern_is_mixed_and_a_clean_run_passes(tmp_path):

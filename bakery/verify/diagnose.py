@@ -11,6 +11,9 @@ compare report. ``diagnose`` names the pattern in one line and the next step:
 - only prompts past a page or shard boundary fail: **layout** (the KV cache's placement or
   index conversion): ``--teacher-forced`` to find the first position that differs, then
   bisect by stage;
+- failures with no step-0 fork and no length pattern, forking above the low-margin
+  threshold: **drift** (an error growing along the sequence): ``--teacher-forced`` tells a
+  smooth growth (rounding: calibrate) from a jump (a bug: bisect by stage);
 - anything else: **mixed**: ``--teacher-forced`` so a fork no longer hides the rest.
 
 ``first_divergence_text`` decodes the first fork with the served model's tokenizer: a few
@@ -47,6 +50,9 @@ NEXT_STEPS = {
     "rerun with `--gates` set to its output",
     "layout": "capture with `--teacher-forced` to find the first position past the "
     "boundary that differs, then bisect by stage (`bakery bisect`)",
+    "drift": "capture with `--teacher-forced` (the baseline's tokens scored through the "
+    "candidate): an error that grows smoothly along the sequence is rounding (calibrate), "
+    "one that jumps at a position is a bug (bisect by stage)",
     "mixed": "capture with `--teacher-forced` (the baseline's tokens scored through the "
     "candidate, so a fork no longer hides the rest), then bisect by stage or combine",
 }
@@ -66,7 +72,7 @@ class CaseView:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    pattern: str  # pass | systematic | noise | layout | mixed
+    pattern: str  # pass | systematic | noise | layout | drift | mixed
     line: str
     next_step: str
     boundary: int | None = None  # layout: the page or shard length the failures lie past
@@ -147,6 +153,13 @@ def diagnose(views: Sequence[CaseView], boundaries: Sequence[int] = ()) -> Diagn
         )
         return Diagnosis("layout", line, NEXT_STEPS["layout"], bound)
     steps = sorted({v.fork_step for v in failing if v.fork_step is not None})
+    if 0 not in steps:
+        line = (
+            f"drift: {len(failing)} of {total} cases fail, none at step 0 and not by prompt "
+            f"length: the runs agree, then part (first forks at steps {steps}) above the "
+            "low-margin threshold: an error that grows along the sequence"
+        )
+        return Diagnosis("drift", line, NEXT_STEPS["drift"])
     line = f"mixed: {len(failing)} of {total} cases fail, first forks at steps {steps}"
     return Diagnosis("mixed", line, NEXT_STEPS["mixed"])
 
