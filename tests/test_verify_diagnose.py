@@ -112,6 +112,7 @@ def test_late_low_margin_forks_and_drift_are_noise(tmp_path):
         "completion_b_page", "completion_c_shard"]  # fmt: skip
     assert report["cases"]["completion_b_page"]["first_token_mismatch_low_margin"] is True
     assert report["diagnosis"]["pattern"] == "noise", report["diagnosis"]
+    assert "off by up to 0.01 nats" in report["diagnosis"]["line"]
     assert "calibrate" in report["diagnosis"]["next_step"]
 
 

@@ -68,6 +68,7 @@ class CaseView:
     fork_step: int | None
     low_margin: bool
     passed: bool
+    max_chosen_error: float | None = None  # |Δ chosen logprob| up to the fork
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ def case_views(report: Mapping[str, Any]) -> list[CaseView]:
             else case["first_token_mismatch"]["step"],
             low_margin=bool(case.get("first_token_mismatch_low_margin")),
             passed=bool(case["passed"]),
+            max_chosen_error=case.get("trajectory_max_chosen_token_logprob_abs_error"),
         )
         for name, case in report["cases"].items()
     ]
@@ -139,9 +141,11 @@ def diagnose(views: Sequence[CaseView], boundaries: Sequence[int] = ()) -> Diagn
     if all(_noise_like(v) for v in failing):
         forks = sorted({v.fork_step for v in failing if v.fork_step is not None})
         where = f"fork late (steps {forks}) at low margin" if forks else "keep every token"
+        errors = [v.max_chosen_error for v in failing if v.max_chosen_error is not None]
+        size = f", chosen logprobs off by up to {max(errors):.3g} nats" if errors else ""
         line = (
-            f"numerical noise: {len(failing)} of {total} cases fail, and all {where}; "
-            "rounding, not a wrong result"
+            f"numerical noise: {len(failing)} of {total} cases fail, and all {where}{size}; "
+            "rounding, not a wrong token"
         )
         return Diagnosis("noise", line, NEXT_STEPS["noise"])
     bound = _layout_boundary(views, boundaries)
