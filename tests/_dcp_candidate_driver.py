@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+import _dcp_index_k as index_k
 import torch
 from _dcp_child import MARK, fork_ranks, rank_file, run_child
 
@@ -48,6 +49,7 @@ CHECKS = (
     "sparse_eq_reference",
     "sparse_eq_dcp1_kernel_up_to_ties",
 )
+INDEX_K_CHECKS = index_k.CHECKS
 KERNELS = "vllm.model_executor.kernels.attention.dsa.candidate_blocks"
 # patch 06's layer-build gate: (DSV41_DCP_STAGE, PCP, CUDA platform) -> refusal names
 REFUSALS = {
@@ -279,6 +281,9 @@ def _gloo_rank(mod, rank: int, w: int, store_path: str, outdir: str) -> None:
             except Exception:
                 results.append({"error": traceback.format_exc(-3)})
                 raise
+        # then patch 06's index-K exchange (prefill), with the keys' logits stand-in
+        mod.fp8_fp4_mqa_logits = index_k.mqa_logits
+        results += [index_k.run(mod, case, rank) for case in index_k.CASES[w]]
         torch.save(results, rank_file(outdir, rank))
     finally:
         dist.destroy_process_group()
@@ -287,7 +292,8 @@ def _gloo_rank(mod, rank: int, w: int, store_path: str, outdir: str) -> None:
 def run_gloo(mod, w: int) -> list[list[dict]]:
     """``[case][rank]`` outputs from W forked processes over one gloo group."""
     per_rank = fork_ranks(lambda r, store, out: _gloo_rank(mod, r, w, store, out), w, 400)
-    return [[per_rank[r][i] for r in range(w)] for i in range(len(CASES[w]))]
+    n = len(CASES[w]) + len(index_k.CASES[w])
+    return [[per_rank[r][i] for r in range(w)] for i in range(n)]
 
 
 # ---- checks -----------------------------------------------------------------
@@ -442,8 +448,10 @@ def main(tree: str) -> None:
         except Exception:
             report.check("gloo_run", f"W{w}", False, traceback.format_exc(-2))
             continue
-        for case, outs in zip(CASES[w], per_case, strict=True):
+        for case, outs in zip(CASES[w], per_case, strict=False):
             check_case(report, mod, case, outs)
+        for kcase, outs in zip(index_k.CASES[w], per_case[len(CASES[w]) :], strict=True):
+            index_k.check(report, sys.modules[KERNELS], kcase, outs)
     check_refusals(report, mod)
     result = {"vllm_file": str(Path(mod.__file__).resolve()), "checks": report.checks}
     print(MARK + json.dumps(result), flush=True)

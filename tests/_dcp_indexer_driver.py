@@ -25,14 +25,27 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import _dcp_index_k as index_k
 import torch
-from _dcp_candidate_driver import Case, Report, layout, load, reference_rows, same_up_to_ties
+from _dcp_candidate_driver import (
+    KERNELS,
+    Case,
+    Report,
+    layout,
+    load,
+    reference_rows,
+    same_up_to_ties,
+)
 from _dcp_child import MARK, fork_ranks, rank_file, run_child
 
 RATIO = 4  # the indexer's compress_ratio: positions are compressed states
 PREFIX = "layers.0.indexer.k_cache"
 CHECKS = ("published_eq_reference", "published_same_on_every_rank", "mask_eq_reference",
           "edge_kept_at_global_last")  # fmt: skip
+# a chunk of enough rows that the size rule takes the index-K exchange (W x 30 keys of
+# 132 B against 60 rows x 61 x 4 B dense); keys, q and weights as _dcp_index_k's
+INDEX_K_CASE = index_k.KCase(2, 1, 1, 32, (60,), 60, 41)
+INDEX_K_CHECKS = ("index_k_taken", "index_k_published_eq_dcp1")
 # One request per chunk (DCP1's edge clamp is on packed columns: one request keeps it
 # on the global last position), local totals equal across ranks (a width mix-up then
 # gives wrong blocks, not mismatched collectives).
@@ -132,6 +145,87 @@ def _call(mod, case: Case, rank: int, w: int, candidates, write: bool) -> torch.
     return seen[0]
 
 
+def _call_index_k(mod, case, rank: int) -> dict:
+    """The op as the candidate source on INDEX_K_CASE, with this rank's keys in the
+    workspace and the keys' logits stand-in; the key counts of each logits call."""
+    _, _, q, weights, rows = index_k.global_inputs(case)
+    kq, ksc, ks, ke, local_rows, max_rows = index_k.local_view(case, rank)
+    n, total = len(rows), sum(case.lens)
+    lens = torch.tensor(case.lens)
+    chunk = SimpleNamespace(
+        cu_seqlen_ks=ks,
+        cu_seqlen_ke=ke,
+        cu_seq_lens=torch.tensor([0, *lens.cumsum(0).tolist()], dtype=torch.int32),
+        local_cu_seq_lens=torch.tensor([0, local_rows], dtype=torch.int32),
+        max_local_total_seq_lens=max_rows,
+        skip_kv_gather=True,
+        local_total_seq_lens=local_rows,
+        total_seq_lens=total,
+        token_start=0,
+        token_end=n,
+        pcp_deinterleave_idx=None,
+        block_table=None,
+    )
+    meta = SimpleNamespace(
+        slot_mapping=torch.zeros(n, dtype=torch.int64),
+        num_decodes=0,
+        num_prefills=1,
+        num_decode_tokens=0,
+        prefill=SimpleNamespace(chunks=[chunk]),
+    )
+    mod.get_forward_context = lambda: SimpleNamespace(
+        attn_metadata={PREFIX: meta}, cudagraph_runtime_mode=None
+    )
+
+    def workspace_get(values_spec, scales_spec, *more):
+        values = torch.zeros(values_spec[0], dtype=torch.uint8).view(values_spec[1])
+        scales = torch.zeros(scales_spec[0], dtype=scales_spec[1])
+        values[: kq.shape[0]], scales[: ksc.shape[0]] = kq, ksc
+        return [values, scales]
+
+    widths: list[int] = []
+
+    def logits(q, kv, *args, **kwargs):
+        widths.append(kv[0].shape[0])
+        return index_k.mqa_logits(q, kv, *args, **kwargs)
+
+    mod.current_workspace_manager = lambda: SimpleNamespace(get_simultaneous=workspace_get)
+    mod.fp8_fp4_mqa_logits = logits
+    mod.ops = SimpleNamespace(
+        top_k_per_row_prefill=lambda *args: None, cp_gather_indexer_k_quant_cache=None
+    )
+    mod._merge_dcp_topk_global = lambda *args, **kwargs: None
+    cands = torch.full((n, case.topk_blocks), 99, dtype=torch.int32)
+    mod.sparse_attn_indexer(
+        torch.zeros(n, 8), PREFIX, None, q, None, None, weights, 128, None, 8,
+        index_k.DIM, total, total, torch.full((n, 8), -1, dtype=torch.int32), True, False,
+        False, "", dcp_rank=rank, dcp_world_size=case.w,
+        cp_kv_cache_interleave_size=_interleave(mod, case.w, case.k),
+        candidate_blocks=cands, candidate_block_size=case.bs, candidate_write=True,
+    )  # fmt: skip
+    return {"published": cands, "widths": widths}
+
+
+def check_index_k(report: Report, kernels, outs: list[dict]) -> None:
+    case = INDEX_K_CASE
+    want = index_k.dcp1(kernels, case)
+    for rank, out in enumerate(outs):
+        label = f"{case.name}:op:r{rank}"
+        if "error" in out:
+            for name in INDEX_K_CHECKS:
+                report.check(name, label, False, out["error"])
+            continue
+        report.check("index_k_taken", label, sum(case.lens) in out["widths"], str(out["widths"]))
+        got = out["published"]
+        report.check(
+            "index_k_published_eq_dcp1",
+            label,
+            torch.equal(got, want)
+            and all("published" in o and torch.equal(o["published"], got) for o in outs),
+            f"{got.tolist()[:3]} vs DCP1 {want.tolist()[:3]}",
+        )
+
+
 def run_case(mod, case: Case, rank: int, w: int) -> dict:
     _, _, _, gw, _, rows = layout(case, rank, w, case.k)
     published = torch.full((len(rows), case.topk_blocks), 99, dtype=torch.int32)
@@ -155,6 +249,11 @@ def _gloo_rank(mod, rank: int, w: int, store_path: str, outdir: str) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store_path, w), rank=rank, world_size=w)
     try:
         outs = [run_case(mod, case, rank, w) for case in CASES if case.w == w]
+        if w == INDEX_K_CASE.w:
+            try:  # a bug that raises (before any collective) fails the checks, not the run
+                outs.append(_call_index_k(mod, INDEX_K_CASE, rank))
+            except Exception as exc:
+                outs.append({"error": f"{type(exc).__name__}: {exc}"})
         torch.save(outs, rank_file(outdir, rank))
     finally:
         dist.destroy_process_group()
@@ -215,6 +314,8 @@ def main(tree: str) -> None:
         cases = [c for c in CASES if c.w == w]
         for i, case in enumerate(cases):
             check_case(report, case, [per_rank[r][i] for r in range(w)])
+        if w == INDEX_K_CASE.w:
+            check_index_k(report, sys.modules[KERNELS], [per_rank[r][-1] for r in range(w)])
     result = {"vllm_file": str(Path(mod.__file__).resolve()), "checks": report.checks}
     print(MARK + json.dumps(result), flush=True)
 

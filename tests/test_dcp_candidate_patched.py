@@ -15,14 +15,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from _dcp_candidate_driver import CHECKS, REFUSALS, failed, run_driver
+from _dcp_candidate_driver import CHECKS, INDEX_K_CHECKS, REFUSALS, failed, run_driver
 from _planting import bake_planted
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 PATCH = "01-model_executor_kernels_attention_dsa_candidate_blocks.py.diff"
+INDEXER = "06-model_executor_layers_sparse_attn_indexer.py.diff"
 TARGET = "vllm/model_executor/kernels/attention/dsa/candidate_blocks.py"
+INDEXER_TARGET = "vllm/model_executor/layers/sparse_attn_indexer.py"
 GLOBAL_POS = "(local // INTERLEAVE) * (INTERLEAVE * WORLD) + rank * INTERLEAVE"
 SOURCE_COLS = "cols = start + (pos // (INTERLEAVE * WORLD)) * INTERLEAVE + pos % INTERLEAVE"
 CONSUMER_BLOCK = "block = pos // BLOCK_SIZE"
@@ -30,7 +32,7 @@ BY_BLOCK = "by_block = (block << 32) | ((1 << 31) - 1 - key)"
 LOCAL_BUDGET = "m = min(topk_blocks + 1, nblocks)"
 KEY_LOOP = "for tile in range(tl.program_id(1), tl.cdiv(nblocks + 1, TILE), step):"
 MASK_LOOP = "for tile in range(tl.program_id(1), tl.cdiv(tl.maximum(end - start, 0), TILE), step):"
-# variant -> (correct text, planted text, checks that must fail)
+# variant -> (correct text, planted text, checks that must fail[, patch: 01 if absent])
 BUGS = {
     "clean": None,
     # the source reads a global position's logit at the same local column
@@ -75,6 +77,25 @@ BUGS = {
         MASK_LOOP.replace("step):", "step + 1):"),
         {"mask_eq_reference"},
     ),
+    # index K: every position taken from the next rank's keys
+    "index_k_wrong_owner": (
+        "owner = (g // interleave) % world",
+        "owner = (g // interleave + 1) % world",
+        {"index_k_eq_dcp1_kernel"},
+    ),
+    # index K: DCP1's logits bounded by this rank's local row bounds (no sum over ranks)
+    "index_k_local_bounds": (
+        "dist.all_reduce(bounds, group=group)",
+        "bounds.mul_(1)",
+        {"index_k_eq_dcp1_kernel"},
+        INDEXER,
+    ),
+    # index K: the size rule counts one rank's keys, not W of them
+    "index_k_rule_one_rank": (
+        'size["index_k"] = world * index_k_rows * index_k_row_bytes + rows * 2 * 4',
+        'size["index_k"] = index_k_rows * index_k_row_bytes + rows * 2 * 4',
+        {"index_k_rule"},
+    ),
     # the mask writes -inf past the row's end (up to its last tile), as DCP1's fill does
     "mask_writes_past_row_end": (
         "valid = cols < end",
@@ -95,7 +116,8 @@ def candidate_variants(tmp_path_factory, cache) -> dict[str, tuple[Path, dict]]:
     trees = {}
     for name, bug in BUGS.items():
         old, new = bug[:2] if bug else (None, None)
-        trees[name] = bake_planted(tmp_path_factory.mktemp(name), cache, PATCH, old, new)
+        patch = bug[3] if bug and len(bug) > 3 else PATCH
+        trees[name] = bake_planted(tmp_path_factory.mktemp(name), cache, patch, old, new)
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = dict(zip(trees, pool.map(run_driver, trees.values()), strict=True))
     return {name: (trees[name], results[name]) for name in trees}
@@ -110,9 +132,12 @@ def test_candidate_baked_code_and_planted_bugs(candidate_variants, name):
     bug = BUGS[name]
     if bug is None:
         ran = {c["name"] for c in result["checks"]}
-        assert ran == {*CHECKS, "refusal"}, ran
-        # W=2: 8 cases x 2 ranks, W=4: 4 x 4, W=8: 2 x 8, for each check; the gate cases
-        assert len(result["checks"]) == len(CHECKS) * (8 * 2 + 4 * 4 + 2 * 8) + len(REFUSALS)
+        assert ran == {*CHECKS, *INDEX_K_CHECKS, "refusal"}, ran
+        # W=2: 8 cases x 2 ranks, W=4: 4 x 4, W=8: 2 x 8, for each check; index K: 2 x 2,
+        # 1 x 4, 1 x 8; the gate cases
+        assert len(result["checks"]) == (
+            len(CHECKS) * (8 * 2 + 4 * 4 + 2 * 8) + len(INDEX_K_CHECKS) * 16 + len(REFUSALS)
+        )
         # both exchanges were picked by the size rule somewhere
         picked = {
             c["case"].rsplit(":", 1)[1]
@@ -124,7 +149,9 @@ def test_candidate_baked_code_and_planted_bugs(candidate_variants, name):
             f"unplanted series fails: {[c for c in result['checks'] if not c['ok']][:3]}"
         )
         return
-    old, new, must_fail = bug
+    old, new, must_fail = bug[:3]
+    if len(bug) > 3:
+        baked = (Path(tree) / INDEXER_TARGET).read_text()
     assert new in baked and old not in baked, "the bug did not reach the baked tree"
     assert must_fail <= bad.keys(), f"planted {new!r} but only {bad} failed"
 

@@ -71,7 +71,11 @@ def candidate_cases(draw):
     )
 
 
-EXCHANGES = {"dense": ref.candidate_blocks_dcp, "sparse": ref.candidate_blocks_dcp_sparse}
+EXCHANGES = {
+    "dense": ref.candidate_blocks_dcp,
+    "sparse": ref.candidate_blocks_dcp_sparse,
+    "index_k": ref.candidate_blocks_dcp_index_k,
+}
 
 
 def dcp_chain(c, exchange="dense"):
@@ -107,6 +111,13 @@ def assert_chain_matches(c, exchange="dense"):
 @given(candidate_cases())
 def test_candidate_chain_dcp_matches_dcp1(c):
     assert_chain_matches(c)
+
+
+@PROPS
+@given(candidate_cases())
+def test_candidate_chain_index_k_matches_dcp1(c):
+    """The index-K exchange (prefill) runs DCP1's own selection on the gathered columns."""
+    assert_chain_matches(c, "index_k")
 
 
 @PROPS
@@ -279,8 +290,9 @@ def test_sparse_merge_catches_a_planted_bug(monkeypatch, bug):
             assert_chain_matches(c, "sparse")
 
 
-@pytest.mark.parametrize("bug", BUGS)
-def test_candidate_chain_catches_a_planted_map_bug(monkeypatch, bug):
+@pytest.mark.parametrize("exchange", ["dense", "index_k"])
+@pytest.mark.parametrize("bug", [*BUGS, "ends_max"])
+def test_candidate_chain_catches_a_planted_map_bug(monkeypatch, bug, exchange):
     gen = torch.Generator().manual_seed(7)
     c = dict(
         w=2,
@@ -291,7 +303,12 @@ def test_candidate_chain_catches_a_planted_map_bug(monkeypatch, bug):
         logits=torch.randn(3, 40, generator=gen),
         ends=torch.tensor([40, 33, 9], dtype=torch.int32),
     )
-    assert_chain_matches(c)
-    monkeypatch.setattr(candidates, "global_position", BUGS[bug])
+    assert_chain_matches(c, exchange)
+    if bug == "ends_max":  # DCP1's row ends as the largest rank's, not the sum
+        monkeypatch.setattr(
+            candidates, "global_ends", lambda g, e: g.all_gather(e[None].long(), dim=0).amax(0)
+        )
+    else:
+        monkeypatch.setattr(candidates, "global_position", BUGS[bug])
     with pytest.raises(AssertionError):
-        assert_chain_matches(c)
+        assert_chain_matches(c, exchange)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from _dcp_candidate_driver import failed
-from _dcp_indexer_driver import CASES, CHECKS, run_driver
+from _dcp_indexer_driver import CASES, CHECKS, INDEX_K_CASE, INDEX_K_CHECKS, run_driver
 from _planting import bake_planted
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs("triton")]
@@ -41,6 +41,22 @@ BUGS = {
         "chunk.local_total_seq_lens,",
         "DCP1's logits width is the chunk's global total",
         {"published_eq_reference"},
+    ),
+    # index K through the op: the request offsets taken from this rank's local packing
+    "index_k_local_offsets": (
+        INDEXER,
+        "chunk.cu_seq_lens,",
+        "chunk.local_cu_seq_lens,",
+        None,
+        {"index_k_published_eq_dcp1"},
+    ),
+    # index K never taken, whatever the bytes
+    "index_k_never": (
+        INDEXER,
+        'if min(size, key=size.__getitem__) != "index_k":',
+        "if True:",
+        None,
+        {"index_k_taken"},
     ),
     # kind 9: the indexer's interleave in token units at compress_ratio > 1
     "indexer_interleave_in_tokens": (
@@ -70,8 +86,11 @@ def test_indexer_call_site_and_planted_bugs(variants, name):
     assert Path(result["vllm_file"]).is_relative_to(Path(tree).resolve())
     bad = failed(result)
     if BUGS[name] is None:
-        assert {c["name"] for c in result["checks"]} == set(CHECKS)
-        assert len(result["checks"]) == len(CHECKS) * sum(case.w for case in CASES)
+        assert {c["name"] for c in result["checks"]} == {*CHECKS, *INDEX_K_CHECKS}
+        assert (
+            len(result["checks"])
+            == len(CHECKS) * sum(case.w for case in CASES) + len(INDEX_K_CHECKS) * INDEX_K_CASE.w
+        )
         assert bad == {}, [c for c in result["checks"] if not c["ok"]][:3]
         return
     _, _, new, _, must_fail = BUGS[name]

@@ -195,11 +195,17 @@ def test_rebase_loop_onto_0_33_abort_then_fix_and_continue(tmp_path):
     assert "--drop-base cpu" in proc.stderr and "--keep-base cpu" in proc.stderr
     assert {p.name: p.read_bytes() for p in series.iterdir()} == series_bytes
     proc = cli("rebase", "--continue", "--drop-base", "cpu")
-    # The one thing the scripted fix does not fix: 0.33.0's flashinfer wants lse_scale.
+    # What the scripted fix does not fix: 0.33.0's flashinfer wants lse_scale, and patch
+    # 06's own index-K call of fp8_fp4_mqa_logits keeps 0.32.0's arguments (0.33.0 takes
+    # max_seqlen_k and no clean_logits).
     assert proc.returncode == 1, proc.stderr
     assert "[bases.cpu] removed from the series (--drop-base)" in proc.stderr
     findings = [line for line in proc.stdout.splitlines() if line.startswith("linkcheck: ")]
-    assert len(findings) == 1 and "missing required argument 'lse_scale'" in findings[0]
+    assert len(findings) == 3, findings
+    assert "missing required argument 'lse_scale'" in findings[-1]
+    mqa = [f for f in findings if "call to vllm.utils.deep_gemm.fp8_fp4_mqa_logits" in f]
+    assert len(mqa) == 2 and all("sparse_attn_indexer.py" in f for f in mqa), mqa
+    assert any("'clean_logits'" in f for f in mqa) and any("'max_seqlen_k'" in f for f in mqa)
     rebased = load_series(series)
     assert str(rebased.base("default").requirement) == "vllm==0.33.0"
     assert (

@@ -11,7 +11,8 @@ torch.topk and DCP1's Triton block max; CPU torch treats them as equal), ties to
 the lower id (torch.topk on CUDA picks the first tied index too). Under DCP a
 rank holds the columns it owns (``owner_rank``), at ``local_index``; on a DCP
 rank the source exchanges partial maxima over GLOBAL blocks, densely
-(``candidate_blocks_dcp``) or as local top-k and a merge (``..._sparse``).
+(``candidate_blocks_dcp``) or as local top-k and a merge (``..._sparse``), or on
+prefill gathers the keys and selects as DCP1 does (``..._index_k``).
 """
 
 from __future__ import annotations
@@ -117,6 +118,11 @@ def _partial_maxima(
     return block_maxima(frame, torch.full((rows,), width), block_size, nblocks), nblocks
 
 
+def global_ends(group: Group, local_ends: torch.Tensor) -> torch.Tensor:
+    """DCP1's row ends: the sum of the ranks' local ends (each position has one owner)."""
+    return group.all_gather(local_ends[None].long(), dim=0).sum(0)
+
+
 def candidate_blocks_dcp(
     group: Group,
     local_logits: torch.Tensor,
@@ -139,7 +145,7 @@ def candidate_blocks_dcp(
     # max over the ranks on the keys: a float max (CPU) may keep one rank's -0.0 over +0.0
     keys = group.all_gather(order_keys(partial)[None], dim=0).amax(0)
     scores = key_values(keys)
-    ends = group.all_gather(local_ends[None].long(), dim=0).sum(0)
+    ends = global_ends(group, local_ends)
     return select_blocks(scores, ends, block_size, topk_blocks)
 
 
@@ -197,6 +203,34 @@ def merge_sparse(sent: torch.Tensor, topk_blocks: int, block_size: int, nblocks:
             if key_values(torch.tensor(key)).item() != -math.inf:
                 out[row, j] = block
     return out
+
+
+def candidate_blocks_dcp_index_k(
+    group: Group,
+    local_logits: torch.Tensor,
+    local_ends: torch.Tensor,
+    topk_blocks: int,
+    block_size: int,
+    interleave: int,
+    width: int,
+) -> torch.Tensor:
+    """The candidate source on one DCP rank by the index-K exchange (prefill): every
+    rank all-gathers the ranks' local columns (here the columns stand for their index
+    keys, as a logit is a function of one key and its row), puts each back at its
+    global position, sums the ranks' local ends into DCP1's (each position has one
+    owner) and runs DCP1's own selection on the whole row."""
+    w = group.world_size
+    rows = local_logits.shape[0]
+    padded = torch.full((rows, width), -math.inf, dtype=torch.float32)
+    padded[:, : local_logits.shape[1]] = local_logits.float()
+    sent = group.all_gather(padded[None], dim=0)
+    frame = torch.full((rows, width), -math.inf, dtype=torch.float32)
+    for rank in range(w):
+        n = int((owner_rank(torch.arange(width), w, interleave) == rank).sum())
+        pos = global_position(torch.arange(n), rank, w, interleave)
+        frame[:, pos] = sent[rank][:, :n]
+    ends = global_ends(group, local_ends)
+    return candidate_blocks_dcp1(frame, ends, topk_blocks, block_size)
 
 
 def _block_kept(blocks: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
