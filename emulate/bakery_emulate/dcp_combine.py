@@ -8,9 +8,16 @@ tests/emulate holds each equal to the interpreted original.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 NEG_INF = float("-inf")
+
+
+def _numpy(fn):
+    # The interpreter evaluates tl.exp2/tl.log2 with numpy, whose float32 results differ
+    # from torch's in the last bit; the port must give the interpreted kernel's bytes.
+    return lambda x: torch.from_numpy(fn(x.float().numpy()))
 
 
 def _clean(lse: torch.Tensor) -> torch.Tensor:
@@ -81,8 +88,8 @@ def unpack_combine(recv_buffer, head_dim, lse_pack_dim, return_lse, is_lse_base_
     lses = _clean(lses)
     lse_max = lses.max(dim=0).values
     lse_max = torch.where(lse_max == NEG_INF, 0.0, lse_max)
-    exp = torch.exp if is_lse_base_on_e else torch.exp2
-    log = torch.log if is_lse_base_on_e else torch.log2
+    exp = _numpy(np.exp if is_lse_base_on_e else np.exp2)
+    log = _numpy(np.log if is_lse_base_on_e else np.log2)
     total = torch.zeros_like(lse_max)
     for rank in range(world_size):
         total = total + exp(lses[rank] - lse_max)
@@ -95,3 +102,22 @@ def unpack_combine(recv_buffer, head_dim, lse_pack_dim, return_lse, is_lse_base_
         acc = acc + torch.where(weight == 0.0, 0.0, partial) * weight
     out = acc.to(recv_buffer.dtype)
     return (out, global_lse) if return_lse else out
+
+
+class UnpackCombineKernel:
+    """``_dcp_a2a_unpack_combine_kernel[grid](...)`` itself, for callers that launch it
+    directly (patch 09's ``_dcp_combine_a2a_into`` writes into ``output`` through its
+    strides): the same sum as ``unpack_combine``, stored into the given ``out``."""
+
+    def __getitem__(self, grid):
+        return self._launch
+
+    @staticmethod
+    def _launch(recv, out, out_lse, *strides, N, HEAD_DIM, IS_BASE_E, RETURN_LSE, LSE_PACK_DIM):
+        if recv.shape[0] != N or len(strides) != 9:
+            raise NotImplementedError("bakery_emulate: unexpected a2a combine launch")
+        result = unpack_combine(recv, HEAD_DIM, LSE_PACK_DIM, RETURN_LSE, IS_BASE_E)
+        combined, lse = result if RETURN_LSE else (result, None)
+        out.copy_(combined.to(out.dtype))
+        if lse is not None:
+            out_lse.copy_(lse.to(out_lse.dtype))

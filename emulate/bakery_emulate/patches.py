@@ -260,6 +260,8 @@ def _dcp_combine(module):
     module._CORRECT_ATTN_CP_OUT_KERNEL = dcp_combine.CorrectAttnOut()
     module._dcp_a2a_pack_send = dcp_combine.pack_send
     module._dcp_a2a_unpack_combine = dcp_combine.unpack_combine
+    # Patch 09's a2a combine launches the kernel itself, into the layer's output.
+    module._dcp_a2a_unpack_combine_kernel = dcp_combine.UnpackCombineKernel()
 
 
 @after("vllm.models.deepseek_v4.common.ops.fused_inv_rope_fp8_quant")

@@ -11,6 +11,7 @@ copy of the port that must disagree. It prints one ``RESULT {json}`` line:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -31,6 +32,19 @@ from bakery_emulate import (  # noqa: E402
 )
 
 MARK = "RESULT "
+
+
+def pristine(name: str):
+    """A second copy of a baked module, executed without the emulation's hooks: the
+    originals its ports replace (the imported module holds the ports)."""
+    from importlib.machinery import SourceFileLoader
+
+    path = importlib.util.find_spec(name).origin
+    loader = SourceFileLoader(name, path)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
+    loader.exec_module(module)
+    return module
+
 RESULTS: dict[str, dict[str, bool]] = {}
 
 
@@ -119,7 +133,8 @@ def a2a() -> None:
 
 
 def _a2a_case(dtype) -> None:
-    dcp = importlib.import_module("vllm.v1.attention.ops.dcp")
+    dcp = pristine("vllm.v1.attention.ops.dcp")
+    assert dcp._dcp_a2a_unpack_combine is not dcp_combine.unpack_combine
     gen = torch.Generator().manual_seed(2)
     n, b, h, d = 2, 5, 4, 512
     out = torch.randn(b, h, d, generator=gen).to(dtype)
@@ -145,6 +160,22 @@ def _a2a_case(dtype) -> None:
         lambda: dcp._dcp_a2a_unpack_combine(buf, d, pack, True, False),
         lambda: dcp_combine.unpack_combine(buf, d, pack, True, False),
         lambda: dcp_combine.unpack_combine(buf, d, pack, True, True),  # base e, not 2
+    )
+
+    def launched(kernel, base_e=False):  # as patch 09 launches it: into a strided output
+        output = torch.full((b, h, d + 64), 7.0, dtype=dtype)[:, : h // n, :d]
+        no_lse = torch.empty((1, 1), dtype=dtype)
+        kernel[(b, h // n, 1)](
+            buf, output, no_lse, *buf.stride(), *output.stride(), *no_lse.stride(),
+            N=n, HEAD_DIM=d, IS_BASE_E=base_e, RETURN_LSE=False, LSE_PACK_DIM=pack,
+        )  # fmt: skip
+        return output._base if output._base is not None else output
+
+    check(
+        f"a2a_unpack_kernel[{name}]",
+        lambda: launched(dcp._dcp_a2a_unpack_combine_kernel),
+        lambda: launched(dcp_combine.UnpackCombineKernel()),
+        lambda: launched(dcp_combine.UnpackCombineKernel(), base_e=True),
     )
 
 
