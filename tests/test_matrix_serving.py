@@ -62,7 +62,7 @@ def fake_servers(monkeypatch):
     checked = lambda entries, ctx, say: {e.name: (plan, None) for e in entries}  # noqa: E731
     monkeypatch.setattr(matrix_mod, "_preflight_all", checked)
 
-    def serve(entry, checked, out, suite, settings, ctx, say, bench=None):
+    def serve(entry, checked, out, suite, settings, ctx, say, bench=None, *_teacher):
         copy_bundle(sources[entry.name], out)
         serving.write_figures(out, FIGURES[entry.name])
         return {"boot_s": 1.0, "record": "r"}

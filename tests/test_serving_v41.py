@@ -29,7 +29,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from _launch_support import PROFILES, REPO, free_port, run_sh
+from _launch_support import PROFILES, REPO
 
 from bakery.launch.serving import kv_capacity
 from bakery.verify import tiny_v41
@@ -102,27 +102,5 @@ def test_a_log_without_the_line_has_no_figures(tmp_path):
     assert kv_capacity(log)["kv_cache_tokens"] == 29566
 
 
-def _serve_and_read(profile: str, build: Path, art: Path) -> dict:
-    model = tiny_v41.ensure(REPO / tiny_v41.DEFAULT_DIRS["fast"], tree=build / "baked-cpu")
-    start = run_sh(
-        "start", "--profile", profile, "--build", str(build), "--model", str(model),
-        "--port", str(free_port()), "--grace", "15", "--artifacts", str(art), timeout=1200,
-    )  # fmt: skip
-    try:
-        assert start.returncode == 0, start.stdout[-2000:] + start.stderr[-4000:]
-        (run_dir,) = sorted(art.glob(f"{profile}/*"))
-        figures = kv_capacity(run_dir / "serve.log")
-        assert figures is not None, "vLLM printed no KV cache size"
-        return figures
-    finally:
-        stop = run_sh("stop", "--artifacts", str(art), "--grace", "15", timeout=120)
-        assert stop.returncode == 0, stop.stderr[-2000:]
-
-
-@pytest.mark.slow
-def test_dcp2_holds_the_predicted_kv_tokens_over_dcp1(cpu_bake, tmp_path):
-    """Both profiles booted for real (about a minute each on two cores)."""
-    build = cpu_bake.tree.parent
-    dcp1 = _serve_and_read("cpu-v41-dcp1", build, tmp_path / "a1")
-    dcp2 = _serve_and_read("cpu-v41-dcp2", build, tmp_path / "a2")
-    check_measured(dcp1, dcp2)
+# Served for real: tests/test_matrix_v41.py checks every entry of the V4.1 matrix (DCP 1
+# and the three DCP 2 entries, booted by run.sh) with check_measured.

@@ -64,18 +64,23 @@ def test_fast_and_released_differ_only_in_index_and_candidate_settings():
 
 def test_every_init_rule_is_reachable_and_an_unknown_name_is_refused():
     names = {
-        "layers.0.attn_norm.weight": ("one_plus", 0.1),
-        "layers.1.attn.compressor.norm.weight": ("one_plus", 0.1),
+        "layers.0.attn_norm.weight": ("one_plus", 1.0),
+        "layers.1.attn.compressor.norm.weight": ("one_plus", 2.0),
+        "layers.4.attn.kv_norm.weight": ("one_plus", 2.0),
+        "layers.1.attn.indexer.k_norm.weight": ("one_plus", 1.0),
         "embed.weight": ("normal", 1.0),
-        "head.weight": ("fan_in", 8.0),
+        "head.weight": ("fan_in", 2.0),
+        "layers.3.attn.wo_b.weight": ("fan_in", 0.125),
+        "layers.3.attn.wo_a.weight": ("fan_in", 1.0),
         "layers.0.hc_attn_fn": ("fan_in", 1.0),
         "layers.0.hc_ffn_base": ("normal", 0.5),
         "layers.0.hc_attn_scale": ("const", 1.0),
         "layers.0.attn.attn_sink": ("normal", 1.0),
-        "layers.0.ffn.gate.bias": ("normal", 0.1),
+        "layers.0.ffn.gate.bias": ("pinned", 10.0),
         "image_newline": ("normal", 0.02),
         "aligner.w1.bias": ("normal", 0.02),
-        "layers.0.ffn.experts.3.w2.weight": ("fan_in", 1.0),
+        "layers.0.ffn.experts.3.w2.weight": ("fan_in", 0.25),
+        "layers.0.ffn.shared_experts.w2.weight": ("fan_in", 0.25),
     }
     for name, rule in names.items():
         assert tiny_v41.init_rule(name) == rule, name
@@ -102,6 +107,14 @@ def test_draw_depends_only_on_seed_and_name_and_keeps_its_scale():
     assert sink.dtype == torch.float32 and torch.isfinite(sink).all()
     scale = tiny_v41.draw("layers.0.hc_attn_scale", (3,), torch.float32, 0)
     assert scale.tolist() == [1.0, 1.0, 1.0]
+    norm = tiny_v41.draw("layers.4.attn.kv_norm.weight", (512,), torch.bfloat16, 0).float()
+    assert abs(norm.mean().item() - 2.0) < 0.05 and 0.1 < norm.std().item() < 0.3
+    # The router's bias pins exactly num_experts_per_tok experts, a different set per layer.
+    biases = [tiny_v41.draw(f"layers.{i}.ffn.gate.bias", (64,), torch.float32, 0) for i in (0, 1)]
+    for bias in biases:
+        assert sorted(bias.unique().tolist()) == [0.0, 10.0]
+        assert int((bias == 10.0).sum()) == tiny_v41.PINNED_EXPERTS == 6
+    assert not torch.equal(biases[0], biases[1])
 
 
 def test_margin_summary_fails_on_nan_and_on_dummy_like_margins():
@@ -140,17 +153,21 @@ def test_a_build_without_a_baked_tree_is_refused_before_vllm_runs(monkeypatch, t
     assert err.value.hint == "make bake BASE=cpu"
 
 
-def test_ensure_rebuilds_a_folder_of_another_spec(monkeypatch, tmp_path):
+def test_ensure_rebuilds_a_folder_of_another_spec_or_recipe(monkeypatch, tmp_path):
     built = []
     monkeypatch.setattr(tiny_v41, "build", lambda out, spec, **_: built.append(spec) or out)
     fast, released = tiny_v41.SPECS["fast"], tiny_v41.SPECS["released"]
-    (tmp_path / tiny_v41.MARKER).write_text(json.dumps({"spec": asdict(fast)}))
+    marker = tmp_path / tiny_v41.MARKER
+    marker.write_text(json.dumps({"spec": asdict(fast), "recipe": tiny_v41.recipe()}))
     assert tiny_v41.ensure(tmp_path, fast) == tmp_path and built == []
     tiny_v41.ensure(tmp_path, released)
     assert built == [released]
-    (tmp_path / tiny_v41.MARKER).unlink()
+    marker.write_text(json.dumps({"spec": asdict(fast)}))  # drawn by older rules
     tiny_v41.ensure(tmp_path, fast)
     assert built == [released, fast]
+    marker.unlink()
+    tiny_v41.ensure(tmp_path, fast)
+    assert built == [released, fast, fast]
 
 
 # ---- slow: vLLM under emulate/ ------------------------------------------------------------

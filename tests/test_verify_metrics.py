@@ -300,3 +300,21 @@ def test_asymmetric_fork_seen_from_the_other_side() -> None:
     assert case["first_token_mismatch_actual_oracle_rank"] == 4
     assert case["topk_overlap_mean"] == pytest.approx((2 / 2 + 3 / 3) / 2)
     assert case["first_token_mismatch_topk_overlap"] == 1.0
+
+
+def test_the_teacher_forced_mean_gate_tells_a_few_rounded_positions_from_a_wrong_selection():
+    from bakery.verify.compare import ParityGates, evaluate_gates
+    from bakery.verify.metrics import TeacherForced
+
+    def case(deltas: list[float]) -> dict:
+        scores = TeacherForced(completion_start=8, logprob_deltas=tuple(deltas), kls=(None,) * 10)
+        return {"prompt_token_ids_match": True, "tokens_match": True, **scores.as_dict()}
+
+    gates = ParityGates(max_tf_mean_abs_logprob_delta=0.04)
+    rounding = case([0.0] * 8 + [0.2, -0.1])  # two positions moved: mean 0.03
+    selection = case([0.0] * 4 + [0.07, -0.08, 0.07, 0.09, -0.07, 0.08])  # every late one: 0.046
+    assert rounding["tf_max_abs_logprob_delta"] > selection["tf_max_abs_logprob_delta"]
+    assert evaluate_gates(rounding, gates) == []
+    (failure,) = evaluate_gates(selection, gates)
+    assert "max_tf_mean_abs_logprob_delta" in failure
+    assert evaluate_gates(case([float("nan")] + [0.0] * 9), gates)  # NaN never passes

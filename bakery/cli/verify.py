@@ -147,6 +147,7 @@ GATE_OPTIONS = {
     "min_topk_overlap_min": "--min-topk-overlap-min",
     "max_tf_kl": "--max-tf-kl",
     "max_tf_abs_logprob_delta": "--max-tf-logprob-delta",
+    "max_tf_mean_abs_logprob_delta": "--max-tf-mean-logprob-delta",
     "min_fork_topk_overlap": "--min-fork-topk-overlap",
 }
 

@@ -109,6 +109,9 @@ class MatrixDoc(Document):
     low_margin: float = 0.5
     top_n: int = 20
     concurrency: int = 4
+    # Each candidate also scores the baseline's prompt + completion (prompt_logprobs), so a
+    # fork in the trajectory cannot hide what the candidate does with the same text.
+    teacher_forced: bool = False
     gates: dict[str, bool | int | float] = {}  # checked by the parity harness's ParityGates
     bench: BenchDoc | None = None
 
@@ -147,6 +150,7 @@ class Matrix:
     top_n: int
     concurrency: int
     bench: Bench | None = None
+    teacher_forced: bool = False
 
 
 @dataclass(frozen=True)
@@ -263,6 +267,7 @@ def matrix_from_data(data: object, path: Path) -> Matrix:
         top_n=doc.top_n,
         concurrency=doc.concurrency,
         bench=bench,
+        teacher_forced=doc.teacher_forced,
     )
 
 
@@ -302,7 +307,8 @@ def _gates(matrix: Matrix, gates_file: Path | None) -> ParityGates:
 
 
 def _serve_and_capture(
-    entry: Entry, checked, out: Path, suite, settings, ctx: Context, say, bench=None
+    entry: Entry, checked, out: Path, suite, settings, ctx: Context, say, bench=None,
+    teacher_forced: bool = False, reference: Path | None = None,
 ) -> dict:
     plan, report = checked
     record, boot_s = lifecycle.start(
@@ -316,7 +322,10 @@ def _serve_and_capture(
                 env=dict(plan.env),
                 baked_json=plan.tree / MANIFEST,
             )
-            capture_bundle(plan.url, out, suite, settings=settings, server=server)
+            capture_bundle(
+                plan.url, out, suite, settings=settings, server=server,
+                teacher_forced=teacher_forced, reference=reference,
+            )  # fmt: skip
             if bench is not None:  # after the capture: its requests must not warm the server
                 say(f"{entry.name}: vllm bench serve")
                 benched = serving.bench_serve(bench, plan, record.run_dir / "bench")
@@ -390,19 +399,20 @@ def run_matrix(
         baseline_dir = own_path(out / "bundles", matrix.baseline.name, "a matrix name")
         runs[matrix.baseline.name] = _serve_and_capture(
             matrix.baseline, checked[matrix.baseline.name], baseline_dir, suite, settings, ctx,
-            say, matrix.bench,
+            say, matrix.bench, matrix.teacher_forced,
         )  # fmt: skip
     rows, candidate_figures = [], {}
     for entry in matrix.candidates:
         bundle = own_path(out / "bundles", entry.name, "a matrix name")
         plan = checked[entry.name][0]
         run = _serve_and_capture(
-            entry, checked[entry.name], bundle, suite, settings, ctx, say, matrix.bench
-        )
+            entry, checked[entry.name], bundle, suite, settings, ctx, say, matrix.bench,
+            matrix.teacher_forced, baseline_dir if matrix.teacher_forced else None,
+        )  # fmt: skip
         boundaries = serving.layout_boundaries(plan)
         report = compare_bundles(
             baseline_dir, bundle, gates, top_n=matrix.top_n, low_margin=matrix.low_margin,
-            boundaries=boundaries,
+            teacher_forced=matrix.teacher_forced, boundaries=boundaries,
             decode=tokenizer_decoder(serving.model_folder(plan)),
         )  # fmt: skip
         json_path, md_path = (

@@ -48,6 +48,9 @@ BOUND_GATES: dict[str, tuple[str, str]] = {
     "min_topk_overlap_min": ("trajectory_topk_overlap_min", "min"),
     "max_tf_kl": ("tf_max_kl", "max"),
     "max_tf_abs_logprob_delta": ("tf_max_abs_logprob_delta", "max"),
+    # The mean over every scored position: rounding moves a few positions, a wrong
+    # selection moves every position past the indexer's threshold.
+    "max_tf_mean_abs_logprob_delta": ("tf_mean_abs_logprob_delta", "max"),
 }
 
 
@@ -63,6 +66,7 @@ class ParityGates:
     min_topk_overlap_min: float | None = None
     max_tf_kl: float | None = None
     max_tf_abs_logprob_delta: float | None = None
+    max_tf_mean_abs_logprob_delta: float | None = None
     # On by default: a low-margin fork is excused only where it is a near tie, each side's
     # token in the other's top-k and the top-k lists mostly shared. Without it a candidate
     # with every token different passed on its own small margin at step 0.

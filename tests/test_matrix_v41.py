@@ -1,0 +1,120 @@
+"""`make verify MATRIX=launcher/dcp2/matrix-cpu-v41.toml`: the whole DeepSeek-V4.1 on CPU.
+
+The matrix boots the tiny random V4.1 (bakery.verify.tiny_v41) through run.sh at TP 2:
+DCP 1 as the baseline, DCP 2 with ag_rs, with a2a, and at stage 9 with the prefill gather.
+It must pass, each DCP 2 entry must have run the indexer and removed candidate blocks (the
+emulation's counts, in the summary), or the pass proves nothing, and each must hold the KV
+tokens its config predicts over DCP 1 (the server's own figures, in the summary).
+
+Then each bug the issue names is planted in a copy of the series, baked, and served as the
+one candidate of the same matrix against the baseline bundle captured above: each must fail
+it and the summary must name its first divergence.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from _launch_support import REPO, run_sh
+from _planting import plant
+from test_serving_v41 import check_measured
+
+from bakery.bake.bake import bake
+from bakery.series.series import load_series
+from bakery.verify import tiny_v41
+
+pytestmark = pytest.mark.slow
+
+MATRIX = REPO / "launcher" / "dcp2" / "matrix-cpu-v41.toml"
+P01 = "01-model_executor_kernels_attention_dsa_candidate_blocks.py.diff"
+P06 = "06-model_executor_layers_sparse_attn_indexer.py.diff"
+P09 = "09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff"
+# name -> (patch, the '+' line, what it becomes): the issue's three planted bugs.
+PLANTS = {
+    "owner": (
+        P09, "dcp_rank=self.dcp_rank,", "dcp_rank=(self.dcp_rank + 1) % self.dcp_world_size,"
+    ),
+    "local-block-id": (P01, "block = pos // BLOCK_SIZE", "block = (cols - start) // BLOCK_SIZE"),
+    "exchange-skipped": (
+        P06,
+        "dist.all_reduce(x, op=dist.ReduceOp.MAX, group=get_dcp_group().device_group)",
+        "return None",
+    ),
+}
+# The exchange's gather keeps this rank's copy only, as if it were every rank's.
+SKIPPED_GATHER = (
+    "dist.all_gather_into_tensor(out, x.contiguous(), group=group)",
+    "out.copy_(torch.cat([x.contiguous()] * world))",
+)
+
+
+def _matrix(matrix: Path, build: Path, out: Path, art: Path, *more: str):
+    model = tiny_v41.ensure(REPO / tiny_v41.DEFAULT_DIRS["fast"], tree=build / "baked-cpu")
+    return run_sh(
+        "matrix", "--matrix", str(matrix), "--build", str(build), "--model", str(model),
+        "--out", str(out), "--artifacts", str(art), "--grace", "15", *more, timeout=3600,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def v41_run(cpu_bake, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("v41-matrix")
+    proc = _matrix(MATRIX, cpu_bake.tree.parent, tmp / "out", tmp / "artifacts")
+    print(proc.stdout[-3000:])
+    return proc, tmp / "out"
+
+
+def _summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_the_v41_matrix_passes_and_each_dcp2_entry_ran_the_indexer_and_filtering(v41_run):
+    proc, out = v41_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = _summary(out)
+    rows = {row["name"]: row for row in summary["candidates"]}
+    assert set(rows) == {"v41-dcp2-ag_rs", "v41-dcp2-a2a", "v41-dcp2-s9-gather"}
+    for name, row in rows.items():
+        assert row["passed"] is True, (name, row)
+        counts = row["exercised"]
+        assert counts["indexer_calls"] > 0, (name, counts)
+        assert counts["candidate_masked_positions"] > 0, (name, counts)
+    # DCP 2 holds the KV tokens the config predicts over DCP 1 (issue 25; test_serving_v41).
+    serving = summary["serving"]
+    assert set(serving) == {"v41-dcp1", *rows}
+    for name in rows:
+        check_measured(serving["v41-dcp1"], serving[name])
+    # The gates held against the teacher-forced scores of every case, not only the trajectory.
+    report = json.loads((out / "reports" / "v41-dcp2-ag_rs.json").read_text())
+    assert report["settings"]["teacher_forced"] is True
+    assert all(case["tf_positions"] > 0 for case in report["cases"].values())
+
+
+@pytest.mark.parametrize("name", sorted(PLANTS))
+def test_a_planted_bug_fails_the_v41_matrix_and_names_the_first_divergence(
+    name, v41_run, cache, tmp_path
+):
+    _, out = v41_run
+    series = tmp_path / "dcp2"
+    shutil.copytree(REPO / "patches" / "dcp2", series)
+    patch, old, new = PLANTS[name]
+    plant(series, patch, old, new)
+    if name == "exchange-skipped":  # the all-gather of the same exchanges goes too
+        plant(series, patch, *SKIPPED_GATHER)
+    tree = bake(load_series(series), "cpu", build=tmp_path / "build", cache=cache).tree
+    one = tmp_path / "matrix.toml"
+    text = MATRIX.read_text()
+    planted = 'name = "planted"\nprofile = "cpu-v41-dcp2"\nflags = { combine = "ag_rs" }\n'
+    one.write_text(text[: text.index("[[candidates]]")] + "[[candidates]]\n" + planted)
+    baseline = out / "bundles" / "v41-dcp1"
+    proc = _matrix(
+        one, tree.parent, tmp_path / "out", tmp_path / "artifacts",
+        "--baseline", str(baseline), "--series", str(series),
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (row,) = _summary(tmp_path / "out")["candidates"]
+    assert row["passed"] is False
+    assert row["first_divergence"], row
