@@ -33,6 +33,7 @@ __all__ = [
     "own_folder",
     "open_own",
     "read_bounded",
+    "InputTooLarge",
     "stage_beside",
     "write_atomic",
     "write_text_atomic",
@@ -123,11 +124,16 @@ def open_own(path: Path) -> int:
 MAX_READ = 64 << 20  # no file bakery reads as a document is near this
 
 
+class InputTooLarge(OSError):
+    """An input over the read bound (EFBIG, as the kernel's refusal of a write past the
+    file size limit is: the boundary tells the two apart by this type)."""
+
+
 def read_bounded(path: Path, limit: int = MAX_READ) -> bytes:
     """The bytes of the regular file at ``path``, opened non-blocking (a FIFO never
     hangs the reader) and read to at most ``limit`` bytes (a symlink to /dev/zero never
     fills memory). A folder raises ``IsADirectoryError``, a FIFO or a device
-    ``OSError(EINVAL)`` ("not a regular file"), a larger file ``OSError(EFBIG)``."""
+    ``OSError(EINVAL)`` ("not a regular file"), a larger file ``InputTooLarge(EFBIG)``."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         mode = os.fstat(fd).st_mode
@@ -143,7 +149,7 @@ def read_bounded(path: Path, limit: int = MAX_READ) -> bytes:
             chunks.append(chunk)
             size += len(chunk)
         if size > limit:
-            raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+            raise InputTooLarge(errno.EFBIG, f"larger than {limit} bytes", str(path))
         return b"".join(chunks)
     finally:
         os.close(fd)

@@ -379,13 +379,16 @@ def _hints(path) -> list[str]:
 
 
 def test_every_option_a_launcher_hint_names_exists(cpu_bake):
-    """A hint names a run.sh option (of any launch command) or a flag vLLM 0.32.0 defines."""
+    """A hint names a run.sh option (of any launch command) or a flag vLLM 0.32.0 defines
+    (its server's, or `vllm bench serve`'s, which the matrix's [bench] runs)."""
     options = {"--help"} | {
         opt for cmd in launch_group.commands.values() for p in cmd.params for opt in p.opts
     }
     vllm_source = "".join(
         (cpu_bake.tree / "vllm" / rel).read_text()
-        for rel in ("engine/arg_utils.py", "entrypoints/launchers/cli_args.py")
+        for rel in (
+            "engine/arg_utils.py", "entrypoints/launchers/cli_args.py", "benchmarks/serve.py"
+        )
     )
     named = set()
     launcher = [*sorted((REPO / "bakery" / "launch").rglob("*.py")), REPO / "bakery/cli/launch.py"]

@@ -13,20 +13,22 @@ import errno
 import click
 
 from bakery.errors import BakeryError, UnreadableInput
+from bakery.tree import InputTooLarge
 
 __all__ = ["run_command"]
 
 
-# The disk failed the work (exit 1); any other OSError is a path that cannot be read or
-# written as given: missing, not ours, not a regular file, too large (exit 2).
-_DISK = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO}
+# The disk failed the work (exit 1; EFBIG: the kernel refused a write past the file size
+# limit); any other OSError is a path that cannot be read or written as given: missing,
+# not ours, not a regular file, an input over the read bound (exit 2).
+_DISK = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG}
 
 
 def _as_bakery_error(exc: OSError) -> BakeryError:
     """An OSError that reached the boundary, as the error it is for the user."""
     where = f": {exc.filename!r}" if exc.filename else ""
     text = f"{exc.strerror or exc}{where}"
-    if exc.errno in _DISK:
+    if exc.errno in _DISK and not isinstance(exc, InputTooLarge):
         return BakeryError(text, hint="free space (or make the disk writable), then run it again")
     return UnreadableInput(
         text,
