@@ -23,6 +23,7 @@ __all__ = [
     "PreimageMismatch",
     "WheelError",
     "ManifestError",
+    "InputTooLarge",
 ]
 
 
@@ -128,3 +129,9 @@ class ManifestError(BakeryError):
     """A BAKED.json that is unreadable, of the wrong shape, or names paths outside its tree."""
 
     exit_code = 2
+
+
+class InputTooLarge(OSError):
+    """An input over the read bound (EFBIG, as the kernel's refusal of a write past the
+    file size limit is: the boundary tells the two apart by this type). An ``OSError``,
+    not a ``BakeryError``: readers that catch ``OSError`` for unreadable input catch it."""

@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bakery.errors import UnsafePathError
+from bakery.errors import InputTooLarge, UnsafePathError
 
 __all__ = [
     "sha256_file",
@@ -33,7 +33,6 @@ __all__ = [
     "own_folder",
     "open_own",
     "read_bounded",
-    "InputTooLarge",
     "stage_beside",
     "write_atomic",
     "write_text_atomic",
@@ -122,11 +121,6 @@ def open_own(path: Path) -> int:
 
 
 MAX_READ = 64 << 20  # no file bakery reads as a document is near this
-
-
-class InputTooLarge(OSError):
-    """An input over the read bound (EFBIG, as the kernel's refusal of a write past the
-    file size limit is: the boundary tells the two apart by this type)."""
 
 
 def read_bounded(path: Path, limit: int = MAX_READ) -> bytes:

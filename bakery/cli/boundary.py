@@ -12,8 +12,7 @@ import errno
 
 import click
 
-from bakery.errors import BakeryError, UnreadableInput
-from bakery.tree import InputTooLarge
+from bakery.errors import BakeryError, InputTooLarge, UnreadableInput
 
 __all__ = ["run_command"]
 
