@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from _launch_support import REPO
 from _plot_reading import assert_bars, assert_heatmap, png
 from _verify_support import MTP, NOMTP, copy_bundle
 from markdown_it import MarkdownIt
@@ -132,6 +133,42 @@ def test_a_planted_candidate_that_passes_fails_the_matrix(fake_servers, tmp_path
         matrix_mod.run_matrix(matrix, ctx, out=tmp_path / "out", say=lambda *_: None)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["passed"] is False and "MISSED" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_a_candidate_that_errors_is_reported_and_the_rest_still_run(
+    fake_servers, tmp_path, monkeypatch, capsys
+):
+    """One candidate's server dies: its row says why, the next candidate is still compared,
+    the summary is written, the matrix fails (exit 1) naming it."""
+    from bakery.cli.launch import main
+    from bakery.launch.errors import LaunchError
+
+    matrix, sources = make_matrix(MTP)
+    fake_servers.update(sources)
+    served = matrix_mod._serve_and_capture
+
+    def dies_for_dcp2(entry, *args, **kwargs):
+        if entry.name == "dcp2":
+            raise LaunchError("server exited during startup (exit 1)")
+        return served(entry, *args, **kwargs)
+
+    monkeypatch.setattr(matrix_mod, "_serve_and_capture", dies_for_dcp2)
+    monkeypatch.setattr(matrix_mod, "load_matrix", lambda path: matrix)
+    monkeypatch.setenv("BAKERY_ROOT", str(REPO))
+    out = tmp_path / "out"
+    code = main(["matrix", "--out", str(out), "--artifacts", str(tmp_path / "art")])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "1 candidate(s) stopped with an error: ['dcp2']" in err and "parity failed" not in err
+    summary = json.loads((out / "summary.json").read_text())
+    rows = {r["name"]: r for r in summary["candidates"]}
+    assert rows["dcp2"]["error"] == "server exited during startup (exit 1)"
+    assert not rows["dcp2"]["passed"] and not rows["dcp2"]["as_expected"]
+    assert rows["planted"]["as_expected"] and rows["planted"]["report_json"]  # still compared
+    assert summary["passed"] is False
+    table = (out / "summary.md").read_text()
+    assert "ERROR: server exited during startup (exit 1)" in table
+    assert summary["plots"] == ["kv_tokens.png", "bench.png", "parity-planted.png"]
 
 
 def test_a_reused_baseline_keeps_its_figures(fake_servers, tmp_path):

@@ -439,10 +439,15 @@ def matrix_cmd(
     )
     click.echo(matrix_mod.summary_markdown(summary), nl=False)
     if not summary["passed"]:
-        failed = [r["name"] for r in summary["candidates"] if not r["passed"]]
+        rows = summary["candidates"]
+        failed = [r["name"] for r in rows if not r["as_expected"] and not r.get("error")]
+        errored = [r["name"] for r in rows if r.get("error")]
+        said = [f"parity failed for {len(failed)} candidate(s): {failed}"] if failed else []
+        said += [f"{len(errored)} candidate(s) stopped with an error: {errored}"] if errored else []
+        report = next((r["report_markdown"] for r in rows if r["name"] in failed), None)
         raise ParityFailure(
-            f"parity failed for {len(failed)} candidate(s): {failed}",
-            hint=f"see {summary['candidates'][0]['report_markdown']} and beside it",
+            "; ".join(said),
+            hint=f"see {report} and beside it" if report else "see each candidate's error above",
         )
 
 

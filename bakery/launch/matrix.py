@@ -28,6 +28,7 @@ from bakery import project
 from bakery.bake.bake import tree_dir
 from bakery.bake.manifest import MANIFEST
 from bakery.clock import FOLDER, utc_stamp
+from bakery.errors import BakeryError
 from bakery.launch import lifecycle, matrix_report, preflight, serving
 from bakery.launch.errors import PreflightError, Problem, ProfileError
 from bakery.launch.gates import GateTable
@@ -35,7 +36,7 @@ from bakery.launch.matrix_report import summary_markdown
 from bakery.launch.plan import LaunchPlan, make_plan
 from bakery.launch.profiles import load_profile, override, range_problems
 from bakery.launch.serving import Bench
-from bakery.schema import Document, decode, read_json, read_toml, refuse
+from bakery.schema import Document, decode, read_toml, refuse
 from bakery.series.series import Series
 from bakery.tree import own_path, write_json_atomic, write_text_atomic
 from bakery.verify import (
@@ -114,17 +115,6 @@ class MatrixDoc(Document):
     teacher_forced: bool = False
     gates: dict[str, bool | int | float] = {}  # checked by the parity harness's ParityGates
     bench: BenchDoc | None = None
-
-
-class RankCounts(Document):
-    """One rank's ``emulate/<pid>.json`` (emulate/bakery_emulate/counts.py writes it)."""
-
-    tp_rank: int
-    dcp_rank: int
-    dcp_world_size: int
-    indexer_calls: int
-    candidate_publishes: int
-    candidate_masked_positions: int
 
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -336,34 +326,8 @@ def _serve_and_capture(
         figures["bench"] = benched
     serving.write_figures(out, figures)
     run = {"boot_s": round(boot_s, 1), "record": str(record.run_dir)}
-    exercised = exercised_counts(record.run_dir)
+    exercised = serving.exercised_counts(record.run_dir)
     return {**run, "exercised": exercised} if exercised else run
-
-
-def exercised_counts(run_dir: Path) -> dict[str, int] | None:
-    """What a CPU-emulated run exercised (``emulate/<pid>.json``, one per rank, written
-    by emulate/bakery_emulate/counts.py): scoring calls and publishes as the busiest
-    rank saw them, masked positions summed over the DCP ranks (each masks only its
-    own columns). None for a run without the emulation."""
-    files = sorted((run_dir / "emulate").glob("*.json"))
-    if not files:
-        return None
-    ranks: dict[int, RankCounts] = {}
-    for path in files:
-        doc = decode(
-            read_json(path, "emulation counts", ProfileError),
-            RankCounts,
-            where=str(path),
-            error=ProfileError,
-            hint="written by emulate/bakery_emulate/counts.py; rerun the entry",
-        )
-        ranks.setdefault(doc.dcp_rank, doc)
-    every = list(ranks.values())
-    return {
-        "indexer_calls": max(r.indexer_calls for r in every),
-        "candidate_publishes": max(r.candidate_publishes for r in every),
-        "candidate_masked_positions": sum(r.candidate_masked_positions for r in every),
-    }
 
 
 def _first_divergence(report: dict) -> dict | None:
@@ -376,6 +340,68 @@ def _first_divergence(report: dict) -> dict | None:
                 "gate_failures": case.get("gate_failures"),
             }
     return None
+
+
+def _candidate_row(
+    entry: Entry, checked, bundle: Path, baseline_dir: Path, out: Path, matrix: Matrix, suite,
+    settings, gates: ParityGates, ctx: Context, say,
+) -> dict:
+    """Serve and capture one candidate, compare it with the baseline, write its reports."""
+    plan = checked[0]
+    run = _serve_and_capture(
+        entry, checked, bundle, suite, settings, ctx, say, matrix.bench,
+        matrix.teacher_forced, baseline_dir if matrix.teacher_forced else None,
+    )  # fmt: skip
+    boundaries = serving.layout_boundaries(plan)
+    report = compare_bundles(
+        baseline_dir, bundle, gates, top_n=matrix.top_n, low_margin=matrix.low_margin,
+        teacher_forced=matrix.teacher_forced, boundaries=boundaries,
+        decode=tokenizer_decoder(serving.model_folder(plan)),
+    )  # fmt: skip
+    json_path, md_path = (
+        own_path(out / "reports", f"{entry.name}.json", "a matrix name"),
+        own_path(out / "reports", f"{entry.name}.md", "a matrix name"),
+    )
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    write_reports(report, json_path=json_path, markdown_path=md_path)
+    return {
+        **_entry_fields(entry),
+        "passed": report["passed"],
+        "as_expected": report["passed"] == (entry.expect == "pass"),
+        "failing_cases": sorted(n for n, c in report["cases"].items() if not c["passed"]),
+        "first_divergence": _first_divergence(report),
+        "diagnosis": report["diagnosis"],
+        "layout_boundaries": boundaries,
+        "report_json": str(json_path),
+        "report_markdown": str(md_path),
+        **run,
+    }
+
+
+def _entry_fields(entry: Entry) -> dict:
+    return {
+        "name": entry.name,
+        "profile": entry.profile,
+        "flags": dict(entry.flags),
+        "expect": entry.expect,
+    }
+
+
+def _errored_row(entry: Entry, exc: BakeryError) -> dict:
+    """A candidate that could not be compared: never a pass, never "as expected" (a
+    planted bug that stops the server is not caught by parity)."""
+    return {
+        **_entry_fields(entry),
+        "passed": False,
+        "as_expected": False,
+        "error": str(exc),
+        "failing_cases": [],
+        "first_divergence": None,
+        "diagnosis": None,
+        "layout_boundaries": [],
+        "report_json": None,
+        "report_markdown": None,
+    }
 
 
 def run_matrix(
@@ -404,42 +430,18 @@ def run_matrix(
     rows, candidate_figures = [], {}
     for entry in matrix.candidates:
         bundle = own_path(out / "bundles", entry.name, "a matrix name")
-        plan = checked[entry.name][0]
-        run = _serve_and_capture(
-            entry, checked[entry.name], bundle, suite, settings, ctx, say, matrix.bench,
-            matrix.teacher_forced, baseline_dir if matrix.teacher_forced else None,
-        )  # fmt: skip
-        boundaries = serving.layout_boundaries(plan)
-        report = compare_bundles(
-            baseline_dir, bundle, gates, top_n=matrix.top_n, low_margin=matrix.low_margin,
-            teacher_forced=matrix.teacher_forced, boundaries=boundaries,
-            decode=tokenizer_decoder(serving.model_folder(plan)),
-        )  # fmt: skip
-        json_path, md_path = (
-            own_path(out / "reports", f"{entry.name}.json", "a matrix name"),
-            own_path(out / "reports", f"{entry.name}.md", "a matrix name"),
-        )
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        write_reports(report, json_path=json_path, markdown_path=md_path)
+        try:
+            row = _candidate_row(
+                entry, checked[entry.name], bundle, baseline_dir, out, matrix, suite, settings,
+                gates, ctx, say,
+            )  # fmt: skip
+        except BakeryError as exc:  # one entry's boot, capture or compare: the rest still run
+            say(f"{entry.name}: ERROR {exc}")
+            rows.append(_errored_row(entry, exc))
+            continue
         candidate_figures[entry.name] = serving.read_figures(bundle)
-        rows.append(
-            {
-                "name": entry.name,
-                "profile": entry.profile,
-                "flags": dict(entry.flags),
-                "expect": entry.expect,
-                "passed": report["passed"],
-                "as_expected": report["passed"] == (entry.expect == "pass"),
-                "failing_cases": sorted(n for n, c in report["cases"].items() if not c["passed"]),
-                "first_divergence": _first_divergence(report),
-                "diagnosis": report["diagnosis"],
-                "layout_boundaries": boundaries,
-                "report_json": str(json_path),
-                "report_markdown": str(md_path),
-                **run,
-            }
-        )
-        say(f"{entry.name}: {'pass' if report['passed'] else 'FAIL'} (expected {entry.expect})")
+        rows.append(row)
+        say(f"{entry.name}: {'pass' if row['passed'] else 'FAIL'} (expected {entry.expect})")
     # A reused baseline bundle keeps the figures of the run that captured it.
     figures = {matrix.baseline.name: serving.read_figures(baseline_dir)} | candidate_figures
     summary = {

@@ -37,6 +37,8 @@ def write_plots(summary: dict, out: Path, say=print) -> list[str]:
         plots.bench_plot(names, benched, out / BENCH_PLOT)
         written.append(BENCH_PLOT)
     for row in summary["candidates"]:
+        if row.get("error"):  # nothing was compared: no heatmap
+            continue
         report = json.loads(Path(row["report_json"]).read_text())
         rows = [
             plots.HeatRow(v.case, v.prompt_tokens, v.deltas, v.fork_step)
@@ -77,6 +79,8 @@ def _exercised_text(counts: dict | None) -> str:
 
 
 def _result(row: dict) -> str:
+    if row.get("error"):
+        return f"ERROR: {row['error']}"
     verdict = "pass" if row["passed"] else "FAIL"
     if row.get("expect") == "fail":
         return f"{verdict} (planted bug: {'caught' if not row['passed'] else 'MISSED'})"
@@ -158,7 +162,7 @@ def summary_markdown(summary: dict) -> str:
             len(row["failing_cases"]),
             _divergence_text(row),
             _exercised_text(row.get("exercised")),
-            f"`{row['report_markdown']}`",
+            f"`{row['report_markdown']}`" if row["report_markdown"] else "–",
         )
         for row in summary["candidates"]
     ]

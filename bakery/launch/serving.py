@@ -23,12 +23,13 @@ from typing import Any
 
 import msgspec
 
-from bakery.launch.errors import LaunchError
+from bakery.launch.errors import LaunchError, ProfileError
 from bakery.launch.plan import LaunchPlan
 from bakery.schema import Document, decode, read_json
 from bakery.tree import own_folder, write_json_atomic
 
 __all__ = [
+    "exercised_counts",
     "Bench",
     "kv_capacity",
     "bench_serve",
@@ -244,4 +245,41 @@ def with_ratios(figures: dict[str, dict[str, Any]], baseline: str) -> dict[str, 
     return {
         name: {**entry, "vs_baseline": {k: _ratio(v, base.get(k)) for k, v in _flat(entry).items()}}
         for name, entry in figures.items()
+    }
+
+
+class RankCounts(Document):
+    """One rank's ``emulate/<pid>.json`` (emulate/bakery_emulate/counts.py writes it)."""
+
+    tp_rank: int
+    dcp_rank: int
+    dcp_world_size: int
+    indexer_calls: int
+    candidate_publishes: int
+    candidate_masked_positions: int
+
+
+def exercised_counts(run_dir: Path) -> dict[str, int] | None:
+    """What a CPU-emulated run exercised (``emulate/<pid>.json``, one per rank, written
+    by emulate/bakery_emulate/counts.py): scoring calls and publishes as the busiest
+    rank saw them, masked positions summed over the DCP ranks (each masks only its
+    own columns). None for a run without the emulation."""
+    files = sorted((run_dir / "emulate").glob("*.json"))
+    if not files:
+        return None
+    ranks: dict[int, RankCounts] = {}
+    for path in files:
+        doc = decode(
+            read_json(path, "emulation counts", ProfileError),
+            RankCounts,
+            where=str(path),
+            error=ProfileError,
+            hint="written by emulate/bakery_emulate/counts.py; rerun the entry",
+        )
+        ranks.setdefault(doc.dcp_rank, doc)
+    every = list(ranks.values())
+    return {
+        "indexer_calls": max(r.indexer_calls for r in every),
+        "candidate_publishes": max(r.candidate_publishes for r in every),
+        "candidate_masked_positions": sum(r.candidate_masked_positions for r in every),
     }
