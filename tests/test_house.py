@@ -1,8 +1,10 @@
-"""The house: rooms import downward only, no import circle, no module grows past ~500 lines.
+"""The house: rooms import downward only, no import circle, no module grows past ~500 lines,
+no room reaches into another's private names, and the command line's functions stay doors
+(a flow lives in its room, the command parses options, calls it and prints).
 
 The import graph is read from the source with ``ast`` (imports inside functions count: they
 run too), never by importing the package. Each check is also run on the real graph with one
-planted edge, to show it fails.
+planted edge (or on a copy of the package with the violation planted), to show it fails.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ ALLOWED = {
     "verify": {GROUND},
     "dcp": {GROUND},
     "launch": {GROUND, "series", "bake", "verify"},
-    # status reports the launcher's runs beside the bake and the rebase.
-    "maintain": {GROUND, "series", "bake", "check", "launch"},
+    # Not launch: `bakery status` gets the running servers from the command line.
+    "maintain": {GROUND, "series", "bake", "check"},
     "cli": {GROUND, "series", "bake", "check", "verify", "launch", "maintain", "cli"},
 }
 # Entry points that run the command line: the only importers of bakery.cli outside it.
@@ -35,11 +37,21 @@ CLI_DOORS = {"bakery.__main__", "bakery.launch.__main__"}
 MAX_LINES = 500
 # Modules allowed past MAX_LINES, with the reason.
 LONG_MODULES: dict[str, str] = {}
+# Lines of a function's body in bakery/cli (past its docstring): more is a flow, whose
+# place is its room.
+MAX_CLI_FUNCTION_LINES = 50
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
     parts = path.relative_to(package.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_module(node: ast.ImportFrom, name: str, path: Path) -> str:
+    """The module a ``from ... import`` reads from, relative imports resolved."""
+    # ruff bans relative imports; resolved anyway, so one cannot hide an edge
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    return importlib.util.resolve_name("." * node.level + (node.module or ""), package)
 
 
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
@@ -53,11 +65,7 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
-                # ruff bans relative imports; resolved anyway, so one cannot hide an edge
-                package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-                module = importlib.util.resolve_name(
-                    "." * node.level + (node.module or ""), package
-                )
+                module = imported_module(node, name, path)
                 targets = [
                     f"{module}.{alias.name}" if f"{module}.{alias.name}" in files else module
                     for alias in node.names
@@ -69,11 +77,66 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     return graph
 
 
-def room_of(module: str) -> str:
+def room_of(module: str, package: Path = PACKAGE) -> str:
     parts = module.split(".")
-    if len(parts) >= 3 or (len(parts) == 2 and (PACKAGE / parts[1]).is_dir()):
+    if len(parts) >= 3 or (len(parts) == 2 and (package / parts[1]).is_dir()):
         return parts[1]
     return GROUND
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_names_across_rooms(package: Path = PACKAGE) -> list[str]:
+    """Each private name a module takes from a module of another room: imported
+    (``from bakery.x.y import _z``) or reached through an imported module (``y._z``)."""
+    files = {module_name(p, package): p for p in package.rglob("*.py")}
+    out = []
+    for name, path in sorted(files.items()):
+        tree = ast.parse(path.read_text(), str(path))
+        modules: dict[str, str] = {}  # local name -> the bakery module it is bound to
+        taken: list[tuple[str, str]] = []  # (module, private name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules |= {a.asname or a.name: a.name for a in node.names if a.name in files}
+            elif isinstance(node, ast.ImportFrom):
+                module = imported_module(node, name, path)
+                for alias in node.names:
+                    if f"{module}.{alias.name}" in files:
+                        modules[alias.asname or alias.name] = f"{module}.{alias.name}"
+                    elif module in files and is_private(alias.name):
+                        taken.append((module, alias.name))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in modules
+                and is_private(node.attr)
+            ):
+                taken.append((modules[node.value.id], node.attr))
+        out += [
+            f"{name} ({room_of(name, package)}) takes {module}.{private} "
+            f"({room_of(module, package)})"
+            for module, private in sorted(set(taken))
+            if room_of(module, package) != room_of(name, package)
+        ]
+    return out
+
+
+def long_cli_functions(package: Path = PACKAGE) -> dict[str, int]:
+    """Function -> lines of its body (past the docstring), for those of bakery/cli over
+    MAX_CLI_FUNCTION_LINES."""
+    out = {}
+    for path in sorted((package / "cli").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+            lines = body[-1].end_lineno - body[0].lineno + 1 if body else 0
+            if lines > MAX_CLI_FUNCTION_LINES:
+                out[f"{module_name(path, package)}.{node.name}"] = lines
+    return out
 
 
 def layer_violations(graph: dict[str, set[str]]) -> list[str]:
@@ -150,3 +213,52 @@ def test_a_relative_import_is_an_edge_too(tmp_path):
     assert "bakery.series.diff (series) imports bakery.bake.wheel (bake)" in layer_violations(
         import_graph(copy)
     )
+
+
+def test_maintain_knows_nothing_of_the_launcher(graph):
+    maintain = [m for m in graph if room_of(m) == "maintain"]
+    assert not {t for m in maintain for t in graph[m] if room_of(t) == "launch"}
+    planted = {k: set(v) for k, v in graph.items()}
+    planted["bakery.maintain.status"].add("bakery.launch.lifecycle")
+    assert layer_violations(planted) == [
+        "bakery.maintain.status (maintain) imports bakery.launch.lifecycle (launch)"
+    ]
+
+
+def test_no_room_takes_another_rooms_private_names():
+    assert private_names_across_rooms() == []
+
+
+def test_a_private_name_taken_across_rooms_is_seen(tmp_path):
+    """Planted in a copy: an import of a private name, and one reached through a module;
+    a private name taken within its own room, and a dunder, are no violation."""
+    copy = tmp_path / "bakery"
+    shutil.copytree(PACKAGE, copy)
+    status = copy / "maintain" / "status.py"
+    status.write_text(
+        status.read_text()
+        + "\nfrom bakery.series.diff import _planted  # noqa\n"
+        + "from bakery.bake import wheel as planted_wheel  # noqa\n"
+        + "from bakery.maintain.refresh import _planted_here  # noqa\n"
+        + "from bakery import __version__ as planted_version  # noqa\n"
+        + "planted_wheel._reach(planted_version, _planted_here)\n"
+    )
+    assert private_names_across_rooms(copy) == [
+        "bakery.maintain.status (maintain) takes bakery.bake.wheel._reach (bake)",
+        "bakery.maintain.status (maintain) takes bakery.series.diff._planted (series)",
+    ]
+
+
+def test_the_command_line_holds_no_flow():
+    assert long_cli_functions() == {}, (
+        f"move the flow into its room, the command calls it: {long_cli_functions()}"
+    )
+
+
+def test_a_flow_planted_in_the_command_line_is_seen(tmp_path):
+    copy = tmp_path / "bakery"
+    shutil.copytree(PACKAGE, copy)
+    flow = "\n".join(f"    step_{i} = {i}" for i in range(MAX_CLI_FUNCTION_LINES + 1))
+    maintain = copy / "cli" / "maintain.py"
+    maintain.write_text(maintain.read_text() + f'\n\ndef planted():\n    """Doc."""\n{flow}\n')
+    assert long_cli_functions(copy) == {"bakery.cli.maintain.planted": MAX_CLI_FUNCTION_LINES + 1}

@@ -1,8 +1,12 @@
-"""refresh.differing_files: byte comparison (filecmp) of a pristine and a baked tree."""
+"""edits.differing_files: byte comparison (filecmp) of a pristine and a baked tree; and
+edits.check_reproduced, the one proof that a series reproduces a tree."""
 
 import os
 
-from bakery.maintain.refresh import differing_files
+import pytest
+
+from bakery.errors import BakeryError
+from bakery.maintain.edits import check_reproduced, differing_files
 
 
 def _trees(tmp_path):
@@ -31,3 +35,14 @@ def test_an_edit_that_keeps_size_and_mtime_is_still_seen(tmp_path):
     target.write_bytes(b"x = 3\n")
     os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert differing_files(pristine, baked) == {"pkg/a.py": (b"x = 1\n", b"x = 3\n")}
+
+
+def test_the_proof_names_every_file_the_tree_does_not_have_as_expected(tmp_path):
+    _, baked = _trees(tmp_path)
+    check_reproduced({"pkg/a.py": b"x = 1\n", "pkg/gone.py": None}, baked, "re-bake")
+    expected = {"pkg/gone.py": b"y\n", "pkg/a.py": b"x = 2\n", "pkg/linked.py": b"same inode\n"}
+    with pytest.raises(BakeryError) as caught:
+        check_reproduced(expected, baked, "re-bake does not reproduce the edits")
+    assert str(caught.value).splitlines()[0] == (
+        "re-bake does not reproduce the edits (a bug): ['pkg/a.py', 'pkg/gone.py']"
+    )

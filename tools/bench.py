@@ -36,8 +36,8 @@ from bakery.bake.bake import bake  # noqa: E402
 from bakery.bake.fetch import cache_dir, fetch  # noqa: E402
 from bakery.cli.boundary import run_command  # noqa: E402
 from bakery.errors import UnsafePathError  # noqa: E402
+from bakery.maintain.edits import differing_files  # noqa: E402
 from bakery.maintain.rebase import matrix, release_pin  # noqa: E402
-from bakery.maintain.refresh import differing_files  # noqa: E402
 from bakery.series import apply  # noqa: E402
 from bakery.series.series import Series, load_series  # noqa: E402
 

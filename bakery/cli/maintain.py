@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import sys
 from collections import Counter
 from pathlib import Path
@@ -14,20 +13,16 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from bakery import project
-from bakery.bake import manifest
-from bakery.bake.bake import bake as run_bake
 from bakery.bake.bake import tree_dir
 from bakery.bake.fetch import cache_dir
-from bakery.bake.pristine import unpacked
 from bakery.cli.options import base_option, build_option, series_option, under_root
 from bakery.errors import BakeryError, UsageError
+from bakery.launch import lifecycle
 from bakery.maintain import rebase as rebase_mod
 from bakery.maintain import rebase_loop, refresh
 from bakery.maintain import status as status_mod
-from bakery.maintain.rebase_loop import refuse_during_rebase
-from bakery.series.diff import NEW_PREFIX, OLD_PREFIX, render_file_diff
 from bakery.series.series import load_series
-from bakery.tree import read_file, write_atomic
+from bakery.tree import write_atomic
 
 
 @click.command("refresh")
@@ -68,113 +63,31 @@ def refresh_cmd(
     """Turn edits in the baked tree into the series' per-file patches."""
     series = load_series(series_dir)
     if check_only:
-        _check_every_base(series, base_key)
+        source = click.get_current_context().get_parameter_source("base_key")
+        explicit = source is not click.core.ParameterSource.DEFAULT
+        refresh.check_bases(series, base_key if explicit else None, click.echo)
         return
-    refuse_during_rebase(build_dir)
-    tree = tree_dir(build_dir, base_key)
-    if not (tree / manifest.MANIFEST).is_file():
-        raise BakeryError(
-            f"no baked tree to refresh from: {str(tree)!r}",
-            hint=f"run `bakery bake --base {base_key}`",
-        )
-    _refuse_if_series_moved(series, base_key, tree, build_dir)
-    pristine_pkg = unpacked(series.base(base_key), build=build_dir) / series.package
-    strays: list[str] = []
-    edited = refresh.differing_files(pristine_pkg, tree / series.package, strays)
-    for rel in strays:
-        click.echo(f"ignored (stray file): {series.package}/{rel}")
-    changes = refresh.plan_refresh(series, edited, at)
-    if not changes:
-        click.echo(f"nothing to refresh: every patch matches {tree}")
-        return
-    if dry_run:
-        for change in changes:
-            click.echo(f"would {change.action}: {change.file}")
-            old = (series.root / change.file).read_bytes() if change.action != "add" else None
-            diff = _relabel(render_file_diff(change.file, old, change.data), series.root)
-            click.echo(diff.decode("utf-8", "replace"), nl=False)
-        click.echo("dry run: nothing written")
-        return
-    removed = [c.file for c in changes if c.action == "remove"]
-    if removed and not yes:
-        if not sys.stdin.isatty():
-            raise UsageError(
-                f"would remove {len(removed)} patch(es) (pass --yes): " + ", ".join(removed)
-            )
-        click.confirm(f"remove {', '.join(removed)}?", abort=True)
-    refresh.write_refresh(series, changes, stage, summary, refresh.remembered_entries(series))
-    for change in changes:
-        click.echo(f"{change.action}: {change.file}")
-    if no_bake:
-        refresh.record(load_series(series_dir), base_key, tree)
-        click.echo(f"recorded in {tree / manifest.MANIFEST}: the tree is a bake of the series")
-        return
-    result = run_bake(load_series(series_dir), base_key, build=build_dir)
-    lost = [
-        p for p, (_, new) in edited.items() if read_file(result.tree / series.package, p) != new
-    ]
-    if lost:
-        raise BakeryError(f"re-bake does not reproduce the edits (a bug): {lost!r}")
-    click.echo(f"re-baked {result.tree}: the series reproduces every edit")
-
-
-def _relabel(diff: bytes, root: Path) -> bytes:
-    """A diff of a patch file, labelled as that file (committed / as refresh writes it),
-    not with the series' own tree labels (baked-ours/, baked/)."""
-    lines = diff.split(b"\n", 2)
-    if len(lines) < 3:
-        return diff
-    for i, (side, prefix) in enumerate(((b"--- ", OLD_PREFIX), (b"+++ ", NEW_PREFIX))):
-        label = lines[i][len(side) :]
-        if label.startswith(prefix.encode()):
-            name = label[len(prefix) :].decode("utf-8", "surrogateescape")
-            lines[i] = side + str(root / name).encode("utf-8", "surrogateescape")
-    return b"\n".join(lines)
-
-
-def _check_every_base(series, base_key: str) -> None:
-    """`refresh --check`: the patches are up to date on every base of the series (a
-    rebase that moved one base must not leave another unbakeable), or on --base alone."""
-    source = click.get_current_context().get_parameter_source("base_key")
-    explicit = source is not click.core.ParameterSource.DEFAULT
-    keys = [base_key] if explicit else sorted(series.bases, key=lambda k: (k != "default", k))
-    problems = []
-    for key in keys:
-        found = refresh.patches_out_of_date(series, unpacked(series.base(key)) / series.package)
-        problems += [f"[bases.{key}] {p}" if len(keys) > 1 else p for p in found]
-    for problem in problems:
-        click.echo(problem)
-    if problems:
-        raise BakeryError(
-            f"{len(problems)} patch problem(s) on {len(keys)} base(s): the series needs a refresh",
-            hint="bake, edit build/baked, then run `bakery refresh` (a base the series cannot "
-            "serve any more: remove it from series.toml)",
-        )
-    click.echo(
-        f"ok: {len(series.entries)} patch(es) are clean and up to date on "
-        + ", ".join(f"{k} ({series.base(k).requirement})" for k in keys)
+    refresh.run(
+        series,
+        base_key,
+        build_dir,
+        click.echo,
+        at=at,
+        stage=stage,
+        summary=summary,
+        ask_to_remove=None if yes else _ask_to_remove,
+        dry_run=dry_run,
+        no_bake=no_bake,
     )
 
 
-def _refuse_if_series_moved(series, base_key: str, tree: Path, build: Path) -> None:
-    """Refresh rewrites patches from the tree: if the series changed after the bake,
-    that would silently undo the change (a hand edit of a patch), so refuse."""
-    baked = manifest.load(tree / manifest.MANIFEST)
-    moved = refresh.series_changes_since_bake(series, baked)
-    if baked["base"]["sha256"] != series.base(base_key).sha256:
-        moved.append(f"the {base_key} pin: baked from {baked['base']['requirement']}")
-    if moved:
-        for line in moved:
-            click.echo(line, err=True)
-        # The way out names this series and build folder, wherever they are.
-        where = "" if series.root == project.root() / project.SERIES else f" --series {series.root}"
-        where += "" if build == project.root() / project.BUILD else f" --build {build}"
-        raise BakeryError(
-            f"the series changed after {tree} was baked: refresh would undo that change",
-            hint=f"to keep the series as it is, re-bake (`bakery bake --base {base_key}{where}`, "
-            f"which replaces edits in {tree}); to keep the tree's edits, restore the "
-            f"series (e.g. `git checkout -- {series.root}`) and refresh again",
+def _ask_to_remove(removed: list[str]) -> None:
+    """Removing patches needs --yes, or a yes on a terminal."""
+    if not sys.stdin.isatty():
+        raise UsageError(
+            f"would remove {len(removed)} patch(es) (pass --yes): " + ", ".join(removed)
         )
+    click.confirm(f"remove {', '.join(removed)}?", abort=True)
 
 
 @click.command("rebase")
@@ -249,31 +162,7 @@ def rebase_cmd(
     """Try the series on another release: per-hunk report, refreshed series, linkcheck.
 
     With --checkout, --continue and --abort it is the conflict loop of `git rebase`."""
-    modes = [
-        name
-        for name, on in (
-            ("--checkout", checkout),
-            ("--continue", resume),
-            ("--abort", abort),
-            ("--in-place", in_place),
-        )
-        if on
-    ]
-    if len(modes) > 1:
-        raise UsageError(f"choose one of {', '.join(modes)}")
-    if (resume or abort) and (target or out):
-        raise UsageError(f"{modes[0]} takes no --to or --out: the rebase in progress has them")
-    if checkout and out:
-        raise UsageError("--checkout writes into the baked tree and takes no --out")
-    if not (resume or abort) and not target:
-        raise UsageError("missing --to NAME==X.Y.Z", hint="e.g. `bakery rebase --to vllm==0.33.0`")
-    if (drop or keep) and not resume:
-        raise UsageError("--drop-base and --keep-base go with --continue")
-    if set(drop) & set(keep):
-        raise UsageError(
-            "a base is either dropped or kept, not both: "
-            + ", ".join(sorted(set(drop) & set(keep)))
-        )
+    _check_rebase_options(target, out, in_place, checkout, resume, abort, drop, keep)
     if resume:
         _rebase_continue(build_dir, series_dir, tuple(drop), tuple(keep))
         return None
@@ -312,12 +201,38 @@ def rebase_cmd(
             "into the baked tree to fix them",
         )
     if in_place:
-        for old in series.root.glob("*.diff"):
-            old.unlink()
-        for new in sorted(out.glob("*.diff")) + [out / "series.toml"]:
-            shutil.copyfile(new, series.root / new.name)
+        rebase_mod.replace_series(series, out)
         click.echo(f"replaced {series.root} with the refreshed series")
     return None
+
+
+def _check_rebase_options(target, out, in_place, checkout, resume, abort, drop, keep) -> None:
+    """One mode at a time, and only the options that mode takes."""
+    modes = [
+        name
+        for name, on in (
+            ("--checkout", checkout),
+            ("--continue", resume),
+            ("--abort", abort),
+            ("--in-place", in_place),
+        )
+        if on
+    ]
+    if len(modes) > 1:
+        raise UsageError(f"choose one of {', '.join(modes)}")
+    if (resume or abort) and (target or out):
+        raise UsageError(f"{modes[0]} takes no --to or --out: the rebase in progress has them")
+    if checkout and out:
+        raise UsageError("--checkout writes into the baked tree and takes no --out")
+    if not (resume or abort) and not target:
+        raise UsageError("missing --to NAME==X.Y.Z", hint="e.g. `bakery rebase --to vllm==0.33.0`")
+    if (drop or keep) and not resume:
+        raise UsageError("--drop-base and --keep-base go with --continue")
+    if set(drop) & set(keep):
+        raise UsageError(
+            "a base is either dropped or kept, not both: "
+            + ", ".join(sorted(set(drop) & set(keep)))
+        )
 
 
 def _tie(finding: str, series, failed: list[str]) -> str:
@@ -460,7 +375,8 @@ def rebase_matrix_cmd(series_dir, base_key, releases, out, fuzz, no_linkcheck, s
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON on stdout.")
 def status_cmd(series_dir, build_dir, artifacts, as_json) -> None:
     """What is baked (series, pins), whether it is stale, pending edits, rebase, servers."""
-    report = status_mod.collect(load_series(series_dir), build_dir, artifacts)
+    servers = [row for row in lifecycle.status(artifacts, None) if row["running"]]
+    report = status_mod.collect(load_series(series_dir), build_dir, servers)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return

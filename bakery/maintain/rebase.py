@@ -46,6 +46,8 @@ __all__ = [
     "sources",
     "pin_table",
     "other_base_pins",
+    "dependency_pins",
+    "replace_series",
 ]
 
 
@@ -152,7 +154,7 @@ def release_files(series: Series, pin: Pin, cache: Path) -> dict[str, bytes | No
     return {p: members[f"{series.package}/{p}"] for p in series.touched}
 
 
-def _dependency_pins(series: Series, pin: Pin, cache: Path) -> list[Pin]:
+def dependency_pins(series: Series, pin: Pin, cache: Path) -> list[Pin]:
     """The release's own pins of the series' third-party dependencies (fetched, hashed)."""
     wheel = read_wheel(fetch(pin, cache=cache))
     pins = []
@@ -186,7 +188,7 @@ def other_base_pins(
 def _linkcheck(
     series: Series, pin: Pin, only: tuple[str, ...], cache: Path, max_fuzz: int
 ) -> list[str]:
-    thirdparty = [sources(dep, cache) for dep in _dependency_pins(series, pin, cache)]
+    thirdparty = [sources(dep, cache) for dep in dependency_pins(series, pin, cache)]
     # Check the code as the survey placed it (with its fuzz), not only what applies exactly.
     fuzzed = replace(series, max_fuzz=max_fuzz)
     findings = run_linkcheck(fuzzed, sources(pin, cache), thirdparty, only=only)
@@ -253,7 +255,7 @@ def rebase(
     pin = release_pin(series, base_key, version, cache)
     files = release_files(series, pin, cache)
     statuses = survey(series, files, max_fuzz)
-    deps = _dependency_pins(series, pin, cache)
+    deps = dependency_pins(series, pin, cache)
     others, kept_bases = other_base_pins(series, base_key, version, cache)
     bases = {base_key: pin, **others}
     failed = _write_series(series, bases, deps, out, files, statuses, max_fuzz)
@@ -373,3 +375,11 @@ def matrix_failures(table: dict) -> list[str]:
         if row["linkcheck"]:
             out.append(f"{version}: {len(row['linkcheck'])} linkcheck finding(s)")
     return out
+
+
+def replace_series(series: Series, out: Path) -> None:
+    """``rebase --in-place``: the series folder becomes the refreshed series in ``out``."""
+    for old in series.root.glob("*.diff"):
+        old.unlink()
+    for new in sorted(out.glob("*.diff")) + [out / "series.toml"]:
+        shutil.copyfile(new, series.root / new.name)

@@ -29,9 +29,10 @@ from bakery.bake.pristine import unpacked
 from bakery.check.linkcheck import format_finding, run_linkcheck
 from bakery.errors import BakeryError, HunkFailed, UnreadableInput, UsageError
 from bakery.maintain import refresh
+from bakery.maintain.edits import check_reproduced, differing_files
 from bakery.maintain.rebase import (
     PatchVerdict,
-    _dependency_pins,
+    dependency_pins,
     other_base_pins,
     patch_status,
     pin_table,
@@ -185,7 +186,7 @@ def checkout(
             # The old tree is set aside and dropped by --continue: edits in it would be lost.
             problems = staleness(series, base_key, build)
             if not problems:
-                edited = refresh.differing_files(old_pkg, tree / series.package)
+                edited = differing_files(old_pkg, tree / series.package)
                 problems = [f"{c.action} {c.file}" for c in refresh.plan_refresh(series, edited)]
             if problems:
                 raise UsageError(
@@ -194,7 +195,7 @@ def checkout(
                     f"with `bakery bake --base {base_key}`, then rebase",
                 )
         pin = release_pin(series, base_key, version, cache)
-        deps = _dependency_pins(series, pin, cache)
+        deps = dependency_pins(series, pin, cache)
         others, notes = other_base_pins(series, base_key, version, cache)
         new_root = unpacked(pin, cache, build=build)  # its own copy: the tree links to it
         outcomes = _reuse(
@@ -360,7 +361,7 @@ def _resume(
     tree = loop_tree(build, state)
     pin = Pin.parse(base_key, state["pin"], "rebase state")
     strays: list[str] = []
-    edited = refresh.differing_files(
+    edited = differing_files(
         unpacked(pin, cache, build=build) / saved.package, tree / saved.package, strays
     )
     # The new series is made in a copy of the saved one, then written all at once.
@@ -393,10 +394,10 @@ def _resume(
     remove_tree(work)
     rebased = load_series(root)
     result = bake(rebased, base_key, build=build, cache=cache)
-    package = result.tree / rebased.package
-    lost = [p for p, (_, new) in edited.items() if read_file(package, p) != new]
-    if lost:
-        raise BakeryError(f"re-bake does not reproduce the fixed tree (a bug): {lost!r}")
+    expected = {p: new for p, (_, new) in edited.items()}
+    check_reproduced(
+        expected, result.tree / rebased.package, "re-bake does not reproduce the fixed tree"
+    )
     thirdparty = [unpacked(dep, cache) for dep in rebased.dependencies.values()]
     findings = run_linkcheck(rebased, unpacked(pin, cache), thirdparty)
     discard_state(build)

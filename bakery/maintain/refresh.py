@@ -1,48 +1,48 @@
 """Refresh: turn edits made in a baked tree back into the series' per-file patches.
 
-Every file of the package that differs from the pristine base gets the
-canonical diff (``render_file_diff``). A file the series already patches keeps
-its patch's number and name; a new file gets the next free number (or
-``--at NN``); a patch whose file no longer differs is removed. Stray files
-(``*.orig``, ``*.rej``, editor swap and backup files) never become patches, and
-a tree baked from another series than the one on disk is refused, so a hand
-edit of a patch is never overwritten. ``patches_out_of_date`` is the "patches
-are up to date" lint: every patch must apply cleanly in order and be
-byte-identical to what refresh would write. ``record`` is ``refresh --no-bake``'s
-BAKED.json: the tree is then a bake of the written series, proven and recorded
-without re-baking.
+``run`` is `bakery refresh`'s whole flow. Every file of the package that differs
+from the pristine base (``edits.differing_files``) gets the canonical diff
+(``render_file_diff``). A file the series already patches keeps its patch's number
+and name; a new file gets the next free number (or ``--at NN``); a patch whose file
+no longer differs is removed. A tree baked from another series than the one on disk
+is refused, so a hand edit of a patch is never overwritten. After writing, the tree
+is re-baked, or with ``--no-bake`` recorded (``record``: the tree is then a bake of
+the written series, proven without re-baking). ``check_bases`` is ``refresh --check``:
+``patches_out_of_date`` is the "patches are up to date" lint, every patch must apply
+cleanly in order and be byte-identical to what refresh would write.
 """
 
 from __future__ import annotations
 
-import filecmp
-import fnmatch
-import os
-import re
-import stat
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Protocol
 
 import tomlkit
 
+from bakery import project
 from bakery.bake import manifest
-from bakery.bake.bake import patched_version, restamp
+from bakery.bake.bake import bake, patched_version, restamp, tree_dir
 from bakery.bake.fetch import cache_dir, fetch
-from bakery.bake.pristine import own_pristine, pristine
+from bakery.bake.pristine import own_pristine, pristine, unpacked
 from bakery.bake.wheel import patched_wheel_name, read_wheel
-from bakery.errors import BakeryError, HunkFailed, SeriesError, UnsafePathError
+from bakery.errors import BakeryError, HunkFailed, SeriesError
+from bakery.maintain.edits import check_reproduced, differing_files
+from bakery.maintain.rebase_state import refuse_during_rebase
 from bakery.series import apply
-from bakery.series.diff import render_file_diff
-from bakery.series.series import HEADER, Series
-from bakery.tree import read_bounded, read_file, replace_files
+from bakery.series.diff import NEW_PREFIX, OLD_PREFIX, render_file_diff
+from bakery.series.series import HEADER, Series, load_series
+from bakery.tree import replace_files
 
 __all__ = [
+    "Say",
     "ChangeAction",
     "PatchChange",
-    "is_stray",
-    "differing_files",
+    "run",
+    "check_bases",
     "series_changes_since_bake",
     "remembered_entries",
     "plan_refresh",
@@ -51,14 +51,11 @@ __all__ = [
     "patches_out_of_date",
 ]
 
-# Left behind by GNU patch (.orig, .rej), vim (.swp...), emacs (~, #x#, .#x) and
-# by hand (.bak): never part of the series, whatever the tree they sit in.
-_STRAY = ("*.orig", "*.rej", "*~", "*.bak", ".*.sw?", "#*#", ".#*")
 
+class Say(Protocol):
+    """Where the flow's lines go (the command line passes ``click.echo``)."""
 
-def is_stray(rel: str) -> bool:
-    name = rel.rsplit("/", 1)[-1]
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in _STRAY)
+    def __call__(self, message: str, *, err: bool = False, nl: bool = True) -> None: ...
 
 
 class ChangeAction(StrEnum):
@@ -77,106 +74,127 @@ class PatchChange:
     data: bytes | None  # the new patch bytes (None for remove)
 
 
-def _files(root: Path) -> dict[str, Path]:
-    """Every entry that is not a folder, by relative path (a symlink to a folder too: it
-    is listed, never walked into)."""
-    found = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
-        for name in filenames + links:
-            full = Path(dirpath) / name
-            found[full.relative_to(root).as_posix()] = full
-    return found
-
-
-# A name a patch file and series.toml can carry: no control characters, no backslash.
-_UNSAFE_NAME = re.compile(r"[\x00-\x1f\x7f\\]")
-
-
-def _folders(files: dict[str, Path]) -> set[str]:
-    """Every folder above a listed file (a set: a scan of all files per file is 11 M
-    string tests on vLLM's 3,300 files)."""
-    out: set[str] = set()
-    for rel in files:
-        parts = rel.split("/")[:-1]
-        out.update("/".join(parts[: i + 1]) for i in range(len(parts)))
-    return out
-
-
-def _unpatchable(rel: str, path: Path, left_folders: set[str]) -> str | None:
-    """Why the baked tree's entry at ``rel`` cannot become a patch (None if it can)."""
-    if _UNSAFE_NAME.search(rel):
-        return f"{rel!r}: a name with a control character or a backslash"
-    if rel in left_folders:
-        return f"{rel!r}: a folder of the base is a file here"
-    mode = os.lstat(path).st_mode
-    if stat.S_ISLNK(mode):
-        return f"{rel!r}: a symlink (refresh never reads through one)"
-    if not stat.S_ISREG(mode):
-        return f"{rel!r}: not a regular file"
-    return None
-
-
-def _binary_head(path: Path) -> bool:
-    """A NUL byte in the first 8000 bytes, as git and GNU diff tell binary files: a
-    compiled module is refused at once, never split into lines and diffed."""
-    with open(path, "rb") as handle:
-        return b"\0" in handle.read(8000)
-
-
-def differing_files(
-    pristine: Path, baked: Path, strays: list[str] | None = None
-) -> dict[str, tuple[bytes | None, bytes | None]]:
-    """Package-relative path -> (pristine bytes, baked bytes) for every file that differs.
-
-    New stray files are left out (and listed in ``strays`` when given)."""
-    left, right = _files(pristine), _files(baked)
-    left_folders, right_folders = _folders(left), _folders(right)
-    # filecmp caches verdicts by path, size and mtime: without this, a same-size edit
-    # within one mtime tick of an earlier call (status, then refresh) would be missed.
-    filecmp.clear_cache()
-    out = {}
-    refused = []
-    for rel in sorted(set(left) | set(right)):
-        if "__pycache__" in rel.split("/"):
-            continue  # bytecode written by imports of the baked tree
-        if rel not in left and is_stray(rel):
-            if strays is not None:
-                strays.append(rel)
-            continue
-        a, b = left.get(rel), right.get(rel)
-        if b is None and rel in right_folders:
-            refused.append(f"{rel!r}: a file of the base is a folder here")
-            continue
-        why = _unpatchable(rel, b, left_folders) if b is not None else None
-        if why:
-            refused.append(why)
-            continue
-        if a and b:
-            sa, sb = a.stat(), b.stat()
-            # Hard links from the pristine cache are the same inode: unchanged by construction.
-            if (sa.st_ino, sa.st_dev) == (sb.st_ino, sb.st_dev):
-                continue
-            if filecmp.cmp(a, b, shallow=False):
-                continue
-        if any(_binary_head(side) for side in (a, b) if side):
-            refused.append(f"{rel!r}: a binary file (a NUL byte), which no text diff carries")
-            continue
-        old, new = (a.read_bytes() if a else None, read_bounded(b) if b else None)
-        if b"\0" in (old or b"") or b"\0" in (new or b""):
-            refused.append(f"{rel!r}: a binary file (a NUL byte), which no text diff carries")
-            continue
-        out[rel] = (old, new)
-    if refused:
-        raise UnsafePathError(
-            f"{baked}: {len(refused)} entr{'y' if len(refused) == 1 else 'ies'} no patch can "
-            "carry: " + "; ".join(refused[:8]) + ("; ..." if len(refused) > 8 else ""),
-            hint="put the base's regular text file back in each place (a binary file is "
-            "the base's or a new build's, never a patch's), or remove the entry, then refresh "
-            "again",
+def run(
+    series: Series,
+    base_key: str,
+    build: Path,
+    say: Say,
+    *,
+    at: int | None = None,
+    stage: int | None = None,
+    summary: str | None = None,
+    ask_to_remove: Callable[[list[str]], None] | None = None,
+    dry_run: bool = False,
+    no_bake: bool = False,
+) -> None:
+    """`bakery refresh`: write the edits in ``build``'s tree of ``base_key`` as the series'
+    patches, then re-bake (``no_bake``: record the tree as the bake) and prove that the
+    series reproduces every edit. ``ask_to_remove`` gets the patches about to be removed
+    before anything is written and raises to stop; None removes them (``--yes``)."""
+    refuse_during_rebase(build)
+    tree = tree_dir(build, base_key)
+    if not (tree / manifest.MANIFEST).is_file():
+        raise BakeryError(
+            f"no baked tree to refresh from: {str(tree)!r}",
+            hint=f"run `bakery bake --base {base_key}`",
         )
-    return out
+    _refuse_if_series_moved(series, base_key, tree, build, say)
+    pristine_pkg = unpacked(series.base(base_key), build=build) / series.package
+    strays: list[str] = []
+    edited = differing_files(pristine_pkg, tree / series.package, strays)
+    for rel in strays:
+        say(f"ignored (stray file): {series.package}/{rel}")
+    changes = plan_refresh(series, edited, at)
+    if not changes:
+        say(f"nothing to refresh: every patch matches {tree}")
+        return
+    if dry_run:
+        _show(series, changes, say)
+        return
+    removed = [c.file for c in changes if c.action == ChangeAction.REMOVE]
+    if removed and ask_to_remove is not None:
+        ask_to_remove(removed)
+    write_refresh(series, changes, stage, summary, remembered_entries(series))
+    for change in changes:
+        say(f"{change.action}: {change.file}")
+    written = load_series(series.root)
+    if no_bake:
+        record(written, base_key, tree)
+        say(f"recorded in {tree / manifest.MANIFEST}: the tree is a bake of the series")
+        return
+    result = bake(written, base_key, build=build)
+    expected = {p: new for p, (_, new) in edited.items()}
+    check_reproduced(expected, result.tree / series.package, "re-bake does not reproduce the edits")
+    say(f"re-baked {result.tree}: the series reproduces every edit")
+
+
+def _show(series: Series, changes: list[PatchChange], say: Say) -> None:
+    """``--dry-run``: what refresh would write, a diff per patch file."""
+    for change in changes:
+        say(f"would {change.action}: {change.file}")
+        old = (series.root / change.file).read_bytes() if change.action != "add" else None
+        diff = _relabel(render_file_diff(change.file, old, change.data), series.root)
+        say(diff.decode("utf-8", "replace"), nl=False)
+    say("dry run: nothing written")
+
+
+def _relabel(diff: bytes, root: Path) -> bytes:
+    """A diff of a patch file, labelled as that file (committed / as refresh writes it),
+    not with the series' own tree labels (baked-ours/, baked/)."""
+    lines = diff.split(b"\n", 2)
+    if len(lines) < 3:
+        return diff
+    for i, (side, prefix) in enumerate(((b"--- ", OLD_PREFIX), (b"+++ ", NEW_PREFIX))):
+        label = lines[i][len(side) :]
+        if label.startswith(prefix.encode()):
+            name = label[len(prefix) :].decode("utf-8", "surrogateescape")
+            lines[i] = side + str(root / name).encode("utf-8", "surrogateescape")
+    return b"\n".join(lines)
+
+
+def _refuse_if_series_moved(
+    series: Series, base_key: str, tree: Path, build: Path, say: Say
+) -> None:
+    """Refresh rewrites patches from the tree: if the series changed after the bake,
+    that would silently undo the change (a hand edit of a patch), so refuse."""
+    baked = manifest.load(tree / manifest.MANIFEST)
+    moved = series_changes_since_bake(series, baked)
+    if baked["base"]["sha256"] != series.base(base_key).sha256:
+        moved.append(f"the {base_key} pin: baked from {baked['base']['requirement']}")
+    if moved:
+        for line in moved:
+            say(line, err=True)
+        # The way out names this series and build folder, wherever they are.
+        where = "" if series.root == project.root() / project.SERIES else f" --series {series.root}"
+        where += "" if build == project.root() / project.BUILD else f" --build {build}"
+        raise BakeryError(
+            f"the series changed after {tree} was baked: refresh would undo that change",
+            hint=f"to keep the series as it is, re-bake (`bakery bake --base {base_key}{where}`, "
+            f"which replaces edits in {tree}); to keep the tree's edits, restore the "
+            f"series (e.g. `git checkout -- {series.root}`) and refresh again",
+        )
+
+
+def check_bases(series: Series, only: str | None, say: Say) -> None:
+    """`refresh --check`: the patches are up to date on every base of the series (a
+    rebase that moved one base must not leave another unbakeable), or on ``only``."""
+    keys = [only] if only is not None else sorted(series.bases, key=lambda k: (k != "default", k))
+    problems = []
+    for key in keys:
+        found = patches_out_of_date(series, unpacked(series.base(key)) / series.package)
+        problems += [f"[bases.{key}] {p}" if len(keys) > 1 else p for p in found]
+    for problem in problems:
+        say(problem)
+    if problems:
+        raise BakeryError(
+            f"{len(problems)} patch problem(s) on {len(keys)} base(s): the series needs a refresh",
+            hint="bake, edit build/baked, then run `bakery refresh` (a base the series cannot "
+            "serve any more: remove it from series.toml)",
+        )
+    say(
+        f"ok: {len(series.entries)} patch(es) are clean and up to date on "
+        + ", ".join(f"{k} ({series.base(k).requirement})" for k in keys)
+    )
 
 
 def series_changes_since_bake(series: Series, baked: dict) -> list[str]:
@@ -322,12 +340,11 @@ def record(series: Series, base_key: str, tree: Path, cache: Path | None = None)
     package = own_pristine(pristine(base, pin.sha256, cache), tree.parent) / series.package
     result = apply.plan(package, series.patches, max_fuzz=series.max_fuzz)
     edited = differing_files(package, tree / series.package)
-    unlike = sorted(
-        {p for p in edited if p not in result.after}
-        | {p for p, data in result.after.items() if read_file(tree / series.package, p) != data}
+    # An edited file the series leaves alone must read as the pristine: it does not.
+    expected = {p: old for p, (old, _) in edited.items()} | result.after
+    check_reproduced(
+        expected, tree / series.package, "the written series does not reproduce the tree"
     )
-    if unlike:
-        raise BakeryError(f"the written series does not reproduce the tree (a bug): {unlike!r}")
     wheel_name = patched_wheel_name(base, patched_version(series, pin.version))
     manifest.write(tree / manifest.MANIFEST, manifest.build(series, pin, result, wheel_name))
     restamp(tree)  # the tree as recorded: later edits (or appends through links) show

@@ -1,5 +1,6 @@
 """Where a checkout stands: what is baked from which series and pins, whether it is
-stale, which edits `refresh` would pick up, a rebase in progress, running servers.
+stale, which edits `refresh` would pick up, a rebase in progress, running servers (listed
+by the command line, which may read the launcher's records).
 
 Read-only and offline: it reads BAKED.json, the trees and the pristine cache as
 they are, and never fetches (a pristine tree not in the cache makes the pending
@@ -20,8 +21,8 @@ from bakery.bake.bake import (
 )
 from bakery.bake.fetch import cache_dir
 from bakery.bake.pristine import compared_pristine, pristine_edits
-from bakery.launch import lifecycle
 from bakery.maintain import refresh
+from bakery.maintain.edits import differing_files
 from bakery.maintain.rebase_loop import conflicts_left, in_progress
 from bakery.series.series import Series
 
@@ -34,7 +35,7 @@ def _pending(series: Series, key: str, tree: Path, cache: Path) -> dict:
     if not pristine.is_dir():
         return {"pending": None, "why": f"pristine tree not cached ({pristine})", "strays": []}
     strays: list[str] = []
-    edited = refresh.differing_files(pristine, tree / series.package, strays)
+    edited = differing_files(pristine, tree / series.package, strays)
     changes = refresh.plan_refresh(series, edited)
     pending = [{"action": c.action, "file": c.file} for c in changes]
     return {"pending": pending, "why": None, "strays": strays}
@@ -78,7 +79,9 @@ def _base(series: Series, key: str, build: Path, cache: Path, rebasing: bool) ->
     return {**row, **_pending(series, key, tree, cache)}
 
 
-def collect(series: Series, build: Path, artifacts: Path, cache: Path | None = None) -> dict:
+def collect(series: Series, build: Path, servers: list[dict], cache: Path | None = None) -> dict:
+    """Where the checkout stands; ``servers`` are the running servers, as the command line
+    lists them from the launcher's records (this room knows nothing of the launcher)."""
     cache = cache or cache_dir()
     state = in_progress(build)
     rebase = state and {
@@ -99,7 +102,7 @@ def collect(series: Series, build: Path, artifacts: Path, cache: Path | None = N
             for key in sorted(series.bases, key=lambda k: (k != "default", k))
         },
         "rebase": rebase,
-        "servers": [row for row in lifecycle.status(artifacts, None) if row["running"]],
+        "servers": servers,
     }
 
 

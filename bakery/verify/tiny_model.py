@@ -27,6 +27,7 @@ __all__ = [
     "PERTURBED_DIR",
     "PLANTED",
     "build",
+    "build_tokenizer",
     "ensure",
     "perturb",
     "MARKER",
@@ -66,7 +67,7 @@ class TinySpec:
 SPEC = TinySpec()
 
 
-def _tokenizer(spec: TinySpec):
+def build_tokenizer(spec: TinySpec):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -112,7 +113,7 @@ def build(out: Path = DEFAULT_DIR, spec: TinySpec = SPEC) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        tokenizer = _tokenizer(spec)
+        tokenizer = build_tokenizer(spec)
         tokenizer.save_pretrained(staging)
         _model(spec, len(tokenizer)).save_pretrained(staging, safe_serialization=True)
         (staging / MARKER).write_text(json.dumps({"spec": spec.__dict__}, indent=2) + "\n")

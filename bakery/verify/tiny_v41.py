@@ -242,7 +242,7 @@ def build(
     staging.mkdir(parents=True)
     try:
         (staging / "config.json").write_text(json.dumps(config(spec), indent=1) + "\n")
-        tiny_model._tokenizer(tiny_model.SPEC).save_pretrained(staging)
+        tiny_model.build_tokenizer(tiny_model.SPEC).save_pretrained(staging)
         report = _run_child(staging, spec, timeout_s, tree)
         note = {
             "spec": asdict(spec),
