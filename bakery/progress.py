@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.progress import Progress
 
-__all__ = ["interactive", "step", "warn"]
+__all__ = ["interactive", "note", "step", "warn"]
 
 _console = Console(stderr=True)
 
@@ -47,3 +47,9 @@ def step(
 def warn(message: str) -> None:
     """A warning line on stderr, TTY or not (it reports something the user must know)."""
     print(f"warning: {message}", file=sys.stderr)
+
+
+def note(message: str) -> None:
+    """A line on a terminal only: how a step went, where someone watches it."""
+    if interactive():
+        _console.print(f"  {message}", highlight=False)

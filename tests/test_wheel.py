@@ -153,8 +153,7 @@ def test_extract_sources_keeps_python_and_stubs_compiled_modules(tmp_path):
 
 
 def test_read_members_present_and_absent(tmp_path):
-    info = read_wheel(_make_wheel(tmp_path))
-    got = read_members(info, ["demo/core.py", "demo/missing.py"])
+    got = read_members(_make_wheel(tmp_path), ["demo/core.py", "demo/missing.py"])
     assert got == {"demo/core.py": MEMBERS["demo/core.py"], "demo/missing.py": None}
 
 

@@ -3,11 +3,13 @@
 
 - cold bake (wheel cached, pristine not, a new build folder) vs `unzip -q` + GNU
   `patch -p1` of the series;
-- warm rebake (pristine cached) vs the same baseline, and its absolute time;
+- warm rebake (pristine cached, the wheel trusted by its stat after its first full hash)
+  vs the same baseline; its target is its absolute time;
 - the first bake of a new build folder (pristine cached: it copies its own once);
 - the hunk engine (in process) vs GNU `patch` (a process) on the same series;
 - refresh's walk over a tree with a 7-byte edit to a .so vs GNU `diff -rq`;
-- `bakery --help` vs `python -c "import click"`.
+- `bakery --help` vs `python -c "import click"`;
+- `rebase-matrix`, one release at a time (wheels cached), vs its floor (see `_matrix_row`).
 
 This machine is noisy, so every number is a median of repeated runs.
 """
@@ -80,7 +82,11 @@ def _row(name: str, ours: float, base: float, base_name: str, target: str) -> tu
 
 
 def _matrix_row(series: Series, version: str, work: Path) -> tuple[str, ...]:
-    """One release's matrix column (wheel cached) vs unzip of its touched members + GNU patch."""
+    """One release's `rebase-matrix` column (wheel cached, in process) vs its floor: the
+    work the column cannot skip, done by the C tools: `unzip` of the members the series
+    touches out of the cached wheel, then GNU `patch --dry-run -F3` of each patch on them.
+    What the matrix adds on top (the release index, the wheel's trust check, the report)
+    is bakery's overhead; hashing the 330 MB wheel on every run once made it ~45x."""
     pin = release_pin(series, "default", version, cache_dir())
     wheel = fetch(pin, cache=cache_dir())
     members = [f"{series.package}/{p}" for p in series.touched]
@@ -94,14 +100,17 @@ def _matrix_row(series: Series, version: str, work: Path) -> tuple[str, ...]:
             cmd = ["patch", "-s", "--dry-run", "-p1", "-F3", "-d", str(out / series.package)]
             subprocess.run([*cmd, "-i", str(patch)], capture_output=True, check=False)
 
-    base = _median(baseline, 3)
-    ours = _median(lambda: matrix(series, [version], linkcheck=False), 3)
+    ours_times, base_times = [], []
+    for _ in range(7):  # alternated: a burst of load on this shared machine hits both
+        base_times.append(_median(baseline, 1))
+        ours_times.append(_median(lambda: matrix(series, [version], linkcheck=False), 1))
+    base, ours = statistics.median(base_times), statistics.median(ours_times)
     return _row(
-        f"matrix, one release ({version}, no linkcheck)",
+        f"rebase-matrix, one release ({version}, no linkcheck)",
         ours,
         base,
-        "unzip members+patch",
-        "report",
+        "floor: unzip members+patch",
+        "<= 2.0x",
     )
 
 
@@ -176,12 +185,12 @@ def main(base_key: str, engine_only: bool) -> int:
             baseline = _median(lambda: _gnu_baseline(series, wheel, work), 3)
             cold_time = _median(cold, 3)
             warm_time = _median(
-                lambda: bake(series, base_key, build=work / "build", cache=cold_cache), 5
+                lambda: bake(series, base_key, build=work / "build", cache=cold_cache), 7
             )
             rows.append(
                 _row("cold bake (wheel cached)", cold_time, baseline, "unzip+patch", "<= 1.0x")
             )
-            rows.append(_row("warm rebake", warm_time, baseline, "unzip+patch", "<= 2 s"))
+            rows.append(_row("warm rebake", warm_time, baseline, "unzip+patch", "<= 0.5 s"))
             first = _median(new_checkout, 3)
             rows.append(
                 _row("first bake of a build folder (pristine cached)", first, baseline,

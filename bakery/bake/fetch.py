@@ -3,23 +3,35 @@
 Downloads go through pip (``pip download --no-deps --require-hashes``), land in
 a temp folder inside the cache and are moved in only once their sha256 is the
 pinned one. A cached file that no longer matches is discarded and fetched again.
+
+Hashing a 330 MB wheel costs about half a second, on every command that reads it. So
+once a cached wheel's sha256 has been checked, the cache keeps a trust record beside
+it (``verified.json``: device, inode, size, mtime and the sha256 seen), and a later
+run trusts the wheel without hashing while all four stat fields still match, as git's
+index trusts a file whose stat data has not moved. Anything else (a touch, a rewrite,
+another file put in its place, a damaged record) means a full hash again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+import msgspec
 from packaging.utils import parse_wheel_filename
 
-from bakery.errors import FetchError, HashMismatch, UnreadableInput
+from bakery.errors import FetchError, HashMismatch, UnreadableInput, UnsafePathError
+from bakery.progress import note
+from bakery.schema import Document
 from bakery.series.series import Pin
-from bakery.tree import sha256_file, sweep_dead, write_atomic
+from bakery.tree import own_path, read_bounded, sha256_file, stage_beside, sweep_dead, write_atomic
 
 __all__ = ["cache_dir", "fetch", "fetch_release", "wheel_platform"]
 
@@ -97,6 +109,63 @@ def _verify_pin(path: Path, pin: Pin) -> None:
         )
 
 
+class _Verified(Document):
+    """The trust record: the wheel file as it was when its sha256 was computed."""
+
+    sha256: str
+    st_dev: int
+    st_ino: int
+    st_size: int
+    st_mtime_ns: int
+
+
+_TRUST_RECORD = "verified.json"  # beside the wheel, in its wheels/<sha256>/ folder
+# A wheel written less than this before its hash is not recorded: on a filesystem with
+# coarse timestamps (2 s on FAT) a rewrite in the same tick keeps the mtime (git's
+# "racily clean" files). Such a wheel is hashed again next time, and recorded then.
+_RACY_NS = 2_000_000_000
+
+
+def _seen(path: Path, sha256: str) -> _Verified:
+    st = os.stat(path)  # through a symlink: the file that is read
+    return _Verified(sha256, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _trusted(cached: Path, pin: Pin) -> bool:
+    """Whether the cache's trust record vouches for ``cached`` as ``pin.sha256``: same
+    sha256, same device, inode, size and mtime. A missing, damaged or hostile record
+    (a symlink, a FIFO, a folder, a huge file, wrong types) is no trust, never an error."""
+    record = cached.with_name(_TRUST_RECORD)
+    try:
+        if record.is_symlink():
+            return False
+        kept = msgspec.json.decode(read_bounded(record, 4096), type=_Verified, strict=True)
+        return kept == _seen(cached, pin.sha256)
+    except (OSError, msgspec.DecodeError):
+        return False
+
+
+def _verify_cached(cached: Path, pin: Pin, cache: Path) -> None:
+    """Hash the cached wheel against the pin (``HashMismatch`` if it is not the pinned
+    one), then record its stat as taken before the hash: a write since moves the mtime."""
+    started = time.time_ns()
+    before = _seen(cached, pin.sha256)
+    _verify_pin(cached, pin)
+    if before.st_mtime_ns > started - _RACY_NS:
+        return
+    try:  # inside the cache only: never through a symlinked folder
+        folder = own_path(cache, f"wheels/{pin.sha256}", "wheel folder")
+        tmp = stage_beside(
+            folder / _TRUST_RECORD, msgspec.json.encode(before), 0o644, f".tmp-{os.getpid()}"
+        )
+    except (OSError, UnsafePathError):
+        return  # a read-only or full cache: the wheel is hashed again next time
+    try:
+        os.replace(tmp, folder / _TRUST_RECORD)  # replaces a symlink there, never its target
+    except OSError:  # a folder in its place
+        tmp.unlink(missing_ok=True)
+
+
 def _keep(wheel: Path, cached: Path) -> None:
     """A wheel given by path (already verified) joins the cache under its sha256, so every
     later command that needs this pin (refresh --check, linkcheck, rebase) works offline."""
@@ -118,6 +187,7 @@ def fetch(
     pin: Pin, *, wheel: Path | None = None, cache: Path | None = None, verbose: bool = False
 ) -> Path:
     """Path to a wheel whose sha256 is ``pin.sha256``; downloads on a cache miss."""
+    cache = cache or cache_dir()
     if wheel is not None:
         if not Path(wheel).is_file():  # missing, a folder, /dev/null: bad input, exit 2
             raise UnreadableInput(
@@ -125,17 +195,23 @@ def fetch(
                 hint=f"give the path of the pinned wheel, {pin.wheel}",
             )
         _verify_pin(Path(wheel), pin)
-        _keep(Path(wheel), (cache or cache_dir()) / "wheels" / pin.sha256 / pin.wheel)
+        _keep(Path(wheel), cache / "wheels" / pin.sha256 / pin.wheel)
         return Path(wheel)
-    folder = (cache or cache_dir()) / "wheels" / pin.sha256
+    folder = cache / "wheels" / pin.sha256
     sweep_dead(folder)  # downloads of killed fetches (named for their pid, as below)
     cached = folder / pin.wheel
     if cached.exists():
+        if _trusted(cached, pin):
+            note(f"{pin.wheel}: sha256 not recomputed (same device, inode, size and mtime "
+                 "as when it was verified)")  # fmt: skip
+            return cached
         try:
-            _verify_pin(cached, pin)
+            _verify_cached(cached, pin, cache)
             return cached
         except HashMismatch:
             cached.unlink()  # corrupt or tampered cache entry: fetch it again
+            with contextlib.suppress(OSError):
+                cached.with_name(_TRUST_RECORD).unlink()
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(
         dir=folder, prefix=".download-", suffix=f".tmp-{os.getpid()}"

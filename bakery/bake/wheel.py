@@ -199,11 +199,15 @@ def extract_sources(wheel: WheelInfo, dest: Path) -> None:
     os.rename(tmp, dest)
 
 
-def read_members(wheel: WheelInfo, names: list[str]) -> dict[str, bytes | None]:
-    """The named members' bytes (None where absent), without extracting anything else."""
-    with zipfile.ZipFile(wheel.path) as zf:
-        present = set(zf.namelist())
-        return {n: zf.read(n) if n in present else None for n in names}
+def read_members(wheel: Path, names: list[str]) -> dict[str, bytes | None]:
+    """The named members' bytes (None where absent), without extracting anything else:
+    nothing reaches the disk, so neither RECORD nor the members' names are read."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            present = set(zf.namelist())
+            return {n: zf.read(n) if n in present else None for n in names}
+    except (zipfile.BadZipFile, OSError, RuntimeError, NotImplementedError, zlib.error) as exc:
+        raise WheelError(f"not a readable wheel ({exc}): {str(wheel)!r}") from None
 
 
 def pinned_requirement(wheel: WheelInfo, project: str) -> str | None:

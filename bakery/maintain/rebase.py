@@ -149,8 +149,8 @@ def sources(pin: Pin, cache: Path) -> Path:
 
 
 def release_files(series: Series, pin: Pin, cache: Path) -> dict[str, bytes | None]:
-    wheel = read_wheel(fetch(pin, cache=cache))
-    members = read_members(wheel, [f"{series.package}/{p}" for p in series.touched])
+    names = [f"{series.package}/{p}" for p in series.touched]
+    members = read_members(fetch(pin, cache=cache), names)
     return {p: members[f"{series.package}/{p}"] for p in series.touched}
 
 
