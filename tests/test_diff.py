@@ -1,4 +1,4 @@
-"""The diff border: unidiff in, frozen types out, canonical diffs back."""
+"""The diff border: bytes in (one pass), frozen types out, canonical diffs back."""
 
 from pathlib import Path
 

@@ -7,6 +7,8 @@
   vs the same baseline; its target is its absolute time;
 - the first bake of a new build folder (pristine cached: it copies its own once);
 - the hunk engine (in process) vs GNU `patch` (a process) on the same series;
+- the engine on one large case (tools/big_diff.py: a 300k-line file, an ~8 MB diff of 30k
+  hunks) vs GNU `patch --dry-run`: time (in process) and peak memory (a process each);
 - refresh's walk over a tree with a 7-byte edit to a .so vs GNU `diff -rq`;
 - `bakery --help` vs `python -c "import click"`;
 - `rebase-matrix`, one release at a time (wheels cached), vs its floor (see `_matrix_row`).
@@ -41,7 +43,9 @@ from bakery.errors import UnsafePathError  # noqa: E402
 from bakery.maintain.edits import differing_files  # noqa: E402
 from bakery.maintain.rebase import matrix, release_pin  # noqa: E402
 from bakery.series import apply  # noqa: E402
+from bakery.series.diff import parse_patch, read_patch  # noqa: E402
 from bakery.series.series import Series, load_series  # noqa: E402
+from tools.big_diff import big_case  # noqa: E402
 
 __all__ = ["main"]
 
@@ -79,6 +83,59 @@ def _gnu_patch_series(series: Series, tree: Path, dry_run: bool = False) -> None
 
 def _row(name: str, ours: float, base: float, base_name: str, target: str) -> tuple[str, ...]:
     return (name, f"{ours:.3f} s", f"{base_name} {base:.3f} s", f"{ours / base:.2f}x", target)
+
+
+# The engine alone in a fresh interpreter, for its peak memory: read, parse, place.
+_ENGINE_PROCESS = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from bakery.series import apply
+from bakery.series.diff import parse_patch, read_patch
+patch = parse_patch(read_patch(Path(sys.argv[3])), "big.diff")
+apply.plan(Path(sys.argv[2]), [patch])
+"""
+
+
+TIME = "/usr/bin/time"  # GNU time, for a process's peak memory
+
+
+def _peak_rss(cmd: list[str]) -> int:
+    """A command's peak resident memory in bytes, as GNU time reports it. Not this process's
+    own rusage of a child: Linux counts a child's memory from before its exec too, which
+    here is this (large) process; time's own small process stands between them."""
+    proc = subprocess.run([TIME, "-f", "%M", *cmd], capture_output=True, text=True, check=True)
+    return int(proc.stderr.split()[-1]) * 1024
+
+
+def _big_rows(work: Path, hunks: int = 30_000) -> list[tuple[str, ...]]:
+    """The engine on tools/big_diff.py's case vs GNU `patch --dry-run`: time and memory."""
+    target, diff = big_case(hunks)
+    tree, patch = work / "big", work / "big.diff"
+    (tree / "pkg").mkdir(parents=True, exist_ok=True)
+    (tree / "pkg" / "big.py").write_bytes(target)
+    patch.write_bytes(diff)
+    gnu = ["patch", "-s", "--dry-run", "-p1", "-d", str(tree), "-i", str(patch)]
+    base = _median(lambda: subprocess.run(gnu, check=True), 5)
+    ours = _median(lambda: apply.plan(tree, [parse_patch(read_patch(patch), patch.name)]), 5)
+    engine = [sys.executable, "-c", _ENGINE_PROCESS, str(project.root()), str(tree), str(patch)]
+    lines = target.count(b"\n")
+    what = f"{hunks // 1000}k hunks, {len(diff) / 1e6:.1f} MB diff, {lines // 1000}k-line file"
+    rows = [_row(f"engine: parse + place ({what})", ours, base, "GNU patch --dry-run", "<= 2.0x")]
+    if not os.access(TIME, os.X_OK):
+        return [*rows, ("engine: peak memory, same case", "n/a", f"needs {TIME}", "", "<= 4.0x")]
+    gnu_rss = statistics.median(_peak_rss(gnu) for _ in range(3))
+    our_rss = statistics.median(_peak_rss(engine) for _ in range(3))
+    return [
+        *rows,
+        (
+            "engine: peak memory, same case (a process)",
+            f"{our_rss / 2**20:.1f} MiB",
+            f"GNU patch --dry-run {gnu_rss / 2**20:.1f} MiB",
+            f"{our_rss / gnu_rss:.2f}x",
+            "<= 4.0x",
+        ),
+    ]
 
 
 def _matrix_row(series: Series, version: str, work: Path) -> tuple[str, ...]:
@@ -193,8 +250,13 @@ def main(base_key: str, engine_only: bool) -> int:
             rows.append(_row("warm rebake", warm_time, baseline, "unzip+patch", "<= 0.5 s"))
             first = _median(new_checkout, 3)
             rows.append(
-                _row("first bake of a build folder (pristine cached)", first, baseline,
-                     "unzip+patch", "report")  # fmt: skip
+                _row(
+                    "first bake of a build folder (pristine cached)",
+                    first,
+                    baseline,
+                    "unzip+patch",
+                    "report",
+                )  # fmt: skip
             )
 
         tree = cold_cache / "pristine" / pin.sha256 / series.package
@@ -210,6 +272,7 @@ def main(base_key: str, engine_only: bool) -> int:
         rows.append(
             _row("engine: place only (parsed)", placing, gnu, "GNU patch --dry-run", "report")
         )
+        rows.extend(_big_rows(work))
         if not engine_only:
             baked = work / "build" / ("baked" if base_key == "default" else f"baked-{base_key}")
             rows.append(_binary_edit_row(tree, baked / series.package))

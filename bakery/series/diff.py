@@ -1,9 +1,11 @@
 """Unified diffs in and out: the one module that knows the format.
 
-Parsing goes through unidiff and is converted, at this border, into bakery's
-own frozen types (``Patch`` -> ``FilePatch`` -> ``Hunk`` -> ``HunkLine``); the
-rest of bakery never sees unidiff. ``render_file_diff`` writes the canonical
-form the series stores (``--- baked-ours/P`` / ``+++ baked/P``, 3 lines of
+``parse_patch`` reads a diff's bytes in one pass (headers and hunk bodies together) into
+bakery's frozen types (``Patch`` -> ``FilePatch`` -> ``Hunk``); a hunk keeps its body as
+the diff's own bytes and gives its lines (``HunkLine``) on demand, so a large diff costs
+little more than its bytes. The header grammar and its error messages are unidiff's (the
+parser bakery used before), the body rules GNU patch's. ``render_file_diff`` writes the
+canonical form the series stores (``--- baked-ours/P`` / ``+++ baked/P``, 3 lines of
 context, no timestamps, final newline).
 """
 
@@ -14,12 +16,9 @@ import hashlib
 import os
 import posixpath
 import re
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-from unidiff import PatchSet
-from unidiff.errors import UnidiffParseError
 
 from bakery.errors import PatchParseError, UnsafePathError
 
@@ -43,7 +42,7 @@ DEV_NULL = "/dev/null"
 OLD_PREFIX = "baked-ours/"
 NEW_PREFIX = "baked/"
 CONTEXT_LINES = 3
-# Lossless bytes <-> str for unidiff, which only parses text.
+# Lossless bytes <-> str for header paths and messages.
 _CODEC = ("utf-8", "surrogateescape")
 # A bound on what is read as a diff (``/dev/zero`` never ends); the largest
 # file vLLM ships is well under 1 MiB, so a real series never comes near it.
@@ -53,10 +52,32 @@ MAX_LINE_NUMBER = 2**63 - 1
 # GNU patch strips every line's trailing CR once a file's ``---``/``+++``
 # header lines both end in CRLF ("Stripping trailing CRs from patch").
 _ADDED, _REMOVED, _MARKER = b"+-\\"
+_SPACE, _CR, _LF = b" \r\n"
 _KINDS = {_ADDED: "+", _REMOVED: "-"}
-# unidiff's RE_HUNK_HEADER, over bytes.
-_HUNK_HEADER = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.MULTILINE)
 _HEADERS = re.compile(rb"^--- [^\n]*\n\+\+\+ [^\n]*\n", re.MULTILINE)
+# unidiff's line grammar (the parser bakery used before this one), over bytes.
+_GIT_HEADERS = (
+    re.compile(rb'^diff --git (?P<source>"?a/[^\t\n]+"?) (?P<target>"?b/[^\t\n]+"?)'),
+    re.compile(rb"^diff --git (?P<source>.*://[^\t\n]+) (?P<target>.*://[^\t\n]+)"),
+    re.compile(rb"^diff --git (?P<source>[^\t\n]+) (?P<target>[^\t\n]+)"),
+)
+_GIT_NEW_FILE = re.compile(rb"^new file mode (?P<mode>\d+)$")
+_GIT_DELETED_FILE = re.compile(rb"^deleted file mode (?P<mode>\d+)$")
+_GIT_OLD_MODE = re.compile(rb"^old mode (?P<mode>\d+)$")
+_GIT_NEW_MODE = re.compile(rb"^new mode (?P<mode>\d+)$")
+_GIT_INDEX = re.compile(rb"^index [0-9a-f]+\.\.[0-9a-f]+ (?P<mode>\d+)$")
+_SOURCE = re.compile(rb'^--- (?P<name>"?[^\t\n]*"?)(?:\t[^\n]+)?')
+_TARGET = re.compile(rb'^\+\+\+ (?P<name>"?[^\t\n]*"?)(?:\t[^\n]+)?')
+_HUNK_HEADER = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+_NO_NEWLINE = re.compile(rb"^\\ No newline at end of file")
+_BINARY = re.compile(
+    rb"^Binary files? (?P<source>[^\t]+?)(?:\t[\s0-9:\+-]+)?"
+    rb"(?: and [^\t]+?(?:\t[\s0-9:\+-]+)?)? (differ|has changed)"
+)
+# A body's kinds, one byte a line: every line that is not "+", "-" or a marker is context.
+_LINE_START = re.compile(rb"^.", re.MULTILINE | re.DOTALL)
+_AS_KIND = bytes(c if c in b"+-\\" else _SPACE for c in range(256))
+_REVERSE = re.compile(rb"^[+-]", re.MULTILINE)
 
 
 def split_lines(data: bytes) -> list[bytes]:
@@ -82,14 +103,40 @@ class HunkLine:
         return self.text + self.eol
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per hunk: 30k for a large diff
 class Hunk:
     number: int  # 1-based within its file
     old_start: int
     old_len: int
     new_start: int
     new_len: int
-    lines: tuple[HunkLine, ...]
+    body: bytes  # its lines as the diff has them, "\\ No newline" markers included
+
+    @property
+    def lines(self) -> tuple[HunkLine, ...]:
+        """The body's lines by GNU patch's rules: a marker takes the line ending off the
+        line before it; an empty line is an empty context line."""
+        body = self.body
+        lines: list[HunkLine] = []
+        pos, size = 0, len(body)
+        while pos < size:
+            end = body.find(b"\n", pos) + 1 or size
+            first = body[pos]
+            if first == _MARKER:  # never the first line: the parser refuses that
+                lines[-1] = replace(lines[-1], eol=b"")
+            elif end - pos >= 2 and body[end - 2 : end] == b"\r\n":
+                lines.append(HunkLine(_KINDS.get(first, " "), body[pos + 1 : end - 2], b"\r\n"))
+            elif body[end - 1] == _LF:
+                lines.append(HunkLine(_KINDS.get(first, " "), body[pos + 1 : end - 1], b"\n"))
+            else:
+                lines.append(HunkLine(_KINDS.get(first, " "), body[pos + 1 : end], b""))
+            pos = end
+        return tuple(lines)
+
+    @property
+    def kinds(self) -> bytes:
+        """One byte a line, ``b" "``, ``b"-"`` or ``b"+"`` (markers left out), at C speed."""
+        return b"".join(_LINE_START.findall(self.body)).translate(_AS_KIND, b"\\")
 
     @property
     def old_lines(self) -> tuple[HunkLine, ...]:
@@ -106,31 +153,22 @@ class Hunk:
 
     @property
     def prefix_context(self) -> int:
-        count = 0
-        for line in self.lines:
-            if line.kind != " ":
-                break
-            count += 1
-        return count
+        kinds = self.kinds
+        return len(kinds) - len(kinds.lstrip(b" "))
 
     @property
     def suffix_context(self) -> int:
-        count = 0
-        for line in reversed(self.lines):
-            if line.kind != " ":
-                break
-            count += 1
-        return count
+        kinds = self.kinds
+        return len(kinds) - len(kinds.rstrip(b" "))
 
     def reversed(self) -> Hunk:
-        swap = {"+": "-", "-": "+", " ": " "}
         return replace(
             self,
             old_start=self.new_start,
             old_len=self.new_len,
             new_start=self.old_start,
             new_len=self.old_len,
-            lines=tuple(replace(line, kind=swap[line.kind]) for line in self.lines),
+            body=_REVERSE.sub(lambda m: b"-" if m[0] == b"+" else b"+", self.body),
         )
 
 
@@ -233,66 +271,169 @@ def _tree_path(raw: str, strip: int, renames: Sequence[tuple[str, str]], patch: 
     return normalized
 
 
-def _read_hunk(number: int, hunk, header: re.Match[bytes] | None, data: bytes, patch: str) -> Hunk:
-    """unidiff's ``hunk``, its body read from ``data`` after the ``@@`` line ``header``.
+@dataclass(slots=True)
+class _Section:
+    """One file's diff while it is read: its header names as written, its hunks so far."""
 
-    unidiff has already checked the body against the header's counts (metadata
-    only: its per-line objects cost ~400 bytes a line); this walks the same lines
-    by the same rules and keeps them as bakery's own lossless bytes."""
-    numbers = (hunk.source_start, hunk.source_length, hunk.target_start, hunk.target_length)
-    if header is None or numbers != tuple(1 if v is None else int(v) for v in header.groups()):
-        raise PatchParseError(f"{patch}: hunk #{number}: cannot find its @@ line (a bug)")
-    old_start, old_len, new_start, new_len = numbers
-    for value in (old_start, old_len, new_start, new_len):
-        if value > MAX_LINE_NUMBER:
-            raise PatchParseError(f"{patch}: hunk #{number}: line number is too large: {value}")
-    lines: list[HunkLine] = []
-    pos = data.index(b"\n", header.end()) + 1  # past any section text on the @@ line
+    source: bytes
+    target: bytes
+    mode: bytes | None = None  # from a git extended header
+    hunks: list[Hunk] = field(default_factory=list)
+    problem: str | None = None  # the first hunk refused after the walk (as GNU refuses it)
+
+
+def _not_a_diff(name: str, message: str, line: bytes = b"") -> PatchParseError:
+    return PatchParseError(f"{name}: not a unified diff ({message}{line.decode(*_CODEC)})")
+
+
+def _body_end(body: bytes, pos: int, old_len: int, new_len: int) -> int:
+    """Where a hunk body starting at ``pos`` ends, at C speed, or 0 to read it line by line.
+
+    The common case: every line up to the next ``@@`` line (or the end) is " ", "-" or "+",
+    and their counts are exactly the header's; then the body is exactly those lines."""
+    following = body.find(b"\n@@ ", pos - 1)
+    stop = following + 1 if following >= 0 else len(body)
+    lines = body.count(b"\n", pos, stop)
+    removed = body.count(b"\n-", pos - 1, stop - 1)
+    added = body.count(b"\n+", pos - 1, stop - 1)
+    context = body.count(b"\n ", pos - 1, stop - 1)
+    if lines and removed + added + context == lines:
+        if context + removed == old_len and context + added == new_len:
+            return stop
+    return 0
+
+
+def _read_body(body: bytes, pos: int, old_len: int, new_len: int, name: str) -> int:
+    """unidiff's hunk rules, one line at a time: where the counted lines end."""
     old = new = 0
-    # Per-line work is what a large diff costs: bytes compared as ints, EOL split inline.
-    while old < old_len or new < new_len or data.startswith(b"\\", pos):
-        end = data.find(b"\n", pos) + 1 or len(data)
-        if end <= pos:
-            raise PatchParseError(f"{patch}: hunk #{number} is shorter than its header says")
-        first = data[pos]
-        if first == _MARKER:  # "\ No newline at end of file": the line before has no EOL
-            if not lines:
-                raise PatchParseError(f"{patch}: hunk #{number}: stray 'No newline' marker")
-            lines[-1] = replace(lines[-1], eol=b"")
-            pos = end
-            continue
+    size = len(body)
+    while pos < size:  # at least one line, even for a hunk of no lines (as unidiff reads it)
+        end = body.find(b"\n", pos) + 1 or size
+        first = body[pos]
         if first == _ADDED:
             new += 1
         elif first == _REMOVED:
             old += 1
-        else:  # " ", or an empty line (a context line whose space was stripped): text b""
+        elif first in (_SPACE, _CR, _LF):
             old, new = old + 1, new + 1
-        if data[end - 2 : end] == b"\r\n":
-            text, eol = data[pos + 1 : end - 2], b"\r\n"
-        elif data[end - 1 : end] == b"\n":
-            text, eol = data[pos + 1 : end - 1], b"\n"
-        else:
-            text, eol = data[pos + 1 : end], b""
-        lines.append(HunkLine(_KINDS.get(first, " "), text, eol))
+        elif first != _MARKER:
+            raise _not_a_diff(name, "Hunk diff line expected: ", body[pos:end])
         pos = end
-    return Hunk(
-        number=number,
-        old_start=old_start,
-        old_len=old_len,
-        new_start=new_start,
-        new_len=new_len,
-        lines=tuple(lines),
-    )
+        if old > old_len or new > new_len:
+            raise _not_a_diff(name, "Hunk is longer than expected")
+        if old == old_len and new == new_len:
+            return pos
+    if old < old_len or new < new_len:
+        raise _not_a_diff(name, "Hunk is shorter than expected")
+    return pos
 
 
-def _text_lines(data: bytes) -> Iterator[str]:
-    """``data``'s lines as text, one at a time: unidiff's own ``from_string`` holds the whole
-    diff as text twice over (a 50 MB diff cost 250 MB more)."""
-    pos, size = 0, len(data)
+def _read_hunk(body: bytes, pos: int, header: re.Match[bytes], section: _Section, name: str) -> int:
+    """The hunk whose ``@@`` line ends at ``pos``, added to ``section``; where reading goes on."""
+    numbers = tuple(map(int, header.groups(b"1")))  # an omitted length is 1
+    old_start, old_len, new_start, new_len = numbers
+    end = _body_end(body, pos, old_len, new_len) or _read_body(body, pos, old_len, new_len, name)
+    # GNU's body also takes the marker lines that follow the counted ones; unidiff read them
+    # as lines of their own, so the walk still does (see _walk).
+    stop = end
+    while body.startswith(b"\\", stop):
+        stop = body.find(b"\n", stop) + 1 or len(body)
+    number = len(section.hunks) + 1
+    if section.problem is None:
+        if max(numbers) > MAX_LINE_NUMBER:
+            too_large = next(v for v in numbers if v > MAX_LINE_NUMBER)
+            section.problem = f"{name}: hunk #{number}: line number is too large: {too_large}"
+        elif stop > pos and body[pos] == _MARKER:
+            section.problem = f"{name}: hunk #{number}: stray 'No newline' marker"
+    section.hunks.append(Hunk(number, old_start, old_len, new_start, new_len, body[pos:stop]))
+    return end
+
+
+def _walk(body: bytes, name: str) -> tuple[list[_Section], bool]:
+    """Every file's section of ``body``, in one pass; and whether any is binary.
+
+    Each line is read by unidiff's rules, in its order: git headers, ``---``/``+++``,
+    ``@@`` (whose body ``_read_hunk`` reads), markers; anything else is text between
+    files. Dispatch on the first byte is only for speed: each rule needs its own."""
+    sections: list[_Section] = []
+    current: _Section | None = None
+    in_header = False  # inside a git extended header (unidiff's patch_info)
+    source: bytes | None = None  # a "---" name waiting for its "+++"
+    binary = False
+    pos, size = 0, len(body)
     while pos < size:
-        end = data.find(b"\n", pos) + 1 or size
-        yield data[pos:end].decode(*_CODEC)
+        end = body.find(b"\n", pos) + 1 or size
+        line = body[pos:end]
         pos = end
+        first = line[0]
+        if first == 0x40 and (match := _HUNK_HEADER.match(line)):  # "@"
+            in_header = False
+            if current is None:
+                raise _not_a_diff(name, "Unexpected hunk found: ", line)
+            pos = _read_hunk(body, pos, match, current, name)
+            continue
+        if first == 0x64:  # "d"
+            for pattern in _GIT_HEADERS:
+                if match := pattern.match(line):
+                    in_header, source = True, match["source"]
+                    current = _Section(source, match["target"])
+                    sections.append(current)
+                    break
+            if match:
+                continue
+        if first == 0x6E and (match := _GIT_NEW_FILE.match(line)):  # "n"
+            if current is None or not in_header:
+                raise _not_a_diff(name, "Unexpected new file found: ", line)
+            current.source, current.mode = DEV_NULL.encode(), match["mode"]
+            continue
+        if first == 0x64 and _GIT_DELETED_FILE.match(line):
+            if current is None or not in_header:
+                raise _not_a_diff(name, "Unexpected deleted file found: ", line)
+            current.target = DEV_NULL.encode()
+            continue
+        if current is not None and in_header:
+            if first == 0x6F and _GIT_OLD_MODE.match(line):  # "o"
+                continue
+            if first == 0x6E and (match := _GIT_NEW_MODE.match(line)):
+                current.mode = match["mode"]
+                continue
+            if first == 0x69 and (match := _GIT_INDEX.match(line)):  # "i"
+                current.mode = current.mode or match["mode"]
+                continue
+        if first == _REMOVED and (match := _SOURCE.match(line)):
+            source = match["name"]
+            if current is not None and not in_header:
+                current = None
+            continue
+        if first == _ADDED and (match := _TARGET.match(line)):
+            if current is not None and current.target != match["name"]:
+                raise _not_a_diff(name, "Target without source: ", line)
+            if current is None:
+                if source is None:
+                    raise _not_a_diff(name, "Target without source: ", line)
+                current = _Section(source, match["name"])
+                sections.append(current)
+                in_header, source = False, None
+            continue
+        if first == _MARKER and _NO_NEWLINE.match(line):
+            if current is None:
+                raise _not_a_diff(name, "Unexpected marker: ", line)
+            if not current.hunks:
+                raise _not_a_diff(name, "Unexpected marker: No newline at end of file")
+            continue
+        if line == b"\n" and current is not None and current.hunks:
+            continue  # a blank line after a hunk
+        if not in_header:
+            current, in_header = None, True
+        if first == 0x42 and (match := _BINARY.match(line)):  # "B"
+            source, binary = match["source"], True
+            current, in_header = None, False
+        elif line == b"GIT binary patch\n":
+            if current is None:
+                raise _not_a_diff(name, "Unexpected binary patch marker: ", line)
+            binary = True
+            current, in_header = None, False
+    return sections, binary
 
 
 def parse_patch(
@@ -310,36 +451,29 @@ def parse_patch(
     headers = _HEADERS.search(body)
     if headers and headers[0].count(b"\r\n") == 2:
         body = body.replace(b"\r\n", b"\n")
-    try:
-        patch_set = PatchSet(_text_lines(body), metadata_only=True)
-    except UnidiffParseError as exc:
-        raise PatchParseError(f"{name}: not a unified diff ({exc})") from None
-    if b"GIT binary patch" in data or any(f.is_binary_file for f in patch_set):
+    sections, binary = _walk(body, name)
+    if binary or b"GIT binary patch" in data:
         raise PatchParseError(f"{name}: binary patches are not supported (refused)")
     files = []
-    # unidiff takes every line like this outside a hunk body as a hunk header, and
-    # none inside one, so the matches pair with its hunks in order.
-    hunk_headers = _HUNK_HEADER.finditer(body)
-    for patched in patch_set:
-        old = _tree_path(patched.source_file, strip, renames, name)
-        new = _tree_path(patched.target_file, strip, renames, name)
+    for section in sections:
+        old = _tree_path(section.source.decode(*_CODEC), strip, renames, name)
+        new = _tree_path(section.target.decode(*_CODEC), strip, renames, name)
         if old is None and new is None:
             raise PatchParseError(f"{name}: both sides are /dev/null")
         if old is not None and new is not None and old != new:
             raise PatchParseError(
                 f"{name}: renames inside a diff are not supported (old {old!r}, new {new!r})"
             )
-        if not patched:
+        if not section.hunks:
             raise PatchParseError(f"{name}: no hunks for {new or old!r}")
-        mode = patched.target_mode
+        if section.problem:
+            raise PatchParseError(section.problem)
+        mode = section.mode
         files.append(
             FilePatch(
                 old_path=old,
                 new_path=new,
-                hunks=tuple(
-                    _read_hunk(i, hunk, next(hunk_headers, None), body, name)
-                    for i, hunk in enumerate(patched, 1)
-                ),
+                hunks=tuple(section.hunks),
                 new_mode=int(mode[-3:], 8) if mode and new is not None else None,
             )
         )

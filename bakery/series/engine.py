@@ -17,10 +17,14 @@ diff, and added lines take the file's CRLF endings.
 
 from __future__ import annotations
 
+import io
+import re
+from array import array
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress, count
+from itertools import accumulate, compress, count
+from typing import NamedTuple
 
 from bakery.errors import HunkFailed, NearMatch
 from bakery.series.diff import FilePatch, Hunk, HunkLine, split_lines
@@ -34,9 +38,14 @@ _Key = bytes
 _WALK = 256
 # How often one line repeated in a hunk votes for near-match windows.
 _MAX_VOTES = 4
+# Bytes of a file split at once while finding its line starts.
+_CHUNK = 1 << 20
+# Runs of lines of one kind.
+_RUNS = re.compile(rb" +|-+|\++")  # over a hunk's kinds
+_ADDED, _REMOVED = b"+-"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per hunk
 class Placement:
     hunk: int
     line: int  # 1-based pre-image line of the hunk's first old-side line
@@ -53,41 +62,112 @@ class FileResult:
     mode: int | None = None
 
 
-def _file_keys(lines: list[bytes], data: bytes) -> list[_Key]:
-    if b"\r\n" not in data:
-        return lines  # LF only: every line is its own key (the common case, and free)
-    return [raw[:-2] + b"\n" if raw.endswith(b"\r\n") else raw for raw in lines]
-
-
 def _line_key(line: HunkLine) -> _Key:
     return line.text + b"\n" if line.eol else line.text
 
 
+def _line_starts(data: bytes) -> array[int]:
+    """Where each of ``data``'s lines starts, and its end last: one int a line, found at C
+    speed a chunk at a time (a list of the lines would cost 3x the file's bytes)."""
+    starts = array("q", [0])
+    pos, size = 0, len(data)
+    while pos < size:
+        stop = data.find(b"\n", pos + _CHUNK) + 1 or size
+        ends = accumulate(map(len, split_lines(data[pos:stop])), initial=pos)
+        next(ends)
+        starts.extend(ends)
+        pos = stop
+    return starts
+
+
+class _Pattern:
+    """A hunk's old side as keys: one bytes (``blob``) with its lines found on demand."""
+
+    __slots__ = ("blob", "count", "_keys", "_starts")
+
+    def __init__(self, blob: bytes, count: int, keys: list[_Key] | None = None) -> None:
+        self.blob = blob
+        self.count = count
+        self._keys = keys
+        self._starts: array[int] | None = None
+
+    @classmethod
+    def of(cls, lines: Sequence[HunkLine]) -> _Pattern:
+        keys = [_line_key(line) for line in lines]
+        return cls(b"".join(keys), len(keys), keys)
+
+    @property
+    def keys(self) -> list[_Key]:
+        if self._keys is None:  # a simple body's blob: every key ends in LF, none has a CR
+            self._keys = self.blob.splitlines(keepends=True)
+        return self._keys
+
+    def span(self, first: int, stop: int) -> bytes:
+        if self._starts is None:
+            self._starts = array("q", accumulate(map(len, self.keys), initial=0))
+        return self.blob[self._starts[first] : self._starts[stop]]
+
+
+class _Shape(NamedTuple):
+    """What placement needs of a hunk (a tuple: one is made per hunk, 30k for a large diff)."""
+
+    first: int
+    prefix: int  # leading context lines
+    suffix: int  # trailing context lines
+    kinds: bytes  # one byte a body line: b" ", b"-" or b"+" (see Hunk.kinds)
+    last_context: int  # index of the last context line, -1 when none
+    pattern: _Pattern
+    lines: list[bytes] | None  # a simple body's lines, without their LF
+
+
 class _Matcher:
-    """GNU patch's ``locate_hunk`` over one file's pre-image."""
+    """GNU patch's ``locate_hunk`` over one file's pre-image.
 
-    def __init__(self, keys: Sequence[_Key]) -> None:
-        self.keys = keys
+    Lines are compared as spans of the file's bytes (a CRLF file's with its CRLFs read as
+    LF), so a 300k-line file is never split into 300k objects on the way to a match."""
 
-    def matches(
-        self, where: int, pattern: Sequence[_Key], prefix_fuzz: int, suffix_fuzz: int
-    ) -> bool:
+    def __init__(self, data: bytes) -> None:
+        self.data = data if b"\r\n" not in data else data.replace(b"\r\n", b"\n")
+        self.starts = _line_starts(self.data)
+        self.size = len(self.starts) - 1  # lines
+        self._keys: list[_Key] | None = None
+
+    @property
+    def keys(self) -> list[_Key]:
+        """Every line's key (made on the first far search or failure only)."""
+        if self._keys is None:
+            self._keys = split_lines(self.data)
+        return self._keys
+
+    def matches(self, where: int, pattern: _Pattern, prefix_fuzz: int, suffix_fuzz: int) -> bool:
         """GNU ``patch_match``: pattern lines [prefix_fuzz, len - suffix_fuzz) at ``where``."""
         base = where - 1
-        stop = len(pattern) - suffix_fuzz
-        keys = self.keys
-        if base + prefix_fuzz < 0 or base + stop > len(keys):
+        stop = pattern.count - suffix_fuzz
+        if base + prefix_fuzz < 0 or base + stop > self.size:
             return False
-        return all(keys[base + i] == pattern[i] for i in range(prefix_fuzz, stop))
+        if prefix_fuzz >= stop:
+            return True  # nothing left to compare
+        starts = self.starts
+        found = self.data[starts[base + prefix_fuzz] : starts[base + stop]]
+        if prefix_fuzz == 0 and suffix_fuzz == 0:
+            return found == pattern.blob
+        return found == pattern.span(prefix_fuzz, stop)
 
-    def locate(
-        self, hunk: Hunk, pattern: Sequence[_Key], fuzz: int, in_offset: int, frozen: int
-    ) -> int:
+    def locate(self, hunk: _Shape, fuzz: int, in_offset: int, frozen: int) -> int:
         """1-based line where the hunk's old side starts, or 0 if none."""
-        n_input = len(self.keys)
-        pat_lines = len(pattern)
+        n_input = self.size
+        pattern = hunk.pattern
+        pat_lines = pattern.count
         first_guess = hunk.first + in_offset
-        prefix, suffix = hunk.prefix_context, hunk.suffix_context
+        prefix, suffix = hunk.prefix, hunk.suffix
+        if (
+            fuzz == 0
+            and prefix == suffix
+            and pat_lines
+            and frozen < first_guess <= n_input - pat_lines + 1
+            and self.matches(first_guess, pattern, 0, 0)
+        ):
+            return first_guess  # where the walk below probes first (most hunks sit there)
         context = max(prefix, suffix)
         prefix_fuzz = fuzz + prefix - context
         suffix_fuzz = fuzz + suffix - context
@@ -155,7 +235,7 @@ class _Matcher:
                 return first_guess - offset
         if near == last or prefix_fuzz >= pat_lines - suffix_fuzz:
             return 0
-        anchor = pattern[prefix_fuzz]
+        anchor = pattern.keys[prefix_fuzz]
         far = []
         # keys[i] is the pattern's first compared line when the hunk starts at i + 1 - prefix_fuzz
         for where in compress(count(1 - prefix_fuzz), map(anchor.__eq__, self.keys)):
@@ -170,16 +250,16 @@ class _Matcher:
         return 0
 
     def _scan_up(
-        self, low: int, high: int, pattern: Sequence[_Key], prefix_fuzz: int, suffix_fuzz: int
+        self, low: int, high: int, pattern: _Pattern, prefix_fuzz: int, suffix_fuzz: int
     ) -> int:
         """The first line in [low, high] where the pattern matches, or 0."""
         near = min(high, low + _WALK)
         for where in range(low, near + 1):
             if self.matches(where, pattern, prefix_fuzz, suffix_fuzz):
                 return where
-        if near == high or prefix_fuzz >= len(pattern) - suffix_fuzz:
+        if near == high or prefix_fuzz >= pattern.count - suffix_fuzz:
             return 0
-        anchor = pattern[prefix_fuzz]
+        anchor = pattern.keys[prefix_fuzz]
         for where in compress(count(1 - prefix_fuzz), map(anchor.__eq__, self.keys)):
             if near < where <= high and self.matches(where, pattern, prefix_fuzz, suffix_fuzz):
                 return where
@@ -192,7 +272,7 @@ class _Matcher:
         wanted: dict[_Key, list[int]] = {}
         for index, key in enumerate(pattern):
             wanted.setdefault(key, []).append(index)
-        last = len(self.keys) - len(pattern) + 1  # the last window that fits
+        last = self.size - len(pattern) + 1  # the last window that fits
         votes: Counter[int] = Counter()
         hits = compress(count(1), map(wanted.__contains__, self.keys))  # at C speed
         for line in hits:
@@ -217,6 +297,32 @@ def _added(line: HunkLine, crlf: bool) -> bytes:
     if line.eol == b"\n" and crlf:
         return line.text + b"\r\n"
     return line.raw
+
+
+def _simple(body: bytes) -> bool:
+    """Only " ", "-" and "+" lines, no CR: the body's bytes are its keys and its output."""
+    return (
+        b"\r" not in body
+        and b"\n\\" not in body
+        and b"\n\n" not in body
+        and not body.startswith((b"\\", b"\n"))
+    )
+
+
+def _shape(hunk: Hunk) -> _Shape:
+    body = hunk.body
+    first = hunk.old_start + 1 if hunk.old_len == 0 else hunk.old_start  # Hunk.first
+    if _simple(body):
+        lines = body.split(b"\n")
+        lines.pop()  # after the last LF
+        kinds = bytes([line[0] for line in lines])
+        old = [line[1:] for line in lines if line[0] != _ADDED]
+        pattern = _Pattern(b"\n".join(old) + b"\n" if old else b"", len(old))
+    else:
+        kinds = hunk.kinds
+        lines, pattern = None, _Pattern.of(hunk.old_lines)
+    prefix, suffix = len(kinds) - len(kinds.lstrip(b" ")), len(kinds) - len(kinds.rstrip(b" "))
+    return _Shape(first, prefix, suffix, kinds, kinds.rfind(b" "), pattern, lines)
 
 
 def _failure(patch_name: str, path: str, hunk: Hunk, matcher: _Matcher, guess: int) -> HunkFailed:
@@ -262,16 +368,6 @@ def _failure(patch_name: str, path: str, hunk: Hunk, matcher: _Matcher, guess: i
     )
 
 
-def _first_change(hunk: Hunk, where: int) -> int | None:
-    """The input line GNU copies up to before the hunk's first change (None: no change)."""
-    old_index = 0
-    for line in hunk.lines:
-        if line.kind != " ":
-            return where + old_index - 1
-        old_index += 1
-    return None
-
-
 def _misordered(patch_name: str, path: str, hunk: Hunk, where: int, frozen: int) -> HunkFailed:
     return HunkFailed(
         f"{patch_name}: hunk #{hunk.number} matches {path!r} at line {where}, but its change "
@@ -289,8 +385,7 @@ def _refuse_if_reversed(
 ) -> None:
     """GNU's precedence: when the first hunk fails at fuzz N, its reverse is tried at fuzz N
     before fuzz N+1, so a change already in the file is not applied again with more fuzz."""
-    back = hunk.reversed()
-    if matcher.locate(back, [_line_key(line) for line in back.old_lines], fuzz, 0, 0):
+    if matcher.locate(_shape(hunk.reversed()), fuzz, 0, 0):
         raise HunkFailed(
             f"{patch_name}: hunk #{hunk.number} does not apply to {path!r} at fuzz {fuzz}, "
             "but its reverse does: reversed (or previously applied)",
@@ -305,37 +400,62 @@ def _apply_hunks(
     patch_name: str, file_patch: FilePatch, before: bytes | None, max_fuzz: int, keep_going: bool
 ) -> tuple[bytes, list[Placement], list[HunkFailed]]:
     """GNU patch's hunk loop; with ``keep_going`` a failed hunk is skipped, as GNU does."""
-    lines = split_lines(before or b"")
-    matcher = _Matcher(_file_keys(lines, before or b""))
-    crlf = _is_crlf(before or b"")
-    out: list[bytes] = []
+    data = before or b""
+    matcher = _Matcher(data)
+    starts = matcher.starts if matcher.data is data else _line_starts(data)
+    view = memoryview(data)
+    crlf = _is_crlf(data)
+    out = io.BytesIO()
+    open_end = False  # the last bytes written end without a newline
     frozen = 0  # input lines already copied or consumed (GNU last_frozen_line)
 
-    def emit(chunk: list[bytes], fix: bool = True) -> None:
+    def emit(chunk: bytes | memoryview, fix: bool = True) -> None:
         # GNU's after_newline: a line that lost its newline (fuzz dropped the
         # "\ No newline" context, or drift) gets one before a copied line or a
         # hunk's trailing added lines; GNU writes an added line that some context
         # still follows as it is (``fix`` False), so it joins that line.
-        if fix and chunk and out and not out[-1].endswith(b"\n"):
-            out.append(b"\n")
-        out.extend(chunk)
+        nonlocal open_end
+        if fix and open_end:
+            out.write(b"\n")
+        out.write(chunk)
+        open_end = chunk[-1:] != b"\n"
 
     def copy_till(n: int) -> None:
         nonlocal frozen
         if n > frozen:
-            emit(lines[frozen:n])
+            emit(view[starts[frozen] : starts[n]])
             frozen = n
 
     placements: list[Placement] = []
     failures: list[HunkFailed] = []
     in_offset = 0
+    exact = matcher.data is data  # no CRLF: a line's key is its bytes
     for hunk in file_patch.hunks:
-        pattern = [_line_key(line) for line in hunk.old_lines]
-        max_here = min(max_fuzz, max(hunk.prefix_context, hunk.suffix_context))
+        shape = _shape(hunk)
+        guess, pattern = shape.first + in_offset, shape.pattern
+        if (
+            exact
+            and shape.lines is not None
+            and shape.prefix == shape.suffix < len(shape.kinds)
+            and frozen < guess <= matcher.size - pattern.count + 1
+            and matcher.matches(guess, pattern, 0, 0)
+        ):
+            # Most hunks: a simple body, changed, found whole where the diff (and the offset so
+            # far) puts it, which is where locate looks first. Context then comes out as the
+            # hunk has it, the file's bytes being the same; the loop below would write the same.
+            placements.append(Placement(hunk.number, guess, in_offset, 0))
+            copy_till(guess + shape.prefix - 1)
+            end = len(shape.kinds) - shape.suffix
+            new = [line[1:] for line in shape.lines[shape.prefix : end] if line[0] != _REMOVED]
+            if new:
+                emit(b"\n".join(new) + b"\n")
+            frozen = guess - 1 + pattern.count - shape.suffix
+            continue
+        max_here = min(max_fuzz, max(shape.prefix, shape.suffix))
         where = 0
         fuzz = 0
         for fuzz in range(max_here + 1):
-            where = matcher.locate(hunk, pattern, fuzz, in_offset, frozen)
+            where = matcher.locate(shape, fuzz, in_offset, frozen)
             if where:
                 break
             if hunk is file_patch.hunks[0] and not keep_going:
@@ -348,8 +468,8 @@ def _apply_hunks(
                 continue
             raise failures[0]
         in_offset = where - hunk.first
-        first_change = _first_change(hunk, where)
-        if first_change is not None and first_change < frozen:
+        # GNU copies the input up to line where + prefix - 1 before the hunk's first change.
+        if shape.prefix < len(shape.kinds) and where + shape.prefix - 1 < frozen:
             # GNU's copy_till refuses ("misordered hunks"): the hunk matched, partly on
             # lines an earlier hunk froze, and its change would fall among them.
             failures.append(_misordered(patch_name, file_patch.path, hunk, where, frozen))
@@ -359,7 +479,23 @@ def _apply_hunks(
         placements.append(Placement(hunk=hunk.number, line=where, offset=in_offset, fuzz=fuzz))
         old_index = 0  # old-side lines of this hunk consumed so far
         # GNU adds the lost newline only before added lines that no context follows.
-        last_context = max((i for i, ln in enumerate(hunk.lines) if ln.kind == " "), default=-1)
+        last_context = shape.last_context
+        if shape.lines is not None:  # whole runs of one kind at a time
+            for run in _RUNS.finditer(shape.kinds):
+                start, end = run.span()
+                kind = shape.kinds[start]
+                if kind == _REMOVED:
+                    copy_till(where + old_index - 1)
+                    frozen += end - start
+                    old_index += end - start
+                elif kind == _ADDED:
+                    copy_till(where + old_index - 1)
+                    added = [line[1:] for line in shape.lines[start:end]]
+                    eol = b"\r\n" if crlf else b"\n"
+                    emit(eol.join(added) + eol, start > last_context)
+                else:
+                    old_index += end - start
+            continue
         for index, line in enumerate(hunk.lines):
             if line.kind == "-":
                 copy_till(where + old_index - 1)
@@ -367,11 +503,11 @@ def _apply_hunks(
                 old_index += 1
             elif line.kind == "+":
                 copy_till(where + old_index - 1)
-                emit([_added(line, crlf)], fix=index > last_context)
+                emit(_added(line, crlf), fix=index > last_context)
             else:
                 old_index += 1
-    copy_till(len(lines))
-    return b"".join(out), placements, failures
+    copy_till(len(starts) - 1)
+    return out.getvalue(), placements, failures
 
 
 def survey_file_patch(
