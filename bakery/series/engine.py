@@ -39,7 +39,7 @@ _WALK = 256
 # How often one line repeated in a hunk votes for near-match windows.
 _MAX_VOTES = 4
 # Bytes of a file split at once while finding its line starts.
-_CHUNK = 1 << 20
+_CHUNK = 1 << 18
 # Runs of lines of one kind.
 _RUNS = re.compile(rb" +|-+|\++")  # over a hunk's kinds
 _ADDED, _REMOVED = b"+-"
@@ -69,7 +69,7 @@ def _line_key(line: HunkLine) -> _Key:
 def _line_starts(data: bytes) -> array[int]:
     """Where each of ``data``'s lines starts, and its end last: one int a line, found at C
     speed a chunk at a time (a list of the lines would cost 3x the file's bytes)."""
-    starts = array("q", [0])
+    starts = array("I" if len(data) < 1 << 32 else "q", [0])  # 4 bytes a line where they do
     pos, size = 0, len(data)
     while pos < size:
         stop = data.find(b"\n", pos + _CHUNK) + 1 or size
