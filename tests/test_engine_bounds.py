@@ -6,7 +6,7 @@ import re
 import pytest
 
 from bakery.errors import HunkFailed, NearMatch
-from bakery.series import engine
+from bakery.series import locate
 from bakery.series.diff import parse_patch, render_file_diff
 from bakery.series.engine import apply_file_patch
 from tests.test_gnu_parity import gnu_patch, ours
@@ -69,21 +69,21 @@ def test_a_failed_hunk_in_a_3_million_line_file_is_not_a_line_by_line_scan(monke
     message names the real near-match (it said "fewer lines than the context")."""
     data = b"".join(b"x = %d\n" % i for i in range(3_000_000))
     calls = 0
-    real = engine._Matcher.matches
+    real = locate.Matcher.matches
 
     def counted(self, *args):
         nonlocal calls
         calls += 1
         return real(self, *args)
 
-    monkeypatch.setattr(engine._Matcher, "matches", counted)
+    monkeypatch.setattr(locate.Matcher, "matches", counted)
     diff = (
         b"--- a/f\n+++ b/f\n@@ -1500000,3 +1500000,3 @@\n x = 2999990\n-nope\n+yes\n x = 2999992\n"
     )
     with pytest.raises(HunkFailed) as failed:
         apply_file_patch("p", parse_patch(diff, "p").files[0], data, 0)
     # One bounded walk forward and, hunk 1 failing, one for GNU's reversed-patch try.
-    assert calls < 2 * (2 * engine._WALK + 10), calls
+    assert calls < 2 * (2 * locate._WALK + 10), calls
     assert "nearest near-match at line 2999991 (offset 1499991): 1 of 3 lines differ" in str(
         failed.value
     )

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bakery.series import engine
+from bakery.series import engine, locate
 from bakery.series.apply import ApplyStatus, plan
 from bakery.series.diff import parse_patch, render_file_diff, split_lines
 from tests.conftest import run_tool
@@ -201,7 +201,7 @@ def test_overlapping_hunks_match_gnu_patch(example, data):
 
 
 # The engine walks offsets one by one only this far, then searches by index: pad past it.
-FAR = engine._WALK + 1
+FAR = locate._WALK + 1
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -22,19 +22,8 @@ from pathlib import Path
 
 from bakery.errors import PatchParseError, UnsafePathError
 
-__all__ = [
-    "HunkLine",
-    "Hunk",
-    "FilePatch",
-    "Patch",
-    "parse_patch",
-    "parse_renames",
-    "read_patch",
-    "render_file_diff",
-    "split_lines",
-    "OLD_PREFIX",
-    "NEW_PREFIX",
-]
+__all__ = ["HunkLine", "Hunk", "FilePatch", "Patch", "parse_patch", "parse_renames", "read_patch"]
+__all__ += ["render_file_diff", "split_lines", "OLD_PREFIX", "NEW_PREFIX"]
 
 DEV_NULL = "/dev/null"
 # Header prefixes of the series' own diffs (the seed's convention): the first
@@ -114,8 +103,7 @@ class Hunk:
 
     @property
     def lines(self) -> tuple[HunkLine, ...]:
-        """The body's lines by GNU patch's rules: a marker takes the line ending off the
-        line before it; an empty line is an empty context line."""
+        """GNU's reading: a marker takes the line before it its ending; "" is empty context."""
         body = self.body
         lines: list[HunkLine] = []
         pos, size = 0, len(body)
@@ -124,12 +112,10 @@ class Hunk:
             first = body[pos]
             if first == _MARKER:  # never the first line: the parser refuses that
                 lines[-1] = replace(lines[-1], eol=b"")
-            elif end - pos >= 2 and body[end - 2 : end] == b"\r\n":
-                lines.append(HunkLine(_KINDS.get(first, " "), body[pos + 1 : end - 2], b"\r\n"))
-            elif body[end - 1] == _LF:
-                lines.append(HunkLine(_KINDS.get(first, " "), body[pos + 1 : end - 1], b"\n"))
             else:
-                lines.append(HunkLine(_KINDS.get(first, " "), body[pos + 1 : end], b""))
+                crlf = end - pos >= 2 and body[end - 2 : end] == b"\r\n"
+                eol = b"\r\n" if crlf else b"\n" if body[end - 1] == _LF else b""
+                lines.append(HunkLine(_KINDS.get(first, " "), body[pos + 1 : end - len(eol)], eol))
             pos = end
         return tuple(lines)
 
@@ -153,13 +139,11 @@ class Hunk:
 
     @property
     def prefix_context(self) -> int:
-        kinds = self.kinds
-        return len(kinds) - len(kinds.lstrip(b" "))
+        return len(self.kinds) - len(self.kinds.lstrip(b" "))
 
     @property
     def suffix_context(self) -> int:
-        kinds = self.kinds
-        return len(kinds) - len(kinds.rstrip(b" "))
+        return len(self.kinds) - len(self.kinds.rstrip(b" "))
 
     def reversed(self) -> Hunk:
         return replace(
@@ -271,11 +255,9 @@ def _tree_path(raw: str, strip: int, renames: Sequence[tuple[str, str]], patch: 
     return normalized
 
 
-@dataclass(slots=True)
+@dataclass(slots=True)  # one file's diff while it is read
 class _Section:
-    """One file's diff while it is read: its header names as written, its hunks so far."""
-
-    source: bytes
+    source: bytes  # the header names as written
     target: bytes
     mode: bytes | None = None  # from a git extended header
     hunks: list[Hunk] = field(default_factory=list)
@@ -287,20 +269,17 @@ def _not_a_diff(name: str, message: str, line: bytes = b"") -> PatchParseError:
 
 
 def _body_end(body: bytes, pos: int, old_len: int, new_len: int) -> int:
-    """Where a hunk body starting at ``pos`` ends, at C speed, or 0 to read it line by line.
-
-    The common case: every line up to the next ``@@`` line (or the end) is " ", "-" or "+",
-    and their counts are exactly the header's; then the body is exactly those lines."""
+    """Where a hunk body starting at ``pos`` ends, at C speed, or 0 to read it line by line:
+    when every line up to the next ``@@`` line (or the end) is " ", "-" or "+", and their
+    counts are the header's, the body is exactly those lines."""
     following = body.find(b"\n@@ ", pos - 1)
     stop = following + 1 if following >= 0 else len(body)
     lines = body.count(b"\n", pos, stop)
     removed = body.count(b"\n-", pos - 1, stop - 1)
     added = body.count(b"\n+", pos - 1, stop - 1)
     context = body.count(b"\n ", pos - 1, stop - 1)
-    if lines and removed + added + context == lines:
-        if context + removed == old_len and context + added == new_len:
-            return stop
-    return 0
+    fits = context + removed == old_len and context + added == new_len
+    return stop if lines and removed + added + context == lines and fits else 0
 
 
 def _read_body(body: bytes, pos: int, old_len: int, new_len: int, name: str) -> int:
@@ -468,15 +447,8 @@ def parse_patch(
             raise PatchParseError(f"{name}: no hunks for {new or old!r}")
         if section.problem:
             raise PatchParseError(section.problem)
-        mode = section.mode
-        files.append(
-            FilePatch(
-                old_path=old,
-                new_path=new,
-                hunks=tuple(section.hunks),
-                new_mode=int(mode[-3:], 8) if mode and new is not None else None,
-            )
-        )
+        mode = int(section.mode[-3:], 8) if section.mode and new is not None else None
+        files.append(FilePatch(old, new, tuple(section.hunks), new_mode=mode))
     if not files:
         raise PatchParseError(f"{name}: no file diffs found (is this a unified diff?)")
     return Patch(
