@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -21,7 +22,9 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
 from bakery import project
-from bakery.bake import manifest
+from bakery.bake import manifest, trust, zipwriter
+from bakery.bake import record as record_mod
+from bakery.bake import wheel as wheel_mod
 from bakery.bake.fetch import cache_dir, fetch
 from bakery.bake.pristine import own_pristine, pristine, record_errata_of
 from bakery.bake.record import record_hash
@@ -32,7 +35,7 @@ from bakery.bake.wheel import (
     write_patched_wheel,
 )
 from bakery.errors import BakeryError, PreimageMismatch, UnreadableInput, UsageError
-from bakery.progress import interactive, step, warn
+from bakery.progress import interactive, note, step, warn
 from bakery.schema import read_json
 from bakery.series import apply
 from bakery.series.series import Series
@@ -191,27 +194,71 @@ def staleness(series: Series, base_key: str, build: Path = project.BUILD) -> lis
     return problems
 
 
+def _wheel_record_path(tree: Path) -> Path:
+    """Beside the tree: the trust record of the wheel its last bake wrote."""
+    return tree.with_name(f".{tree.name}.wheel.json")
+
+
+_WRITER = (wheel_mod, zipwriter, record_mod)  # the code the wheel's bytes also follow from
+
+
+def _wheel_inputs(
+    base_sha256: str,
+    name: str,
+    changed: dict[str, bytes | None],
+    extra: dict[str, bytes],
+    errata: dict[str, str],
+) -> str:
+    """sha256 of everything a patched wheel's bytes follow from: the base wheel, the new
+    name (its version), the members replaced or deleted, the dist-info files added
+    (BAKED.json), the RECORD errata and the writer's own source (an edited checkout)."""
+    parts = [base_sha256.encode(), name.encode(), json.dumps(errata, sort_keys=True).encode()]
+    parts += [Path(module.__file__ or "").read_bytes() for module in _WRITER]
+    for member, content in sorted(changed.items()):
+        parts += [member.encode(), b"-" if content is None else b"+" + content]
+    for member, content in sorted(extra.items()):
+        parts += [f"dist-info/{member}".encode(), content]
+    h = hashlib.sha256()
+    for part in parts:  # length-prefixed: no two lists of parts hash alike
+        h.update(len(part).to_bytes(8, "big") + part)
+    return h.hexdigest()
+
+
 def _write_wheel(
     base: WheelInfo,
-    dist: Path,
+    base_sha256: str,
+    build: Path,
+    tree: Path,
     name: str,
     version: Version,
     changed: dict[str, bytes | None],
     data: dict,
-    trash: Path,
     errata: dict[str, str],
+    trash: Path,
 ) -> Path:
-    dist.mkdir(exist_ok=True)
+    """The patched wheel in ``build``/dist. Its bytes follow from its inputs alone, so a
+    rebake of the same inputs keeps the wheel the last bake wrote while its trust record
+    holds (same device, inode, size and mtime: ``trust``) instead of writing 330 MB again."""
+    dist = build / "dist"
     out = dist / name
+    extra = {manifest.MANIFEST: manifest.dumps(data)}
+    inputs = _wheel_inputs(base_sha256, name, changed, extra, errata)
+    record = _wheel_record_path(tree)
+    if trust.trusted(record, out, inputs):
+        note(f"{name}: kept (the same inputs as the bake that wrote it, and the same "
+             "device, inode, size and mtime)")  # fmt: skip
+        return out
+    dist.mkdir(exist_ok=True)
     tmp = dist / f".{name}.tmp-{os.getpid()}"
     with step(f"building {name}"):
         try:
-            write_patched_wheel(
-                base, tmp, version, changed, {manifest.MANIFEST: manifest.dumps(data)}, errata
-            )
+            write_patched_wheel(base, tmp, version, changed, extra, errata)
+            started = trust.settle(tmp)
+            written = trust.seen(tmp, inputs)
             swap_into_place(tmp, out, trash)  # freeing a 300 MB file is slow: trash it
         finally:
             tmp.unlink(missing_ok=True)
+    trust.remember(record, written, build, started)
     return out
 
 
@@ -320,7 +367,8 @@ def bake(
             out = build / "dist" / wheel_name
             if write_wheel:
                 out = _write_wheel(
-                    base, build / "dist", wheel_name, version, changed, data, trash, errata
+                    base, pin.sha256, build, tree, wheel_name, version, changed, data, errata,
+                    trash,
                 )
             swap_into_place(staging, tree, trash)
             write_atomic(_tree_stamp_path(tree), tree_stamp)

@@ -4,12 +4,9 @@ Downloads go through pip (``pip download --no-deps --require-hashes``), land in
 a temp folder inside the cache and are moved in only once their sha256 is the
 pinned one. A cached file that no longer matches is discarded and fetched again.
 
-Hashing a 330 MB wheel costs about half a second, on every command that reads it. So
-once a cached wheel's sha256 has been checked, the cache keeps a trust record beside
-it (``verified.json``: device, inode, size, mtime and the sha256 seen), and a later
-run trusts the wheel without hashing while all four stat fields still match, as git's
-index trusts a file whose stat data has not moved. Anything else (a touch, a rewrite,
-another file put in its place, a damaged record) means a full hash again.
+Once a cached wheel's sha256 has been checked, the cache keeps a trust record beside it
+(``verified.json``, see ``trust``): later commands trust the wheel without hashing its
+330 MB while its device, inode, size and mtime still match.
 """
 
 from __future__ import annotations
@@ -24,14 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import msgspec
 from packaging.utils import parse_wheel_filename
 
-from bakery.errors import FetchError, HashMismatch, UnreadableInput, UnsafePathError
+from bakery.bake import trust
+from bakery.errors import FetchError, HashMismatch, UnreadableInput
 from bakery.progress import note
-from bakery.schema import Document
 from bakery.series.series import Pin
-from bakery.tree import own_path, read_bounded, sha256_file, stage_beside, sweep_dead, write_atomic
+from bakery.tree import sha256_file, sweep_dead, write_atomic
 
 __all__ = ["cache_dir", "fetch", "fetch_release", "wheel_platform"]
 
@@ -109,61 +105,16 @@ def _verify_pin(path: Path, pin: Pin) -> None:
         )
 
 
-class _Verified(Document):
-    """The trust record: the wheel file as it was when its sha256 was computed."""
-
-    sha256: str
-    st_dev: int
-    st_ino: int
-    st_size: int
-    st_mtime_ns: int
-
-
 _TRUST_RECORD = "verified.json"  # beside the wheel, in its wheels/<sha256>/ folder
-# A wheel written less than this before its hash is not recorded: on a filesystem with
-# coarse timestamps (2 s on FAT) a rewrite in the same tick keeps the mtime (git's
-# "racily clean" files). Such a wheel is hashed again next time, and recorded then.
-_RACY_NS = 2_000_000_000
-
-
-def _seen(path: Path, sha256: str) -> _Verified:
-    st = os.stat(path)  # through a symlink: the file that is read
-    return _Verified(sha256, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _trusted(cached: Path, pin: Pin) -> bool:
-    """Whether the cache's trust record vouches for ``cached`` as ``pin.sha256``: same
-    sha256, same device, inode, size and mtime. A missing, damaged or hostile record
-    (a symlink, a FIFO, a folder, a huge file, wrong types) is no trust, never an error."""
-    record = cached.with_name(_TRUST_RECORD)
-    try:
-        if record.is_symlink():
-            return False
-        kept = msgspec.json.decode(read_bounded(record, 4096), type=_Verified, strict=True)
-        return kept == _seen(cached, pin.sha256)
-    except (OSError, msgspec.DecodeError):
-        return False
 
 
 def _verify_cached(cached: Path, pin: Pin, cache: Path) -> None:
     """Hash the cached wheel against the pin (``HashMismatch`` if it is not the pinned
     one), then record its stat as taken before the hash: a write since moves the mtime."""
     started = time.time_ns()
-    before = _seen(cached, pin.sha256)
+    before = trust.seen(cached, pin.sha256)
     _verify_pin(cached, pin)
-    if before.st_mtime_ns > started - _RACY_NS:
-        return
-    try:  # inside the cache only: never through a symlinked folder
-        folder = own_path(cache, f"wheels/{pin.sha256}", "wheel folder")
-        tmp = stage_beside(
-            folder / _TRUST_RECORD, msgspec.json.encode(before), 0o644, f".tmp-{os.getpid()}"
-        )
-    except (OSError, UnsafePathError):
-        return  # a read-only or full cache: the wheel is hashed again next time
-    try:
-        os.replace(tmp, folder / _TRUST_RECORD)  # replaces a symlink there, never its target
-    except OSError:  # a folder in its place
-        tmp.unlink(missing_ok=True)
+    trust.remember(cached.with_name(_TRUST_RECORD), before, cache, started)
 
 
 def _keep(wheel: Path, cached: Path) -> None:
@@ -201,7 +152,7 @@ def fetch(
     sweep_dead(folder)  # downloads of killed fetches (named for their pid, as below)
     cached = folder / pin.wheel
     if cached.exists():
-        if _trusted(cached, pin):
+        if trust.trusted(cached.with_name(_TRUST_RECORD), cached, pin.sha256):
             note(f"{pin.wheel}: sha256 not recomputed (same device, inode, size and mtime "
                  "as when it was verified)")  # fmt: skip
             return cached
