@@ -4,8 +4,10 @@ Each loader declares its file's shape once as ``Document`` subclasses (unknown f
 refused, types are strict: ``true`` is no integer and ``"3"`` no number). ``decode`` turns
 a parsed document into those types, or raises the loader's own ``BakeryError`` subclass
 with one line naming the file and every bad field path (``$.bases.default.sha256:
-expected str, got int``). What types cannot say (ranges, formats, cross-field rules,
-safe paths) stays with the loader, after decoding.
+expected str, got int``). Ranges and formats live in the types too
+(``Annotated[int, Meta(ge=0, le=3)]``); what types cannot say (cross-field rules, safe
+paths) stays with the loader, after decoding. A document type is also the value the rest
+of bakery sees: one frozen type per document, no copy.
 """
 
 from __future__ import annotations
@@ -16,15 +18,21 @@ import tomllib
 import types
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
+from msgspec import Meta
 
 from bakery.errors import BakeryError
 from bakery.tree import MAX_READ, read_bounded
 
 __all__ = [
     "Document",
+    "Sha256",
+    "Text",
+    "NonEmptyText",
+    "OneLine",
+    "SHA256_PATTERN",
     "decode",
     "try_decode",
     "refuse",
@@ -44,11 +52,21 @@ _NOT_UTF8 = "save the file as UTF-8 text"
 _SYNTAX = "fix the syntax at the place named (or restore the file from git)"
 
 
-class Document(msgspec.Struct, forbid_unknown_fields=True):
+class Document(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """Base of every file schema: a misspelt field is an error, never a silent default.
 
-    Not frozen: a Document lives only until its loader has built the frozen values the
-    rest of bakery sees (and mypy's dataclass rules would make every subclass repeat it)."""
+    Frozen, as the value the rest of bakery sees (mypy's dataclass rules make every
+    subclass repeat ``frozen=True``)."""
+
+
+SHA256_PATTERN = r"^[0-9a-f]{64}\Z"  # as pins and BAKED.json spell a sha256
+Sha256 = Annotated[str, Meta(pattern=SHA256_PATTERN, description="64 lowercase hex digits")]
+# Strings that go into paths, argv, environments or one-line messages.
+Text = Annotated[str, Meta(pattern=r"^[^\0]*\Z", description="text without NUL")]
+NonEmptyText = Annotated[
+    str, Meta(pattern=r"^[^\0]+\Z", description="non-empty text without NUL")
+]
+OneLine = Annotated[str, Meta(pattern=r"^[^\n\0]*\Z", description="one line")]
 
 
 MAX_DEPTH = 32  # no document of ours nests past 6; the schema walk recurses per level
@@ -192,6 +210,15 @@ def problems(data: Any, kind: Any, at: str = "$") -> list[str]:
     """Every place ``data`` departs from ``kind``, as ``path: what`` lines (empty if none)."""
     kind = _without_none(kind) if data is not None else kind
     origin = typing.get_origin(kind)
+    if origin is Annotated:  # the inner type's problems first; the constraint once it holds
+        inner, *metas = typing.get_args(kind)
+        found = problems(data, inner, at)
+        if found:
+            return found
+        found = _leaf(data, kind, at)
+        # A Meta's description says the constraint in words ("0..3", "a file name").
+        words = [m.description for m in metas if isinstance(m, Meta) and m.description]
+        return [f"{at}: must be {words[0]}, not {_shown(data)}"] if found and words else found
     if isinstance(kind, type) and issubclass(kind, msgspec.Struct):
         if not isinstance(data, dict):
             return _leaf(data, kind, at)
@@ -211,7 +238,7 @@ def problems(data: Any, kind: Any, at: str = "$") -> list[str]:
         return found
     if origin is dict and isinstance(data, dict):
         key_kind, value_kind = typing.get_args(kind)
-        found = [p for key in data for p in _leaf(key, key_kind, f"{at} key {key!r}")]
+        found = [p for key in data for p in problems(key, key_kind, f"{at} key {key!r}")]
         for key, value in data.items():
             found += problems(value, value_kind, _child(at, key))
         return found
@@ -248,9 +275,19 @@ def _leaf(data: Any, kind: Any, at: str) -> list[str]:
     except msgspec.ValidationError as exc:
         if typing.get_origin(kind) is typing.Literal:
             allowed = ", ".join(map(repr, typing.get_args(kind)))
-            return [f"{at}: must be one of {allowed}, not {data!r}"]
-        return [f"{at}: {_reword(str(exc))}"]
+            return [f"{at}: must be one of {allowed}, not {_shown(data)}"]
+        message = _reword(str(exc))
+        if message.startswith("expected ") and ", got " not in message:
+            # A constraint (<= 3, a regex, a length) without words: say the value too.
+            message += f", not {_shown(data)}"
+        return [f"{at}: {message}"]
     return []
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a hostile value makes no huge line)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 _AT = re.compile(r" - at `\$(?P<rest>[^`]*)`$")

@@ -74,7 +74,7 @@ def test_a_header_that_is_not_one_line_is_refused(tmp_path):
     (series / "series.toml").write_text(text.replace(anchor, anchor + 'author = "a\\nb"\n'))
     proc = cli("status")
     assert proc.returncode == 2
-    assert "$.patches[0].author: must be one line" in proc.stderr
+    assert "$.patches[0].author: must be one line, not 'a\\nb'" in proc.stderr
 
 
 def test_a_patch_removed_then_made_again_gets_its_committed_header_back(tmp_path):

@@ -63,17 +63,25 @@ CASES = [
         "$.renames: expected a table/object, got an array",
     ),
     ("rename-int", _set("renames", "x/", value=3), "$.renames.x/: expected str, got int"),
-    ("fuzz-99", _set("policy", "max_fuzz", value=99), "$.policy.max_fuzz: must be 0..3"),
-    ("fuzz-neg", _set("policy", "max_fuzz", value=-1), "$.policy.max_fuzz: must be 0..3"),
-    ("strip-neg", _set("policy", "strip", value=-1), "$.policy.strip: must be 0..16"),
-    ("strip-huge", _set("policy", "strip", value=10**18), "$.policy.strip: must be 0..16"),
+    ("fuzz-99", _set("policy", "max_fuzz", value=99), "$.policy.max_fuzz: must be 0..3, not 99"),
+    ("fuzz-neg", _set("policy", "max_fuzz", value=-1), "$.policy.max_fuzz: must be 0..3, not -1"),
+    ("strip-neg", _set("policy", "strip", value=-1), "$.policy.strip: must be 0..16, not -1"),
+    (
+        "strip-huge",
+        _set("policy", "strip", value=10**18),
+        "$.policy.strip: must be 0..16, not 1000000000000000000",
+    ),
     (
         "stage-str",
         _set("patches", 0, "stage", value="3"),
         "$.patches[0].stage: expected int, got str",
     ),
-    ("stage-0", _set("patches", 0, "stage", value=0), "$.patches[0].stage: must be 1..9"),
-    ("summary-empty", _set("patches", 0, "summary", value=" "), "$.patches[0].summary: is empty"),
+    ("stage-0", _set("patches", 0, "stage", value=0), "$.patches[0].stage: must be 1..9, not 0"),
+    (
+        "summary-empty",
+        _set("patches", 0, "summary", value=" "),
+        "$.patches[0].summary: must be a line of text, not ' '",
+    ),
     ("summary-gone", _drop("patches", 0, "summary"), "$.patches[0].summary: missing"),
     (
         "unknown-top",
@@ -105,17 +113,39 @@ CASES = [
         "$.linkcheck.allow: expected a table/object, got an array",
     ),
     ("package-up", _set("package", value="../../../x"), "$.package: must be a folder"),
-    ("package-abs", _set("package", value="/tmp/x"), "$.package: must be a folder"),
+    ("package-abs", _set("package", value="/tmp/x"), "names joined by '/'), not '/tmp/x'"),
     ("package-dot", _set("package", value="."), "$.package: must be a folder"),
-    ("name-space", _set("name", value="a b"), "$.name: must be letters and digits"),
+    (
+        "name-space",
+        _set("name", value="a b"),
+        "$.name: must be letters and digits (joined by . _ -), not 'a b'",
+    ),
     ("rename-up", _set("renames", "models/", value="../../x/"), "leaves the tree"),
     ("rename-abs", _set("renames", "/etc/", value="models/"), "leaves the tree"),
-    ("file-up", _set("patches", 0, "file", value="../01-x.diff"), "is not NN-<path>.diff"),
-    ("file-nul", _set("patches", 0, "file", value="01-a\0.diff"), "is not NN-<path>.diff"),
+    (
+        "file-up",
+        _set("patches", 0, "file", value="../01-x.diff"),
+        "$.patches[0].file: must be NN-<path>.diff, not '../01-x.diff'",
+    ),
+    (
+        "file-nul",
+        _set("patches", 0, "file", value="01-a\0.diff"),
+        "$.patches[0].file: must be NN-<path>.diff, not '01-a\\x00.diff'",
+    ),
+    (
+        "sha-short",
+        _set("bases", "cpu", "sha256", value="abc"),
+        "$.bases.cpu.sha256: must be 64 lowercase hex digits, not 'abc'",
+    ),
+    (
+        "sha-newline",
+        _set("bases", "cpu", "sha256", value="a" * 64 + "\n"),
+        "$.bases.cpu.sha256: must be 64 lowercase hex digits, not 'aaaa",
+    ),
     (
         "wheel-up",
         _set("bases", "cpu", "wheel", value="../x.whl"),
-        "$.bases.cpu.wheel: must be a file name",
+        "$.bases.cpu.wheel: must be a file name, not '../x.whl'",
     ),
 ]
 
@@ -186,7 +216,11 @@ def test_every_range_problem_is_named_at_once(tmp_path):
 
     with pytest.raises(SeriesError, match=r"3 problems") as caught:
         load_series(_series_copy(tmp_path, change))
-    phrases = ("$.policy.strip: must be 0..16", "$.patches[1].stage: must be 1..9", "$.package:")
+    phrases = (
+        "$.policy.strip: must be 0..16, not -1",
+        "$.patches[1].stage: must be 1..9, not 0",
+        "$.package: must be a folder of the wheel such as 'vllm' (names joined by '/'), not '../x'",
+    )
     for phrase in phrases:
         assert phrase in str(caught.value)
     assert caught.value.exit_code == 2  # bad input, as a type problem is

@@ -83,26 +83,26 @@ LAUNCHER_FLAGS = {
 
 
 def env_gates(table):
-    return [g for g in table.env.values() if g.name != table.stage_env]
+    return [(name, g) for name, g in table.env.items() if name != table.stage_env]
 
 
 def test_every_env_gate_at_its_minimum_stage_and_one_below(table, monkeypatch):
     for name in [n for n in os.environ if n.startswith("DSV41_")]:
         monkeypatch.delenv(name)
     gates = env_gates(table)
-    assert {g.name for g in gates} >= {"DSV41_DCP_PREFILL_GATHER", "DSV41_PREFILL_TIMING_LOG_S"}
-    for gate in gates:
+    assert {name for name, _ in gates} >= {"DSV41_DCP_PREFILL_GATHER", "DSV41_PREFILL_TIMING_LOG_S"}
+    for name, gate in gates:
         value = _non_default(gate)
-        flags = LAUNCHER_FLAGS.get(gate.name, {})
+        flags = LAUNCHER_FLAGS.get(name, {})
         with monkeypatch.context() as m:
             if not flags:
-                m.setenv(gate.name, value)  # read from the caller's environment
+                m.setenv(name, value)  # read from the caller's environment
             at_min = plan_of(table, stage=gate.min_stage, **flags)
             below = plan_of(table, stage=gate.min_stage - 1, **flags)
-            needs = f"{gate.name}={value} needs a higher stage (it is read from stage "
-            assert not [p for p in problems(table, at_min) if p.startswith(needs)], gate.name
+            needs = f"{name}={value} needs a higher stage (it is read from stage "
+            assert not [p for p in problems(table, at_min) if p.startswith(needs)], name
             if gate.min_stage > table.stage_min:
-                assert [p for p in problems(table, below) if p.startswith(needs)], gate.name
+                assert [p for p in problems(table, below) if p.startswith(needs)], name
 
 
 def test_dcp_at_its_minimum_stage_and_one_below(table):

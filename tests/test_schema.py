@@ -9,13 +9,14 @@ import shutil
 import tempfile
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 import pytest
 from _verify_support import MTP, NOMTP, copy_bundle, edit_case, logprobs_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from msgspec import Meta
 
 from bakery import schema
 from bakery.cli.root import main
@@ -56,12 +57,12 @@ def _one_error(code: int, out: str, *phrases: str) -> str:
 # --- the layer itself ----------------------------------------------------------------
 
 
-class _Pin(Document):
+class _Pin(Document, frozen=True):
     sha256: str
     kind: Literal["wheel", "sdist"] = "wheel"
 
 
-class _Doc(Document):
+class _Doc(Document, frozen=True):
     bases: dict[str, _Pin]
     items: list[_Pin] = []
     count: int = 0
@@ -103,6 +104,30 @@ def test_every_problem_is_named_at_once():
     assert message.startswith("x.toml: 3 problems: ")
     for phrase in ("$.x: unknown field", "$.bases.a.sha256: missing", "$.count: expected int"):
         assert phrase in message
+
+
+class _Ranged(Document, frozen=True):
+    fuzz: Annotated[int, Meta(ge=0, le=3)] = 0
+    sha256: Annotated[str, Meta(pattern="^[0-9a-f]{4}$", description="4 hex digits")] = "abcd"
+    pins: Annotated[tuple[_Pin, ...], Meta(min_length=1)] = (_Pin("a"),)
+
+
+def test_every_constraint_in_a_type_is_named_at_once_with_its_value():
+    # Annotated[..., Meta(...)]: the walker goes into the inner type (a bad pin inside the
+    # tuple is named), then judges the constraint, in the Meta's words where it has some.
+    data = {"fuzz": 5, "sha256": "xyz", "pins": [{"sha256": "a"}, {"sha256": 1}]}
+    with pytest.raises(SeriesError) as caught:
+        decode(data, _Ranged, where="x.toml", error=SeriesError, hint="h")
+    assert str(caught.value) == (
+        "x.toml: 3 problems: $.fuzz: expected int <= 3, not 5; "
+        "$.sha256: must be 4 hex digits, not 'xyz'; $.pins[1].sha256: expected str, got int"
+    )
+    assert schema.problems({"pins": []}, _Ranged) == [
+        "$.pins: expected an array of length >= 1, not []"
+    ]
+    assert schema.problems({"fuzz": "5"}, _Ranged) == ["$.fuzz: expected int, got str"]
+    long = schema.problems({"sha256": "z" * 500}, _Ranged)[0]  # a hostile value stays short
+    assert long.startswith("$.sha256: must be 4 hex digits, not 'zzz") and len(long) < 130
 
 
 def test_a_good_document_decodes_to_its_values():

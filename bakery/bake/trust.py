@@ -32,7 +32,7 @@ __all__ = ["Record", "RACY_NS", "seen", "trusted", "remember", "settle"]
 RACY_NS = 2_000_000_000
 
 
-class Record(Document):
+class Record(Document, frozen=True):
     """A file as it was when its bytes were vouched for as ``sha256``."""
 
     sha256: str

@@ -9,12 +9,11 @@ lowest stage, and where the supported head set lives in the baked source.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from bakery.errors import SeriesError
-from bakery.series.stages import EnvDoc, Stage, StagesDoc, read_stages_doc, stages_of
+from bakery.series.stages import EnvGate, Stage, StagesDoc, read_stages_doc, stages_of
 
 __all__ = [
     "EnvGate",
@@ -43,28 +42,6 @@ SPECULATIVE = "speculative-decode"  # MTP / DSpark: --speculative-config, --spec
 PCP = "pcp-dcp"  # --prefill-context-parallel-size > 1
 FEATURES = (CANDIDATES, SPECULATIVE, PCP)
 _HINT = "see patches/dcp2/stages.toml: the [gates] and [env.*] tables the launcher reads"
-
-
-@dataclass(frozen=True)
-class EnvGate:
-    name: str
-    values: tuple[str, ...]  # empty for a number
-    default: str
-    min_stage: int
-    number: str | None = None  # "positive": a finite number > 0 (float() reads it)
-
-    def accepts(self, value: str) -> bool:
-        if self.number is None:
-            return value in self.values
-        try:
-            number = float(value)
-        except ValueError:
-            return False
-        return math.isfinite(number) and number > 0
-
-    @property
-    def expected(self) -> str:
-        return "a finite number > 0" if self.number else "one of " + ", ".join(self.values)
 
 
 @dataclass(frozen=True)
@@ -98,11 +75,8 @@ class GateTable:
         return needed.status == "implemented" and stage >= needed.number
 
 
-def _env_gates(env: dict[str, EnvDoc], where: Path) -> dict[str, EnvGate]:
-    gates = {}
-    for name, doc in env.items():
-        values = () if doc.number else tuple(doc.values)
-        gate = EnvGate(name, values, doc.default, doc.min_stage, doc.number)
+def _env_gates(env: dict[str, EnvGate], where: Path) -> dict[str, EnvGate]:
+    for name, gate in env.items():
         if not gate.values and gate.number is None:
             raise SeriesError(
                 f'{where}: $.env.{name}: give values or number = "positive"', hint=_HINT
@@ -111,8 +85,7 @@ def _env_gates(env: dict[str, EnvDoc], where: Path) -> dict[str, EnvGate]:
             raise SeriesError(
                 f"{where}: $.env.{name}.default: not {gate.expected}: {gate.default!r}", hint=_HINT
             )
-        gates[name] = gate
-    return gates
+    return env
 
 
 def load_gate_table(series_root: Path) -> GateTable:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
+import msgspec
 import tomlkit
 
 from bakery import markdown
@@ -190,7 +191,7 @@ def _linkcheck(
 ) -> list[str]:
     thirdparty = [sources(dep, cache) for dep in dependency_pins(series, pin, cache)]
     # Check the code as the survey placed it (with its fuzz), not only what applies exactly.
-    fuzzed = replace(series, max_fuzz=max_fuzz)
+    fuzzed = replace(series, policy=msgspec.structs.replace(series.policy, max_fuzz=max_fuzz))
     findings = run_linkcheck(fuzzed, sources(pin, cache), thirdparty, only=only)
     return [format_finding(f) for f in findings]
 

@@ -41,14 +41,14 @@ class CheckoutStatus(StrEnum):
     RESOLVED = "resolved"  # the same conflict was fixed before: that fix reused (rerere)
 
 
-class _FileDoc(Document):
+class _FileDoc(Document, frozen=True):
     patch: str
     status: CheckoutStatus
     fuzz: int = 0
     conflict: str = ""  # sha256 of the conflict as merged: its name under RERERE
 
 
-class _StateDoc(Document):
+class _StateDoc(Document, frozen=True):
     """state.json: every value is read back before anything moves, so an edited or
     forged one is refused, never followed (its names are checked with ``own_path``)."""
 

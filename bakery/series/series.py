@@ -14,14 +14,25 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from bakery.errors import SeriesError, UnsafePathError
-from bakery.schema import Document, decode, read_toml, refuse
+from bakery.schema import (
+    SHA256_PATTERN,
+    Document,
+    OneLine,
+    Sha256,
+    Text,
+    decode,
+    read_toml,
+    refuse,
+)
 from bakery.series.diff import Patch, parse_patch
 from bakery.tree import relative
 
@@ -36,52 +47,77 @@ __all__ = [
     "is_sha256",
 ]
 
-_PATCH_NAME = re.compile(r"^(?P<number>\d{2,})-(?P<slug>[^/\\\0]+)\.diff$")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
+_PATCH_NAME = r"^(?P<number>\d{2,})-(?P<slug>[^/\\\0]+)\.diff$"
 # The package is a folder of the wheel (import names joined by '/'); the series
 # name becomes part of a PEP 440 local version (+<name>.<sha>).
-_PACKAGE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*$")
-_NAME = re.compile(r"^[A-Za-z0-9]+([._-][A-Za-z0-9]+)*$")
+_PACKAGE = r"^[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*$"
+_PACKAGE_WORDS = "a folder of the wheel such as 'vllm' (names joined by '/')"
+_NAME = r"^[A-Za-z0-9]+([._-][A-Za-z0-9]+)*$"
+_NAME_WORDS = "letters and digits (joined by . _ -)"
 MAX_FUZZ = 3  # as `bakery apply --fuzz`: beyond 3 a hunk keeps almost no context
 MAX_STRIP = 16
 STAGES = range(1, 10)  # as `bakery refresh --stage`
 
 
 # series.toml's schema, the one place that knows its shape (bakery.schema decodes it).
-class PinDoc(Document):
+class PinDoc(Document, frozen=True):
+    """A pin as written; ``Pin`` is it parsed, with the key and table it was found under."""
+
     requirement: str
-    wheel: str
-    sha256: str
+    wheel: Annotated[str, Meta(pattern=r"^[^/\\\0]*\Z", description="a file name")]
+    sha256: Sha256
 
 
-class PolicyDoc(Document):
-    strip: int = 1
-    max_fuzz: int = 0
+class PolicyDoc(Document, frozen=True):
+    strip: Annotated[int, Meta(ge=0, le=MAX_STRIP, description=f"0..{MAX_STRIP}")] = 1
+    max_fuzz: Annotated[int, Meta(ge=0, le=MAX_FUZZ, description=f"0..{MAX_FUZZ}")] = 0
 
 
-class PatchDoc(Document):
-    file: str
-    stage: int
-    summary: str
+class PatchEntry(Document, frozen=True):
+    """One ``[[patches]]`` table; its number is its file name's prefix."""
+
+    file: Annotated[str, Meta(pattern=_PATCH_NAME, description="NN-<path>.diff")]
+    stage: Annotated[
+        int, Meta(ge=STAGES[0], le=STAGES[-1], description=f"{STAGES[0]}..{STAGES[-1]}")
+    ]
+    summary: Annotated[
+        str, Meta(pattern=r"^[^\n\0]*\S[^\n\0]*\Z", description="a line of text")
+    ]
     # The patch's header (quilt's `header`, git's message): what it does and why, who
     # wrote it, where it stands upstream (e.g. "not submitted", a PR link, "merged in X").
-    description: str = ""
-    author: str = ""
-    upstream: str = ""
+    description: Text = ""
+    author: OneLine = ""
+    upstream: OneLine = ""
+
+    @property
+    def number(self) -> int:
+        return int(self.file.partition("-")[0])
+
+    def header(self) -> dict[str, str | int]:
+        """The fields refresh and rebase carry over when a patch is written again."""
+        return {
+            "stage": self.stage,
+            "summary": self.summary,
+            **{k: v for k in HEADER if (v := getattr(self, k))},
+        }
 
 
-class LinkcheckDoc(Document):
+HEADER = ("description", "author", "upstream")  # optional per-patch fields
+
+
+class LinkcheckDoc(Document, frozen=True):
     allow: dict[str, str] = {}  # name -> why it may stay unresolved
 
 
-class SeriesDoc(Document):
+class SeriesDoc(Document, frozen=True):
     bases: dict[str, PinDoc]
-    name: str | None = None  # the folder's name when absent
-    package: str = "vllm"
+    # The folder's name when absent (checked by hand then: it goes into versions too).
+    name: Annotated[str, Meta(pattern=_NAME, description=_NAME_WORDS)] | None = None
+    package: Annotated[str, Meta(pattern=_PACKAGE, description=_PACKAGE_WORDS)] = "vllm"
     policy: PolicyDoc = msgspec.field(default_factory=PolicyDoc)
     renames: dict[str, str] = {}
     dependencies: dict[str, PinDoc] = {}
-    patches: list[PatchDoc] = []
+    patches: tuple[PatchEntry, ...] = ()
     linkcheck: LinkcheckDoc = msgspec.field(default_factory=LinkcheckDoc)
 
 
@@ -90,61 +126,32 @@ _PIN_HINT = "a pin is requirement = 'name==version', its wheel's file name and t
 
 
 def is_sha256(value: object) -> bool:
-    """A sha256 as pins and BAKED.json spell it: exactly 64 lowercase hex digits."""
-    return isinstance(value, str) and _SHA256.fullmatch(value) is not None
+    """A sha256 as pins and BAKED.json spell it (``schema.Sha256``), for untyped data."""
+    return isinstance(value, str) and re.search(SHA256_PATTERN, value) is not None
 
 
-def _range_problems(doc: SeriesDoc, name: str) -> list[str]:
-    """Values whose type is right but which are still unusable: out of range, or paths
-    that could leave their folder. Wrong types are the schema's to report."""
+def _rule_problems(doc: SeriesDoc, folder: str) -> list[str]:
+    """What the types cannot say: the default base, a folder name good as a series name,
+    renames that stay in the tree. Wrong types and ranges are the schema's to report."""
     problems = []
     if "default" not in doc.bases:
         problems.append("$.bases.default: missing (the base `bakery bake` uses by default)")
-    for key, high in (("max_fuzz", MAX_FUZZ), ("strip", MAX_STRIP)):
-        value = getattr(doc.policy, key)
-        if not 0 <= value <= high:
-            problems.append(f"$.policy.{key}: must be 0..{high}, not {value!r}")
-    if not _PACKAGE.match(doc.package):
-        problems.append(
-            f"$.package: must be a folder of the wheel such as 'vllm' (names joined by '/'), "
-            f"not {doc.package!r}"
-        )
-    if not _NAME.match(name):
-        problems.append(f"$.name: must be letters and digits (joined by . _ -), not {name!r}")
+    if doc.name is None and not re.match(_NAME, folder):
+        problems.append(f"$.name: must be {_NAME_WORDS} (the folder's name), not {folder!r}")
     for old, new in doc.renames.items():
         for side in (old, new):
             try:
                 relative(side)
             except UnsafePathError:
                 problems.append(f"$.renames: {old!r} = {new!r} leaves the tree (refused): {side!r}")
-    for kind, pins in (("bases", doc.bases), ("dependencies", doc.dependencies)):
-        for key, pin in pins.items():
-            if any(c in pin.wheel for c in "/\\\0"):
-                problems.append(f"$.{kind}.{key}.wheel: must be a file name, not {pin.wheel!r}")
-    for i, patch in enumerate(doc.patches):
-        if not _PATCH_NAME.match(patch.file):
-            problems.append(f"$.patches[{i}].file: is not NN-<path>.diff: {patch.file!r}")
-        if patch.stage not in STAGES:
-            problems.append(
-                f"$.patches[{i}].stage: must be {STAGES[0]}..{STAGES[-1]}, not {patch.stage!r}"
-            )
-        if not patch.summary.strip():
-            problems.append(f"$.patches[{i}].summary: is empty")
-        for key in ("summary", "author", "upstream"):
-            if "\n" in getattr(patch, key) or "\0" in getattr(patch, key):
-                problems.append(f"$.patches[{i}].{key}: must be one line")
-        if "\0" in patch.description:
-            problems.append(f"$.patches[{i}].description: holds a NUL character")
     return problems
 
 
 def validate(data: object, where: str, default_name: str = "series") -> SeriesDoc:
     """A parsed series.toml as a ``SeriesDoc``, or one ``SeriesError`` naming every problem:
-    first every field of the wrong type or name, then every value out of range."""
+    first every field of the wrong type, name or range, then every broken rule."""
     doc = decode(data, SeriesDoc, where=where, error=SeriesError, hint=_HINT)
-    refuse(
-        _range_problems(doc, doc.name or default_name), where=where, error=SeriesError, hint=_HINT
-    )
+    refuse(_rule_problems(doc, default_name), where=where, error=SeriesError, hint=_HINT)
     return doc
 
 
@@ -175,7 +182,7 @@ class Pin:
 
     @classmethod
     def from_doc(cls, key: str, doc: PinDoc, where: str, *, is_base: bool = False) -> Pin:
-        """The pin, once its format holds: name==version, 64 hex digits, a matching wheel."""
+        """The pin, once its requirement is name==version and its wheel is of it."""
         try:
             requirement = Requirement(doc.requirement)
         except InvalidRequirement as exc:
@@ -187,11 +194,6 @@ class Pin:
         if len(specs) != 1 or specs[0].operator != "==":
             raise SeriesError(
                 f"{where}: pin {key!r} must be name==version: {str(requirement)!r}", hint=_PIN_HINT
-            )
-        if not is_sha256(doc.sha256):
-            raise SeriesError(
-                f"{where}: pin {key!r} (sha256 is not 64 hex digits): {doc.sha256!r}",
-                hint=_PIN_HINT,
             )
         try:
             name, version, _, _ = parse_wheel_filename(doc.wheel)
@@ -213,28 +215,6 @@ def _first_line(exc: Exception) -> str:
 
 
 @dataclass(frozen=True)
-class PatchEntry:
-    number: int
-    file: str
-    summary: str
-    stage: int
-    description: str = ""
-    author: str = ""
-    upstream: str = ""
-
-    def header(self) -> dict[str, str | int]:
-        """The fields refresh and rebase carry over when a patch is written again."""
-        return {
-            "stage": self.stage,
-            "summary": self.summary,
-            **{k: v for k in HEADER if (v := getattr(self, k))},
-        }
-
-
-HEADER = ("description", "author", "upstream")  # optional per-patch fields
-
-
-@dataclass(frozen=True)
 class Series:
     root: Path
     name: str
@@ -242,10 +222,17 @@ class Series:
     bases: dict[str, Pin]
     dependencies: dict[str, Pin]
     renames: tuple[tuple[str, str], ...]
-    max_fuzz: int
-    strip: int
+    policy: PolicyDoc
     entries: tuple[PatchEntry, ...]
     allow_names: dict[str, str]  # linkcheck allowlist: name -> reason
+
+    @property
+    def max_fuzz(self) -> int:
+        return self.policy.max_fuzz
+
+    @property
+    def strip(self) -> int:
+        return self.policy.strip
 
     def base(self, key: str) -> Pin:
         try:
@@ -308,22 +295,7 @@ class Series:
         return tuple(sorted({path for patch in self.patches for path in patch.paths}))
 
 
-def _entries(root: Path, docs: list[PatchDoc], where: str) -> tuple[PatchEntry, ...]:
-    entries = []
-    for doc in docs:  # validated: file matches _PATCH_NAME, stage and summary are set
-        match = _PATCH_NAME.match(doc.file)
-        assert match is not None  # _range_problems refused every other name
-        entries.append(
-            PatchEntry(
-                int(match["number"]),
-                doc.file,
-                doc.summary,
-                doc.stage,
-                doc.description,
-                doc.author,
-                doc.upstream,
-            )
-        )
+def _entries(root: Path, entries: tuple[PatchEntry, ...], where: str) -> tuple[PatchEntry, ...]:
     numbers = [e.number for e in entries]
     if len(set(numbers)) != len(numbers):
         raise SeriesError(f"{where}: two patches share a number: {sorted(numbers)!r}")
@@ -354,8 +326,7 @@ def load_series(root: Path) -> Series:
         bases={k: Pin.from_doc(k, v, where, is_base=True) for k, v in doc.bases.items()},
         dependencies={k: Pin.from_doc(k, v, where) for k, v in doc.dependencies.items()},
         renames=tuple(doc.renames.items()),
-        max_fuzz=doc.policy.max_fuzz,
-        strip=doc.policy.strip,
+        policy=doc.policy,
         entries=_entries(root, doc.patches, where),
         allow_names=dict(doc.linkcheck.allow),
     )

@@ -7,7 +7,7 @@ prints the table, ``--write`` rewrites it in PLAN.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -20,9 +20,8 @@ from bakery.tree import write_atomic
 __all__ = [
     "Stage",
     "StagesDoc",
-    "StageDoc",
     "GatesDoc",
-    "EnvDoc",
+    "EnvGate",
     "read_stages_doc",
     "load_stages",
     "stages_of",
@@ -41,20 +40,20 @@ _HINT = f"see {project.SERIES}/stages.toml for the fields, their types and the r
 
 # stages.toml's schema, the one place that knows its shape. [[stages]] is this module's;
 # [gates] and [env.*] are read by bakery.launch.gates (the launcher's view of the table).
-class StageDoc(Document):
+class Stage(Document, frozen=True):
     number: int
     name: str
     status: Literal["implemented", "planned"]
     enables: str
-    env: list[str]
-    requires: list[str]
-    patches: list[str]
+    env: tuple[str, ...]
+    requires: tuple[str, ...]
+    patches: tuple[str, ...]
     # What the whole-model CPU run (launcher/dcp2/matrix-cpu-v41.toml) covers of the stage,
     # and what only a GPU can.
     on_cpu: str = ""
 
 
-class GatesDoc(Document):
+class GatesDoc(Document, frozen=True):
     stage_env: str
     stage_default: int
     stage_min: int
@@ -63,30 +62,33 @@ class GatesDoc(Document):
     heads_source: str  # "<file in the package>:<name of the head set>"
 
 
-class EnvDoc(Document):
+class EnvGate(Document, frozen=True):
+    """One ``[env.NAME]`` table: a DSV41_* variable the launcher checks."""
+
     default: str
     min_stage: int
-    values: list[str] = []  # the accepted strings; or:
-    number: Literal["positive"] | None = None  # a finite number > 0
-    read_by: list[str] = []  # the patches that read it (tests check it against the diffs)
+    values: tuple[str, ...] = ()  # the accepted strings; or:
+    number: Literal["positive"] | None = None  # a finite number > 0 (float() reads it)
+    read_by: tuple[str, ...] = ()  # the patches that read it (tests check it against the diffs)
+
+    def accepts(self, value: str) -> bool:
+        if self.number is None:
+            return value in self.values
+        try:
+            number = float(value)
+        except ValueError:
+            return False
+        return math.isfinite(number) and number > 0
+
+    @property
+    def expected(self) -> str:
+        return "a finite number > 0" if self.number else "one of " + ", ".join(self.values)
 
 
-class StagesDoc(Document):
-    stages: list[StageDoc] = []
+class StagesDoc(Document, frozen=True):
+    stages: tuple[Stage, ...] = ()
     gates: GatesDoc | None = None
-    env: dict[str, EnvDoc] = {}
-
-
-@dataclass(frozen=True)
-class Stage:
-    number: int
-    name: str
-    status: str
-    enables: str
-    env: tuple[str, ...]
-    requires: tuple[str, ...]
-    patches: tuple[str, ...]
-    on_cpu: str = ""
+    env: dict[str, EnvGate] = {}
 
 
 def read_stages_doc(root: Path) -> StagesDoc:
@@ -103,30 +105,18 @@ def load_stages(root: Path) -> tuple[Stage, ...]:
 
 
 def stages_of(doc: StagesDoc, where: Path) -> tuple[Stage, ...]:
-    """The decoded [[stages]] as frozen values, once the rules types cannot say hold."""
-    stages = []
-    for d in doc.stages:
-        stage = Stage(
-            d.number,
-            d.name,
-            d.status,
-            d.enables,
-            tuple(d.env),
-            tuple(d.requires),
-            tuple(d.patches),
-            d.on_cpu,
-        )
+    """The decoded [[stages]], once the rules types cannot say hold."""
+    for stage in doc.stages:
         if stage.status == "implemented" and not stage.patches:
             raise SeriesError(
                 f"{where}: implemented stage {stage.number} names no patch", hint=_HINT
             )
-        stages.append(stage)
-    numbers = [s.number for s in stages]
+    numbers = [s.number for s in doc.stages]
     if numbers != list(range(1, len(numbers) + 1)):
         raise SeriesError(
             f"{where}: stages must be numbered 1..N in order: {numbers!r}", hint=_HINT
         )
-    return tuple(stages)
+    return doc.stages
 
 
 def _cell(items: tuple[str, ...] | str) -> str:

@@ -143,7 +143,7 @@ class ResponseDoc(_ServerDoc):
     system_fingerprint: Any = None
 
 
-class CaseDoc(Document):
+class CaseDoc(Document, frozen=True):
     """``completion_<case>.json``: one question and the server's answer."""
 
     name: str
@@ -156,7 +156,7 @@ class CaseDoc(Document):
     tokenize_response: Any = None
 
 
-class TeacherDoc(Document):
+class TeacherDoc(Document, frozen=True):
     """``teacher_<case>.json``: the server's scores for a fixed token sequence."""
 
     sequence: list[int]

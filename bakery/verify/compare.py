@@ -115,7 +115,7 @@ def _check_gate_value(name: str, value: Any) -> None:
         raise GatesError(f"gate {name!r} must be {kind}, got {value!r}")
 
 
-class GatesFileDoc(Document):
+class GatesFileDoc(Document, frozen=True):
     """A gates file's shape; each gate's name and kind are ``ParityGates``' own to check."""
 
     gates: dict[str, Any]  # gate name -> bound or switch; null = the gate is off

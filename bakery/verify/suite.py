@@ -63,7 +63,7 @@ def _resolve(name_or_path: str) -> Path:
     return path
 
 
-class CaseDoc(Document):
+class CaseDoc(Document, frozen=True):
     """One line of a suite file (the one place that knows its shape)."""
 
     case: str
