@@ -95,7 +95,9 @@ def test_a_profile_env_key_that_is_shell_code_is_refused(capsys, tmp_path):
     code = main(["start", "--profile", str(profile), "--dry-run", "--artifacts", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2, err
-    assert f"$.env[{INJECTED!r}]: not a variable name" in err and "$.env['']" in err
+    words = "must be a variable name (letters, digits, _; not a digit first)"
+    assert f"$.env key {INJECTED!r}: {words}, not {INJECTED!r}" in err
+    assert f"$.env key '': {words}, not ''" in err
     assert not (tmp_path / "pwned").exists() and not list(tmp_path.rglob("serve_command.sh"))
 
 

@@ -50,7 +50,7 @@ def capture(*args, **kwargs):
     Path(marker).write_text("capturing")
     time.sleep(120)
 matrix.capture_bundle = capture
-entry = matrix.Entry("cand", "cpu-tiny")
+entry = matrix.Entry(profile="cpu-tiny", given_name="cand")
 matrix._serve_and_capture(entry, (plan, SimpleNamespace(facts=Facts())), Path(art) / "b",
                           None, None, SimpleNamespace(grace_s=2.0), lambda *_: None)
 """

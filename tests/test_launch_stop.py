@@ -266,11 +266,17 @@ def test_bad_flag_values_are_usage_errors(capsys, tmp_path, args, message):
         ),
         (
             b'base = "cpu"\nmodel = "m"\n[nodes]\nmaster_port = 70000\n',
-            "$.nodes.master_port: must be 1..65535",
+            "$.nodes.master_port: must be 1..65535, not 70000",
         ),
         (b"base = [", "not valid TOML"),
-        (b'base = "cpu"\nmodel = "a\\u0000b"\n', "$.model: holds a NUL character: 'a\\x00b'"),
-        (b'base = "cpu"\nmodel = "m"\n[vllm]\nargs = ["\\u0000"]\n', "$.vllm.args[0]: holds a NUL"),
+        (
+            b'base = "cpu"\nmodel = "a\\u0000b"\n',
+            "$.model: must be non-empty text without NUL, not 'a\\x00b'",
+        ),
+        (
+            b'base = "cpu"\nmodel = "m"\n[vllm]\nargs = ["\\u0000"]\n',
+            "$.vllm.args[0]: must be text without NUL, not '\\x00'",
+        ),
         # Unknown fields and wrong types, at the top and nested: the schema layer's refusals.
         (b'base = "cpu"\nmodel = "m"\nprot = 1\n', "$.prot: unknown field (known: base, model,"),
         (b'base = "cpu"\nmodel = "m"\n[nodes]\nbackedn = "ray"\n', "$.nodes.backedn: unknown"),

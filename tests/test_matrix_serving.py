@@ -218,9 +218,19 @@ def test_matrix_bench_and_expect_are_checked(tmp_path):
     from bakery.launch.errors import ProfileError
 
     base = {"baseline": {"profile": "p"}, "candidates": [{"profile": "q"}]}
-    with pytest.raises(ProfileError, match=r"\$\.bench\.num_prompts: must be 1\.\.100000"):
+    with pytest.raises(ProfileError, match=r"\$\.bench\.num_prompts: must be 1\.\.100000, not 0"):
         matrix_mod.matrix_from_data({**base, "bench": {"num_prompts": 0}}, Path("m"))
-    with pytest.raises(ProfileError, match=r"candidates\[0\]\.expect: must be"):
+    ranges = {"top_n": 0, "low_margin": float("nan"), "concurrency": 257,
+              "bench": {"request_rate": float("inf"), "timeout_s": 86401}}  # fmt: skip
+    with pytest.raises(ProfileError) as caught:
+        matrix_mod.matrix_from_data({**base, **ranges}, Path("m"))
+    for phrase in ("5 problems", "$.low_margin: must be a finite number >= 0, not nan",
+                   "$.top_n: must be 1..1000, not 0", "$.concurrency: must be 1..256, not 257",
+                   "$.bench.request_rate: must be a finite number > 0, not inf",
+                   "$.bench.timeout_s: must be 1..86400, not 86401"):  # fmt: skip
+        assert phrase in str(caught.value)
+    expect = r"candidates\[0\]\.expect: must be one of 'pass', 'fail', not 'maybe'"
+    with pytest.raises(ProfileError, match=expect):
         matrix_mod.matrix_from_data(
             {**base, "candidates": [{"profile": "q", "expect": "maybe"}]}, Path("m")
         )

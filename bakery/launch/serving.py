@@ -17,11 +17,12 @@ import math
 import os
 import re
 import subprocess
-from dataclasses import dataclass
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta
 
 from bakery.launch.errors import LaunchError, ProfileError
 from bakery.launch.plan import LaunchPlan
@@ -67,17 +68,25 @@ _BENCH_MAIN = (
 )  # beside a bundle's cases: a reused baseline keeps its figures
 
 
-@dataclass(frozen=True)
-class Bench:
-    """A matrix's ``[bench]`` table: one ``vllm bench serve`` run per entry."""
+_UpTo1e6 = Annotated[int, Meta(ge=1, le=10**6, description="1..1000000")]
+_UpTo1e5 = Annotated[int, Meta(ge=1, le=10**5, description="1..100000")]
+_UpToADay = Annotated[int, Meta(ge=1, le=86400, description="1..86400")]
 
-    input_len: int
-    output_len: int
-    num_prompts: int
-    seed: int
-    request_rate: float | None  # None: every request at once (vLLM's "inf")
-    max_concurrency: int | None
-    timeout_s: int
+
+class Bench(Document, frozen=True):
+    """A matrix's ``[bench]`` table: vLLM's own ``vllm bench serve``, once per entry."""
+
+    input_len: _UpTo1e6 = 128
+    output_len: _UpTo1e6 = 16
+    num_prompts: _UpTo1e5 = 8
+    seed: int = 0
+    # requests/s; absent: every request at once (vLLM's "inf")
+    request_rate: (
+        Annotated[float, Meta(gt=0, le=sys.float_info.max, description="a finite number > 0")]
+        | None
+    ) = None
+    max_concurrency: _UpTo1e5 | None = None
+    timeout_s: _UpToADay = 1800
 
 
 class BenchResult(msgspec.Struct):
@@ -91,7 +100,7 @@ class BenchResult(msgspec.Struct):
     p99_itl_ms: float
 
 
-class FiguresDoc(Document):
+class FiguresDoc(Document, frozen=True):
     """``serving.json``: one entry's figures, as ``_serve_and_capture`` wrote them."""
 
     kv_cache_tokens: int | None = None
@@ -248,7 +257,7 @@ def with_ratios(figures: dict[str, dict[str, Any]], baseline: str) -> dict[str, 
     }
 
 
-class RankCounts(Document):
+class RankCounts(Document, frozen=True):
     """One rank's ``emulate/<pid>.json`` (emulate/bakery_emulate/counts.py writes it)."""
 
     tp_rank: int
