@@ -59,6 +59,7 @@ def test_a_forged_base_key_moves_nothing(loop, tmp_path, base_key):
     tree = snapshot(build / "baked")
     proc = cli("rebase", "--abort")
     assert proc.returncode == 2 and "damaged" in proc.stderr, proc.stderr
+    assert f"$.base_key: must be a base name, not {base_key!r}" in proc.stderr, proc.stderr
     assert snapshot(victim) == before and victim.is_dir()
     assert snapshot(build / "baked") == tree and (build / ".rebase" / "baked").is_dir()
 

@@ -103,8 +103,11 @@ def test_a_bad_suite_lists_every_problem(tmp_path: Path) -> None:
     with pytest.raises(SuiteError) as info:
         load_suite(str(bad))
     message = str(info.value)
-    assert "bad.jsonl:1: $.case: must match" in message
-    assert "bad.jsonl:2: $.max_tokens: must be a positive integer" in message
+    assert "bad.jsonl:1: $.case: must be a case id (a-z, 0-9 and _, not _ first" in message
+    assert "not _ first: it names files), not 'Bad Name'" in message
+    assert "bad.jsonl:2: $.max_tokens: must be a positive integer (at most 1048576), not 0" in (
+        message
+    )
     assert "bad.jsonl:3: invalid JSON" in message
 
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import uuid
 from enum import StrEnum
 from pathlib import Path
+from typing import Annotated
+
+from msgspec import Meta
 
 from bakery.bake.bake import tree_dir
 from bakery.errors import BakeryError, UnreadableInput, UsageError
@@ -53,7 +55,9 @@ class _StateDoc(Document, frozen=True):
     forged one is refused, never followed (its names are checked with ``own_path``)."""
 
     release: str
-    base_key: str
+    base_key: Annotated[
+        str, Meta(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}\Z", description="a base name")
+    ]
     series: str
     had_tree: bool
     pin: dict[str, str]
@@ -63,9 +67,6 @@ class _StateDoc(Document, frozen=True):
     files: dict[str, _FileDoc]
     series_sha256: str = ""  # the series checked out (a later loop's series is not ours)
     wrote: dict[str, str | None] = {}  # series file -> sha256 --continue wrote (None: removed)
-
-
-_BASE_KEY = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 
 
 def in_progress(build: Path) -> dict | None:
@@ -80,8 +81,6 @@ def in_progress(build: Path) -> dict | None:
         if not found:  # a state written before these fields: their defaults, as decoded
             data.setdefault("series_sha256", "")
             data.setdefault("wrote", {})
-        if not found and not _BASE_KEY.fullmatch(data["base_key"]):
-            found = [f"$.base_key: not a base name: {data['base_key']!r}"]
         if not found:
             for name in [*data["files"], *data["wrote"]]:
                 relative(name)

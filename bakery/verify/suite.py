@@ -4,7 +4,7 @@ One JSON object per line. A case has ``case`` (a file-name-safe id), ``max_token
 optional ``tags`` and ``why``, and either a text ``prompt`` or an exact context
 length ``prompt_tokens`` built from ``filler`` text (tokenised by the server,
 repeated and cut to exactly that many ids, so ownership edges are hit on any
-tokenizer). Unknown fields and wrong types are refused (``CaseDoc``); every problem in
+tokenizer). Unknown fields and wrong types are refused (``SuiteCase``); every problem in
 a file is reported at once. No network here.
 """
 
@@ -16,25 +16,18 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+from msgspec import Meta
 
 from bakery.schema import Document, read_text, refuse, try_decode
 from bakery.verify.errors import SuiteError
 
-__all__ = ["Suite", "SuiteCase", "CaseDoc", "load_suite", "available_suites", "SUITES_DIR"]
+__all__ = ["Suite", "SuiteCase", "load_suite", "available_suites", "SUITES_DIR"]
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 CASE_ID = re.compile(r"^[a-z0-9][a-z0-9_]*$")
-
-
-@dataclass(frozen=True)
-class SuiteCase:
-    case: str
-    max_tokens: int
-    prompt: str | None
-    prompt_tokens: int | None
-    filler: str | None
-    tags: tuple[str, ...]
-    why: str | None
+_CASE_WORDS = "a case id (a-z, 0-9 and _, not _ first: it names files)"
 
 
 @dataclass(frozen=True)
@@ -63,19 +56,22 @@ def _resolve(name_or_path: str) -> Path:
     return path
 
 
-class CaseDoc(Document, frozen=True):
+MAX_TOKENS = 1 << 20  # no model's context is longer; 10**12 filler tokens would fill memory
+_Tokens = Annotated[
+    int, Meta(ge=1, le=MAX_TOKENS, description=f"a positive integer (at most {MAX_TOKENS})")
+]
+
+
+class SuiteCase(Document, frozen=True):
     """One line of a suite file (the one place that knows its shape)."""
 
-    case: str
-    max_tokens: int
-    prompt: str | None = None
-    prompt_tokens: int | None = None
-    filler: str | None = None  # the text repeated to prompt_tokens ids
-    tags: list[str] = []
+    case: Annotated[str, Meta(pattern=CASE_ID.pattern, description=_CASE_WORDS)]
+    max_tokens: _Tokens
+    prompt: Annotated[str, Meta(min_length=1, description="a non-empty string")] | None = None
+    prompt_tokens: _Tokens | None = None
+    filler: str | None = None  # the text repeated to prompt_tokens ids (read only with them)
+    tags: tuple[str, ...] = ()
     why: str | None = None  # what the case is for (dcp_edge cases say which edge)
-
-
-MAX_TOKENS = 1 << 20  # no model's context is longer; 10**12 filler tokens would fill memory
 
 
 def load_suite(name_or_path: str) -> Suite:
@@ -113,31 +109,13 @@ def _parse_case(line: str) -> SuiteCase:
         raise ValueError(f"invalid JSON ({exc.msg})") from exc
     except RecursionError:
         raise ValueError("invalid JSON (nested too deeply)") from None
-    doc, problems = try_decode(data, CaseDoc)
+    doc, problems = try_decode(data, SuiteCase)
     if doc is None:
         raise ValueError("\n".join(problems))
-    if not CASE_ID.match(doc.case):
-        problems.append(f"$.case: must match {CASE_ID.pattern}, got {doc.case!r}")
-    for key in ("max_tokens", "prompt_tokens"):
-        value = getattr(doc, key)
-        if value is not None and not 1 <= value <= MAX_TOKENS:
-            problems.append(
-                f"$.{key}: must be a positive integer (at most {MAX_TOKENS}), got {value!r}"
-            )
     if (doc.prompt is None) == (doc.prompt_tokens is None):
         problems.append(f"$: case {doc.case!r} gives both or neither of prompt and prompt_tokens")
-    if doc.prompt is not None and not doc.prompt:
-        problems.append("$.prompt: must be a non-empty string")
     if doc.prompt_tokens is not None and not (doc.filler or "").strip():
         problems.append("$.filler: prompt_tokens needs a non-empty filler text")
     if problems:
         raise ValueError("\n".join(problems))
-    return SuiteCase(
-        doc.case,
-        doc.max_tokens,
-        doc.prompt,
-        doc.prompt_tokens,
-        doc.filler if doc.prompt_tokens is not None else None,
-        tuple(doc.tags),
-        doc.why,
-    )
+    return doc
