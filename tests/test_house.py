@@ -262,3 +262,65 @@ def test_a_flow_planted_in_the_command_line_is_seen(tmp_path):
     maintain = copy / "cli" / "maintain.py"
     maintain.write_text(maintain.read_text() + f'\n\ndef planted():\n    """Doc."""\n{flow}\n')
     assert long_cli_functions(copy) == {"bakery.cli.maintain.planted": MAX_CLI_FUNCTION_LINES + 1}
+
+
+# --- one type per document ----------------------------------------------------------------
+# A document's type is also its value (bakery.schema): a frozen dataclass beside it holding
+# the same fields is a second copy to keep in step. Kept only where the value adds fields
+# that no property of the document can give (named here with the reason).
+TWO_TYPES = {
+    "bakery.series.series.Pin": "its key and is_base come from the table it sits in (or, for "
+    "a release, from the cache index's key), not from the pin's own fields",
+    "bakery.launch.profiles.ParallelLayout": "one value from two tables ([parallel], [nodes]) "
+    "that start's flags and a matrix entry's overrides replace fields of",
+    "bakery.launch.profiles.StageGates": "stage and combine come from the gate table when the "
+    "profile leaves them out",
+    "bakery.verify.bundle.Completion": "the server's logprobs judged step by step and re-keyed, "
+    "with ids joined from the request, /tokenize and the answer",
+}
+
+
+def _fields(node: ast.ClassDef) -> set[str]:
+    annotated = [s.target for s in node.body if isinstance(s, ast.AnnAssign)]
+    return {t.id for t in annotated if isinstance(t, ast.Name)}
+
+
+def _is_document(node: ast.ClassDef) -> bool:
+    names = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+    return node.name.endswith("Doc") or bool(names & {"Document", "Struct"})
+
+
+def _is_dataclass(node: ast.ClassDef) -> bool:
+    return any(
+        "dataclass" in ast.unparse(d.func if isinstance(d, ast.Call) else d)
+        for d in node.decorator_list
+    )
+
+
+def document_copies(package: Path = PACKAGE) -> list[str]:
+    """``module.Value copies module.Doc`` for each dataclass holding every field of a
+    document type of its module."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        classes = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)]
+        documents = [c for c in classes if _is_document(c) and _fields(c)]
+        for value in (c for c in classes if _is_dataclass(c)):
+            for doc in documents:
+                if _fields(doc) <= _fields(value):
+                    found.append(f"{module_name(path, package)}.{value.name} copies {doc.name}")
+    return found
+
+
+def test_one_type_per_document(tmp_path):
+    found = [f for f in document_copies() if f.split(" ")[0] not in TWO_TYPES]
+    assert found == [], "make the document type the value (frozen, properties for derived data)"
+    copy = tmp_path / "bakery"
+    shutil.copytree(PACKAGE, copy)
+    planted = copy / "series" / "stages.py"
+    planted.write_text(
+        planted.read_text()
+        + "\n\n@dataclass(frozen=True)\nclass StageValue:\n"
+        + "".join(f"    {name}: str\n" for name in ("number", "name", "status", "enables"))
+        + "".join(f"    {name}: str\n" for name in ("env", "requires", "patches", "on_cpu"))
+    )
+    assert "bakery.series.stages.StageValue copies Stage" in document_copies(copy)
