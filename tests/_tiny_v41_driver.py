@@ -1,4 +1,4 @@
-"""Child drivers for tests/test_tiny_v41.py: vLLM under emulate/ on the tiny V4.1 folder.
+"""Child drivers for tests/verify/test_tiny_v41.py: vLLM under emulate/ on the tiny V4.1 folder.
 
 ``coverage FOLDER``: vLLM's model at TP 1 loads the checkpoint (read with safetensors, not
 with the builder) through its own ``load_weights``, as written and with three planted faults:

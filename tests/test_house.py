@@ -324,3 +324,55 @@ def test_one_type_per_document(tmp_path):
         + "".join(f"    {name}: str\n" for name in ("env", "requires", "patches", "on_cpu"))
     )
     assert "bakery.series.stages.StageValue copies Stage" in document_copies(copy)
+
+
+# --- the tests mirror the rooms -----------------------------------------------------------
+# tests/<room>/ holds the tests of bakery/<room>/; a test of a top-level module sits directly
+# in tests/ and is named after it (test_tree*.py for bakery/tree.py). Besides those, only the
+# tests of the house as a whole sit there (named here with the reason).
+TESTS = Path(__file__).resolve().parent
+HOUSE_TESTS = {
+    "test_house.py": "the layering of every room",
+    "test_self_contained.py": "the suite as a whole needs nothing beside the repository",
+    "test_confinement.py": "one rule (a path stays inside its folder) checked in every room",
+    "test_hostile_readers.py": "every room's read-back files through one bounded reader",
+    "test_shipping.py": "the Dockerfile, which installs the whole package",
+}
+# Folders of tests/ that are no room: the test data, and the emulation of the patch
+# series' GPU kernels (it tests patches/, not bakery/).
+NOT_ROOMS = {"data", "emulate"}
+
+
+def misplaced_tests(tests: Path = TESTS, package: Path = PACKAGE) -> list[str]:
+    rooms = {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+    modules = {p.stem for p in package.glob("*.py") if not p.stem.startswith("_")}
+    out = [
+        f"tests/{p.name}: no room of bakery/ (rooms: {', '.join(sorted(rooms))})"
+        for p in sorted(tests.iterdir())
+        if p.is_dir() and not p.name.startswith((".", "_")) and p.name not in rooms | NOT_ROOMS
+    ]
+    for path in sorted(tests.glob("test_*.py")):
+        named = path.stem.removeprefix("test_")
+        if path.name not in HOUSE_TESTS and not any(
+            named == m or named.startswith(f"{m}_") for m in modules
+        ):
+            out.append(f"tests/{path.name}: move it into the tests/<room>/ of what it tests")
+    return out
+
+
+def test_the_tests_mirror_the_rooms():
+    assert misplaced_tests() == []
+
+
+def test_a_misplaced_test_is_seen(tmp_path):
+    """A copy of tests/ with a test file dropped at the top and a folder that is no room."""
+    copy = tmp_path / "tests"
+    shutil.copytree(TESTS, copy, ignore=shutil.ignore_patterns("data", "__pycache__"))
+    (copy / "test_planted.py").write_text("")
+    (copy / "test_tree_more.py").write_text("")  # named after bakery/tree.py: in place
+    (copy / "rebase").mkdir()
+    assert misplaced_tests(copy) == [
+        "tests/rebase: no room of bakery/ (rooms: bake, check, cli, dcp, launch, maintain, "
+        "series, verify)",
+        "tests/test_planted.py: move it into the tests/<room>/ of what it tests",
+    ]

@@ -17,7 +17,7 @@ from bakery.errors import BakeryError
 
 # Each command's module is imported only when that command runs (or its own help is
 # shown): `bakery --help` lists them from here, without importing vLLM-sized trees of
-# modules. Each line is the command's own short help (tests/test_cli_root.py checks it).
+# modules. Each line is the command's own short help (tests/cli/test_cli_root.py checks it).
 COMMANDS: dict[str, tuple[str, str]] = {
     "apply": ("bakery.cli.series:apply_cmd",
               "Apply PATCHES in order to TREE; nothing is written unless every hunk places."),

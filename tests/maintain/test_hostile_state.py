@@ -10,7 +10,7 @@ import pytest
 
 from tests._synthetic_release import make_loop
 from tests.conftest import run_cli
-from tests.test_rebase_loop import snapshot
+from tests.maintain.test_rebase_loop import snapshot
 
 FIXED = b"B = 1\nLIMIT = 24  # dcp: twice upstream's\nNAME = 'b'\n"
 

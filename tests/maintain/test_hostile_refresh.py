@@ -12,7 +12,7 @@ import pytest
 
 from tests._synthetic_release import make_loop
 from tests.conftest import REPO
-from tests.test_rebase_loop import snapshot
+from tests.maintain.test_rebase_loop import snapshot
 
 
 @pytest.fixture

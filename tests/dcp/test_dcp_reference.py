@@ -1,7 +1,7 @@
 """DCP W == DCP1 for patch 09's attention math, on the pure-torch reference.
 
 Tolerances are vLLM's own DCP combine tests': fp32 atol/rtol 1e-5 (LSE 1e-4),
-bf16 3e-2. Ranks run in-process (``run_spmd``); tests/test_dcp_gloo.py runs the
+bf16 3e-2. Ranks run in-process (``run_spmd``); tests/dcp/test_dcp_gloo.py runs the
 same code over real gloo process groups.
 """
 
@@ -443,7 +443,7 @@ def test_prefill_check_catches_a_planted_remap_bug(monkeypatch):
 # tools/gpu_*.py run on a host with torch and Triton and nothing else (no click, no vLLM):
 # they, and everything under bakery/dcp/, may add only the stdlib to what torch imports.
 GPU_TOOLS = ("gpu_dcp_bench", "gpu_triton_kernels", "gpu_candidate_blocks")
-_ROOT = Path(__file__).resolve().parents[1]
+_ROOT = Path(__file__).resolve().parents[2]
 DCP_MODULES = tuple(  # every module of the room, found on disk (a new one is covered)
     ".".join(path.relative_to(_ROOT).with_suffix("").parts).removesuffix(".__init__")
     for path in sorted((_ROOT / "bakery" / "dcp").rglob("*.py"))
@@ -465,7 +465,7 @@ def non_stdlib_imports(*modules: str) -> set[str]:
     """Top-level packages beyond the stdlib that importing ``modules`` adds to torch's own."""
     run = subprocess.run(
         [sys.executable, "-c", _NON_STDLIB_AFTER_TORCH, *modules],
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
         capture_output=True,
         text=True,
     )

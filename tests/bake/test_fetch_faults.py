@@ -21,8 +21,8 @@ from bakery.bake.fetch import fetch, fetch_release
 from bakery.errors import FetchError
 from bakery.series.series import Pin
 from tests._synthetic_release import OLD, wheel
+from tests.bake.test_offline import OFFLINE
 from tests.conftest import run_cli
-from tests.test_offline import OFFLINE
 
 WHEEL = b"not really a wheel, but these are its pinned bytes"
 

@@ -8,10 +8,9 @@ below is copied from the issue, which took them from jasl/vllm-ds4-sm120-harness
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from _verify_support import MTP, NOMTP, require_fixtures, run_cli
+from _verify_support import MTP, NOMTP, ORACLE, require_fixtures, run_cli
 
 from bakery.verify import compare_bundles
 
@@ -129,7 +128,7 @@ def test_cli_on_real_data_exits_zero(tmp_path) -> None:
 # Every field the anchor's own comparator reports, as its code computed them on these two
 # bundles (see "source" in the file): ranks, topk_overlap_min, the common-logprob errors,
 # margins and the trajectory fields included.
-ANCHOR = json.loads((Path(__file__).parent / "data" / "anchor_compare_b200_tp2.json").read_text())
+ANCHOR = json.loads((ORACLE.parent / "anchor_compare_b200_tp2.json").read_text())
 
 
 def test_anchor_table_is_not_trivial() -> None:

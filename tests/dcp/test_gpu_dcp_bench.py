@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from bakery.dcp import reference as ref
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "gpu_dcp_bench.py"
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "gpu_dcp_bench.py"
 
 
 def _load_tool():

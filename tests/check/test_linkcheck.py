@@ -26,7 +26,7 @@ from bakery.errors import SeriesError
 from bakery.series.series import Pin
 from bakery.tree import sha256_file
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SEED_PATCH = "09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff"
 PINS_033 = REPO / "tests" / "data" / "pins-0.33.0.toml"
 

@@ -20,7 +20,7 @@ from bakery.series import apply
 from bakery.series.diff import parse_patch, render_file_diff
 from bakery.series.engine import apply_file_patch
 from bakery.series.series import load_series
-from tests.test_identity_manifest import _series
+from tests.bake.test_identity_manifest import _series
 
 PATH = "pkg/mod.py"
 BASE = [b"v%d = %d" % (i, i) for i in range(1, 41)]

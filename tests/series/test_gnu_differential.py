@@ -23,7 +23,7 @@ from bakery.series import engine, locate
 from bakery.series.apply import ApplyStatus, plan
 from bakery.series.diff import parse_patch, render_file_diff, split_lines
 from tests.conftest import run_tool
-from tests.test_gnu_parity import gnu_patch, ours
+from tests.series.test_gnu_parity import gnu_patch, ours
 
 pytestmark = [pytest.mark.property, pytest.mark.needs("patch"), pytest.mark.needs("diff")]
 # Bounded: a fixed number of examples (each runs GNU patch once, ~5 ms) and no deadline.

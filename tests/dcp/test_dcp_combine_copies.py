@@ -19,7 +19,7 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs("triton")]
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "gpu_combine_copies.py"
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "gpu_combine_copies.py"
 
 
 def run_check(tree: Path, plant: str = "") -> subprocess.CompletedProcess:

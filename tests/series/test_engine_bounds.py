@@ -9,7 +9,7 @@ from bakery.errors import HunkFailed, NearMatch
 from bakery.series import locate
 from bakery.series.diff import parse_patch, render_file_diff
 from bakery.series.engine import apply_file_patch
-from tests.test_gnu_parity import gnu_patch, ours
+from tests.series.test_gnu_parity import gnu_patch, ours
 
 WORDS = [b"a = 1", b"b = 2", b"", b"return x", b"pass", b"x += 1"]
 

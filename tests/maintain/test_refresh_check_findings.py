@@ -13,7 +13,7 @@ import pytest
 from bakery.maintain.refresh import patches_out_of_date
 from bakery.series.diff import render_file_diff
 from bakery.series.series import load_series
-from tests.test_identity_manifest import _series
+from tests.bake.test_identity_manifest import _series
 
 BASE = b"".join(b"line %d\n" % i for i in range(40))
 STEP1 = BASE.replace(b"line 5\n", b"five\n")

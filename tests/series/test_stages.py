@@ -9,7 +9,7 @@ from bakery.cli.root import main
 from bakery.series.series import load_series
 from bakery.series.stages import load_stages, plan_table, render_table, stage_table_problems
 
-ROOT = Path(__file__).resolve().parents[1] / project.SERIES
+ROOT = Path(__file__).resolve().parents[2] / project.SERIES
 
 
 def test_plan_table_is_generated_from_stages_toml():

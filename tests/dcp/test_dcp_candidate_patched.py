@@ -20,7 +20,7 @@ from _planting import bake_planted
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PATCH = "01-model_executor_kernels_attention_dsa_candidate_blocks.py.diff"
 INDEXER = "06-model_executor_layers_sparse_attn_indexer.py.diff"
 TARGET = "vllm/model_executor/kernels/attention/dsa/candidate_blocks.py"

@@ -1,6 +1,6 @@
 """The DCP reference against attention written out here: softmax(q k^T * scale) plus a sink.
 
-Every parity test in tests/test_dcp_reference.py runs ``sparse_attention`` on both sides,
+Every parity test in tests/dcp/test_dcp_reference.py runs ``sparse_attention`` on both sides,
 so a bug inside it (a scale, a boundary of the used slots) cancels out there. Here the
 expected values come from a float64 loop over the step's global state ids, which shares
 nothing with the reference but the input. The planted bugs below are the subtle kinds:
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 
 from bakery.dcp import reference as ref
 from bakery.dcp.reference import attention  # where the planted bugs go
-from tests.test_dcp_reference import assert_parity, cases, run_dcp, run_dcp1
+from tests.dcp.test_dcp_reference import assert_parity, cases, run_dcp, run_dcp1
 
 ATOL = 2e-5  # fp32 reference against a float64 loop
 

@@ -147,7 +147,7 @@ def test_a_planted_wrong_rule_is_caught(tmp_path, monkeypatch):
 def tokenizer():
     from tokenizers import Tokenizer
 
-    folder = ensure(Path(__file__).resolve().parents[1] / DEFAULT_DIR)
+    folder = ensure(Path(__file__).resolve().parents[2] / DEFAULT_DIR)
     return folder, Tokenizer.from_file(str(folder / "tokenizer.json"))
 
 

@@ -226,7 +226,7 @@ def test_an_edit_of_the_build_folders_own_copy_is_healed_from_the_cache(
     tmp_path, series, cache, cpu_bake
 ):
     """An in-place edit of an untouched baked file reaches the build folder's own copy of
-    the pristine tree (the cache never: tests/test_linked_edits.py); the next bake copies
+    the pristine tree (the cache never: tests/bake/test_linked_edits.py); the next bake copies
     that file again from the cache and bakes it as it was."""
     pin = series.base("cpu")
     fake = _fake_cache(tmp_path, pin, cache)

@@ -149,7 +149,7 @@ def test_the_gpu_matrix_sets_gates_that_the_real_b200_data_passes():
     from bakery.verify import compare_bundles
     from bakery.verify.compare import ParityGates
 
-    matrix = load_matrix(Path(__file__).resolve().parents[1] / project.MATRIX)
+    matrix = load_matrix(Path(__file__).resolve().parents[2] / project.MATRIX)
     values = dict(matrix.gates)
     assert {"min_topk_overlap_min", "min_topk_overlap_mean", "min_fork_topk_overlap"} <= set(values)
     gates = ParityGates().with_values("matrix", **values)

@@ -20,7 +20,7 @@ import torch
 from bakery.dcp import baked_kernels as bk
 from bakery.dcp import reference as ref
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "gpu_triton_kernels.py"
 
 pytestmark = pytest.mark.needs("triton")  # fails under CI=true when missing
