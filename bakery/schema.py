@@ -8,6 +8,11 @@ expected str, got int``). Ranges and formats live in the types too
 (``Annotated[int, Meta(ge=0, le=3)]``); what types cannot say (cross-field rules, safe
 paths) stays with the loader, after decoding. A document type is also the value the rest
 of bakery sees: one frozen type per document, no copy.
+
+Outputs: ``encode_json`` is the one JSON encoder (``write_json_atomic`` writes through
+it). These outputs are frozen types both ways, written by ``encode_json`` and decoded
+here like any input: BAKED.json (``bake.manifest.BakedManifest``) and the cache's release
+index (``bake.fetch.ReleaseIndex``). The other outputs are still dicts.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import msgspec
 from msgspec import Meta
 
 from bakery.errors import BakeryError
-from bakery.tree import MAX_READ, read_bounded
+from bakery.tree import MAX_READ, read_bounded, write_atomic
 
 __all__ = [
     "Document",
@@ -43,6 +48,8 @@ __all__ = [
     "read_toml",
     "read_json",
     "load_toml",
+    "encode_json",
+    "write_json_atomic",
 ]
 
 T = TypeVar("T")
@@ -301,3 +308,63 @@ def _reword(message: str) -> str:
     message = message.replace("`object`", "a table/object").replace("`array`", "an array")
     message = message.replace("`", "")
     return message[:1].lower() + message[1:]
+
+
+# --- the one encoder ---------------------------------------------------------------------
+
+
+def encode_json(
+    value: Any,
+    *,
+    sort_keys: bool = False,
+    ascii_only: bool = True,
+    strict: bool = False,
+    default: Any = None,
+) -> bytes:
+    """``value`` as the JSON bytes bakery writes: indent 2 and a final newline.
+
+    ``value`` is a frozen Struct, or a dict/list (a free-form part) that may hold Structs:
+    ``json.dumps`` writes it, meeting each Struct as a dict in field order, so the bytes
+    are the ones the writers made from dicts (key order, float spelling, escapes).
+    ``sort_keys`` for reproducible outputs; ``ascii_only`` escapes all but ASCII (text from
+    the environment or argv may hold surrogates UTF-8 cannot encode); ``strict`` refuses
+    NaN and infinities, which are not JSON; ``default`` as in ``json.dumps``."""
+
+    def plain(obj: Any) -> Any:
+        if isinstance(obj, msgspec.Struct):
+            return msgspec.structs.asdict(obj)
+        if default is not None:
+            return default(obj)
+        raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+    text = json.dumps(
+        value,
+        indent=2,
+        sort_keys=sort_keys,
+        ensure_ascii=ascii_only,
+        allow_nan=not strict,
+        default=plain,
+    )
+    return (text + "\n").encode("utf-8")
+
+
+def write_json_atomic(
+    path: Path,
+    data: Any,
+    *,
+    sort_keys: bool = False,
+    strict: bool = False,
+    default: Any = None,
+    ascii_only: bool = False,
+) -> None:
+    """``data`` through ``encode_json`` (UTF-8 unless ``ascii_only``) and ``write_atomic``:
+    ``path`` is either old or complete.
+
+    Reports sort keys so two runs diff cleanly; server responses must not, because
+    ``top_logprobs`` order is meaningful (the top-1 margin is first minus second)."""
+    write_atomic(
+        path,
+        encode_json(
+            data, sort_keys=sort_keys, ascii_only=ascii_only, strict=strict, default=default
+        ),
+    )

@@ -10,7 +10,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -20,7 +19,6 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
 
 from bakery.errors import InputTooLarge, UnsafePathError
 
@@ -36,7 +34,6 @@ __all__ = [
     "stage_beside",
     "write_atomic",
     "write_text_atomic",
-    "write_json_atomic",
     "clone_tree",
     "swap_into_place",
     "replace_files",
@@ -201,35 +198,6 @@ def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
 def write_text_atomic(path: Path, text: str) -> None:
     """``text`` as UTF-8 through ``write_atomic``: ``path`` is either old or complete."""
     write_atomic(path, text.encode("utf-8"))
-
-
-def write_json_atomic(
-    path: Path,
-    data: Any,
-    *,
-    sort_keys: bool = False,
-    strict: bool = False,
-    default: Any = None,
-    ascii_only: bool = False,
-) -> None:
-    """``data`` as indented UTF-8 JSON with a final newline, through ``write_atomic``.
-
-    Reports sort keys so two runs diff cleanly; server responses must not, because
-    ``top_logprobs`` order is meaningful (the top-1 margin is first minus second).
-    ``strict`` (reports, gates) refuses NaN and infinities, which are not JSON: a
-    report that held one would be a bug, never a result. ``default`` as in ``json.dumps``.
-    ``ascii_only`` escapes the rest, for text from the environment or argv, which may hold
-    undecodable bytes (surrogates) that UTF-8 cannot encode.
-    """
-    text = json.dumps(
-        data,
-        indent=2,
-        sort_keys=sort_keys,
-        ensure_ascii=ascii_only,
-        allow_nan=not strict,
-        default=default,
-    )
-    write_text_atomic(path, text + "\n")
 
 
 def clone_tree(src: Path, dst: Path, *, skip: frozenset[str] = frozenset()) -> None:

@@ -1,4 +1,4 @@
-"""tree.write_text_atomic / write_json_atomic: exact bytes, and nothing left on failure."""
+"""tree.write_text_atomic / schema.write_json_atomic: exact bytes, and nothing left on failure."""
 
 import json
 import math
@@ -6,7 +6,8 @@ import stat
 
 import pytest
 
-from bakery.tree import write_json_atomic, write_text_atomic
+from bakery.schema import write_json_atomic
+from bakery.tree import write_text_atomic
 
 
 def test_json_is_indented_utf8_with_a_final_newline(tmp_path):

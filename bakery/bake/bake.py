@@ -74,10 +74,10 @@ class BakeResult:
     superseded: tuple[str, ...] = ()  # older wheels of this base and series, removed
 
 
-def baked_wheel(build: Path, baked: dict) -> Path | None:
+def baked_wheel(build: Path, baked: manifest.BakedManifest) -> Path | None:
     """The wheel a BAKED.json names, in ``build``/dist (None if it names no wheel file:
     a name from a file is never followed out of dist/)."""
-    name = baked.get("wheel")
+    name = baked.wheel
     if not isinstance(name, str) or Path(name).name != name or "\\" in name:
         return None
     try:
@@ -168,12 +168,12 @@ def staleness(series: Series, base_key: str, build: Path = project.BUILD) -> lis
         return [f"no baked tree at {tree}"]
     data = manifest.load(path)
     problems = []
-    if data["series"]["sha256"] != series.sha256:
+    if data.series.sha256 != series.sha256:
         problems.append(
-            f"{tree} was baked from series {data['series']['sha256'][:8]}, "
+            f"{tree} was baked from series {data.series.sha256[:8]}, "
             f"the repo has {series.sha256[:8]}"
         )
-    if data["base"]["sha256"] != series.base(base_key).sha256:
+    if data.base.sha256 != series.base(base_key).sha256:
         problems.append(f"{tree} was baked from another {base_key} wheel")
     drift = manifest.drift(tree, data)
     problems += [
@@ -232,7 +232,7 @@ def _write_wheel(
     name: str,
     version: Version,
     changed: dict[str, bytes | None],
-    data: dict,
+    data: manifest.BakedManifest,
     errata: dict[str, str],
     trash: Path,
 ) -> Path:

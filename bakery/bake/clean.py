@@ -56,7 +56,7 @@ def _freed(path: Path) -> int:
     return total
 
 
-def _baked_manifests(build: Path) -> list[dict]:
+def _baked_manifests(build: Path) -> list[manifest.BakedManifest]:
     out = []
     for path in sorted(build.glob(f"baked*/{manifest.MANIFEST}")):
         try:
@@ -92,7 +92,7 @@ def build_garbage(build: Path, series_name: str, everything: bool = False) -> li
         path = build / name
         if path.is_dir() and not path.is_symlink():
             out.append(Removal(path, _freed(path), f"`bakery {name}` reports"))
-    bases = {data["base"]["sha256"] for data in _baked_manifests(build)}
+    bases = {data.base.sha256 for data in _baked_manifests(build)}
     for path in sorted((build / ".pristine").iterdir()) if (build / ".pristine").is_dir() else []:
         if _SHA.match(path.name) and path.name[:64] not in bases and not path.is_symlink():
             out.append(Removal(path, _freed(path), "a pristine copy no baked tree links to"))
@@ -106,7 +106,7 @@ def wanted_hashes(pins: list[Pin], build: Path, extra: list[str] | None = None) 
     """The sha256s the cache must keep: ``pins`` (the series'), the bases of the bakes in
     ``build``, and ``extra`` (a rebase's pins)."""
     keep = {pin.sha256 for pin in pins} | set(extra or [])
-    keep |= {data["base"]["sha256"] for data in _baked_manifests(build)}
+    keep |= {data.base.sha256 for data in _baked_manifests(build)}
     return keep
 
 

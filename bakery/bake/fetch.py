@@ -26,6 +26,7 @@ from packaging.utils import parse_wheel_filename
 from bakery.bake import trust
 from bakery.errors import FetchError, HashMismatch, UnreadableInput
 from bakery.progress import note
+from bakery.schema import Document, encode_json, try_decode
 from bakery.series.series import Pin
 from bakery.tree import sha256_file, sweep_dead, write_atomic
 
@@ -180,24 +181,26 @@ def fetch(
     return cached
 
 
-def _release_index(path: Path) -> dict[str, dict[str, str]]:
-    """The cache's record of first-seen release hashes: "<req> <platform>" -> wheel, sha256."""
+class ReleaseEntry(Document, frozen=True):
+    """One release the cache pinned by the sha256 it saw first (index.json's values)."""
+
+    wheel: str
+    sha256: str
+
+
+ReleaseIndex = dict[str, ReleaseEntry]  # "<requirement> <platform>" -> its entry
+
+
+def _release_index(path: Path) -> ReleaseIndex:
+    """The cache's record of first-seen release hashes (index.json)."""
     if not path.is_file():
         return {}
     try:
-        index = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
-        index = None
-    pin_keys = {"wheel", "sha256"}
-    if not (
-        isinstance(index, dict)
-        and all(
-            isinstance(v, dict)
-            and set(v) == pin_keys
-            and all(isinstance(x, str) for x in v.values())
-            for v in index.values()
-        )
-    ):
+        data = None
+    index, problems = try_decode(data, ReleaseIndex)
+    if index is None or problems:
         raise FetchError(
             f"release index is not an object of {{wheel, sha256}} entries: {str(path)!r}",
             hint="delete it; the next fetch pins each release by the sha256 it sees again",
@@ -214,7 +217,9 @@ def fetch_release(requirement: str, platform: str, cache: Path | None = None) ->
     index = _release_index(index_path)
     key = f"{requirement} {platform}"
     if key in index:
-        pin = Pin.parse(key, {"requirement": requirement, **index[key]}, str(index_path))
+        seen = index[key]
+        table = {"requirement": requirement, "wheel": seen.wheel, "sha256": seen.sha256}
+        pin = Pin.parse(key, table, str(index_path))
         fetch(pin, cache=cache)  # verifies against the hash seen first, refetches if needed
         return pin
     sweep_dead(cache)
@@ -230,6 +235,6 @@ def fetch_release(requirement: str, platform: str, cache: Path | None = None) ->
         folder = cache / "wheels" / pin.sha256
         folder.mkdir(parents=True, exist_ok=True)
         os.replace(wheels[0], folder / pin.wheel)
-    index[key] = {"wheel": pin.wheel, "sha256": pin.sha256}
-    write_atomic(index_path, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
+    index[key] = ReleaseEntry(pin.wheel, pin.sha256)
+    write_atomic(index_path, encode_json(index, sort_keys=True))
     return pin

@@ -10,19 +10,30 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bakery import __version__
 from bakery.bake.record import parse_record, record_hash_file
 from bakery.errors import ManifestError, UnsafePathError
+from bakery.schema import Document, Sha256, encode_json, try_decode
 from bakery.series.apply import ApplyPlan
-from bakery.series.series import Pin, Series, is_sha256
+from bakery.series.series import Pin, Series
 from bakery.tree import inside, relative, write_atomic
 
 __all__ = [
     "MANIFEST",
+    "BakedManifest",
+    "BaseRecord",
+    "SeriesRecord",
+    "PatchRecord",
+    "PatchedFile",
+    "Hunk",
+    "FileHashes",
+    "Tool",
     "build",
+    "parse",
     "dumps",
     "write",
     "load",
@@ -35,55 +46,111 @@ __all__ = [
 MANIFEST = "BAKED.json"
 
 
+class Tool(Document, frozen=True):
+    name: str
+    version: str
+
+
+class BaseRecord(Document, frozen=True, kw_only=True):
+    key: str = ""
+    requirement: str
+    wheel: str = ""
+    sha256: Sha256
+
+
+class SeriesRecord(Document, frozen=True, kw_only=True):
+    name: str = ""
+    sha256: Sha256
+    package: str = ""
+    max_fuzz: int = 0
+
+
+class Hunk(Document, frozen=True):
+    """Where one hunk landed (the engine's placement, as BAKED.json keeps it)."""
+
+    hunk: int
+    line: int
+    offset: int
+    fuzz: int
+
+
+class PatchedFile(Document, frozen=True):
+    path: str
+    hunks: tuple[Hunk, ...]
+
+
+class PatchRecord(Document, frozen=True, kw_only=True):
+    file: str
+    sha256: Sha256
+    status: str = ""
+    files: tuple[PatchedFile, ...] = ()
+
+
+class FileHashes(Document, frozen=True):
+    """A touched file's sha256 before and after the series (None: absent)."""
+
+    pre: Sha256 | None
+    post: Sha256 | None
+
+
+class BakedManifest(Document, frozen=True, kw_only=True):
+    """BAKED.json. What ``drift``, ``staleness`` and ``refresh`` rely on is required (the
+    two sha256s, the base requirement, each patch's file and sha256, ``files``); the rest
+    has a default, as a hand-written manifest may leave it out."""
+
+    tool: Tool | None = None
+    base: BaseRecord
+    series: SeriesRecord
+    patches: tuple[PatchRecord, ...]
+    files: dict[str, FileHashes]
+    # Any JSON value: ``bake.baked_wheel`` judges it, and a bad one names no wheel
+    # instead of refusing the whole tree (`status` still reports it).
+    wheel: Any = ""
+
+
 def _sha(data: bytes | None) -> str | None:
     return None if data is None else hashlib.sha256(data).hexdigest()
 
 
-def build(series: Series, base: Pin, plan: ApplyPlan, wheel_name: str) -> dict:
+def build(series: Series, base: Pin, plan: ApplyPlan, wheel_name: str) -> BakedManifest:
     package = series.package
-    return {
-        "tool": {"name": "bakery", "version": __version__},
-        "base": {
-            "key": base.key,
-            "requirement": str(base.requirement),
-            "wheel": base.wheel,
-            "sha256": base.sha256,
-        },
-        "series": {
-            "name": series.name,
-            "sha256": series.sha256,
-            "package": package,
-            "max_fuzz": series.max_fuzz,
-        },
-        "patches": [
-            {
-                "file": outcome.patch.name,
-                "sha256": outcome.patch.sha256,
-                "status": outcome.status,
-                "files": [
-                    {
-                        "path": f"{package}/{r.path}",
-                        "hunks": [asdict(p) for p in r.placements],
-                    }
+    return BakedManifest(
+        tool=Tool(name="bakery", version=__version__),
+        base=BaseRecord(
+            key=base.key, requirement=str(base.requirement), wheel=base.wheel, sha256=base.sha256
+        ),
+        series=SeriesRecord(
+            name=series.name, sha256=series.sha256, package=package, max_fuzz=series.max_fuzz
+        ),
+        patches=tuple(
+            PatchRecord(
+                file=outcome.patch.name,
+                sha256=outcome.patch.sha256,
+                status=outcome.status,
+                files=tuple(
+                    PatchedFile(
+                        f"{package}/{r.path}",
+                        tuple(Hunk(p.hunk, p.line, p.offset, p.fuzz) for p in r.placements),
+                    )
                     for r in outcome.files
-                ],
-            }
+                ),
+            )
             for outcome in plan.outcomes
-        ],
-        "files": {
-            f"{package}/{path}": {"pre": _sha(plan.before[path]), "post": _sha(plan.after[path])}
+        ),
+        files={
+            f"{package}/{path}": FileHashes(_sha(plan.before[path]), _sha(plan.after[path]))
             for path in sorted(plan.after)
         },
-        "wheel": wheel_name,
-    }
+        wheel=wheel_name,
+    )
 
 
-def dumps(manifest: dict) -> bytes:
+def dumps(manifest: BakedManifest) -> bytes:
     # Sorted keys and a fixed layout: the manifest is part of the reproducible output.
-    return (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+    return encode_json(manifest, sort_keys=True)
 
 
-def write(path: Path, manifest: dict) -> None:
+def write(path: Path, manifest: BakedManifest) -> None:
     """Atomic: a reader (or a kill) sees the old manifest or the new one, never half."""
     write_atomic(path, dumps(manifest))
 
@@ -103,68 +170,38 @@ def find(root: Path) -> Path:
     )
 
 
-def _shape_problems(data) -> list[str]:
-    """What ``drift``, ``staleness`` and ``refresh`` rely on: the two sha256s, the base
-    requirement, ``patches`` (file, sha256), and ``files`` mapping tree-relative paths to
-    their ``pre``/``post`` sha256 (null where absent)."""
-    if not isinstance(data, dict):
-        return [f"the top level must be an object, not {type(data).__name__}"]
-    problems = [
-        f"{key}.sha256 must be 64 hex digits"
-        for key in ("series", "base")
-        if not (isinstance(data.get(key), dict) and is_sha256(data[key].get("sha256")))
-    ]
-    base = data.get("base")
-    if not (isinstance(base, dict) and isinstance(base.get("requirement"), str)):
-        problems.append("base.requirement must be a string")
-    patches = data.get("patches")
-    if not (
-        isinstance(patches, list)
-        and all(
-            isinstance(p, dict) and isinstance(p.get("file"), str) and is_sha256(p.get("sha256"))
-            for p in patches
-        )
-    ):
-        problems.append("patches must be a list of {file, sha256} objects")
-    files = data.get("files")
-    if not isinstance(files, dict):
-        return problems + [
-            f"files must be an object (path -> pre/post), not {type(files).__name__}"
-        ]
-    for rel, hashes in files.items():
-        try:
-            relative(rel)
-        except UnsafePathError:
-            problems.append(f"files: path leaves the tree (refused): {rel!r}")
-            continue
-        if not (
-            isinstance(hashes, dict)
-            and set(hashes) == {"pre", "post"}
-            and all(h is None or is_sha256(h) for h in hashes.values())
-        ):
-            problems.append(f"files[{rel!r}] must be {{pre, post}} sha256 or null, not {hashes!r}")
-    return problems
+_RESTORE = "re-run `make bake` (or reinstall the patched wheel) to write a sound BAKED.json"
 
 
-def load(path: Path) -> dict:
-    """BAKED.json, refused whole (exit 2) unless every path and hash ``drift`` uses is sound."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise ManifestError(
-            f"unreadable manifest ({exc}): {str(path)!r}",
-            hint="re-run `make bake` (or reinstall the patched wheel) to write a sound BAKED.json",
-        ) from None
-    problems = _shape_problems(data)
+def parse(data: object, where: str) -> BakedManifest:
+    """A parsed BAKED.json as its type, refused whole (exit 2) unless every path and hash
+    ``drift`` uses is sound: a path that leaves the tree is refused before any is read."""
+    value, problems = try_decode(data, BakedManifest)
+    if value is not None:
+        for rel in value.files:
+            try:
+                relative(rel)
+            except UnsafePathError:
+                problems.append(f"files: path leaves the tree (refused): {rel!r}")
     if problems:
         shown = "; ".join(problems[:5]) + (
             f"; ... {len(problems) - 5} more" if len(problems) > 5 else ""
         )
         raise ManifestError(
-            f"{path}: not a bakery manifest ({len(problems)} problem(s)): {shown}",
-            hint="re-run `make bake` (or reinstall the patched wheel) to write a sound BAKED.json",
+            f"{where}: not a bakery manifest ({len(problems)} problem(s)): {shown}",
+            hint=_RESTORE,
         )
-    return data
+    assert value is not None
+    return value
+
+
+def load(path: Path) -> BakedManifest:
+    """BAKED.json (see ``parse``); unreadable or not JSON is one ``ManifestError`` too."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ManifestError(f"unreadable manifest ({exc}): {str(path)!r}", hint=_RESTORE) from None
+    return parse(data, str(path))
 
 
 @dataclass(frozen=True)
@@ -178,23 +215,23 @@ class Drift:
         return not (self.modified or self.missing or self.extra)
 
 
-def drift(root: Path, manifest: dict) -> Drift:
+def drift(root: Path, manifest: BakedManifest) -> Drift:
     """How ``root`` differs from what the manifest says the series left in it."""
     modified, missing, extra = [], [], []
-    for rel, hashes in sorted(manifest["files"].items()):
+    for rel, hashes in sorted(manifest.files.items()):
         path = inside(root, rel)  # load() refused '..'; this also refuses symlink escapes
         actual = _sha(path.read_bytes()) if path.is_file() else None
-        if hashes["post"] is None:
+        if hashes.post is None:
             if actual is not None:
                 extra.append(rel)
         elif actual is None:
             missing.append(rel)
-        elif actual != hashes["post"]:
+        elif actual != hashes.post:
             modified.append(rel)
     return Drift(tuple(modified), tuple(missing), tuple(extra))
 
 
-def record_drift(root: Path, path: Path, manifest: dict) -> tuple[Drift, int]:
+def record_drift(root: Path, path: Path, manifest: BakedManifest) -> tuple[Drift, int]:
     """Every other member of ``root`` re-hashed against RECORD: the installed wheel's
     (beside ``path`` in its dist-info) or, for a baked tree, the base wheel's. The files
     BAKED.json covers are ``drift``'s; members outside ``root`` (``../../bin/vllm``) are
@@ -203,7 +240,7 @@ def record_drift(root: Path, path: Path, manifest: dict) -> tuple[Drift, int]:
         records = sorted(Path(root).glob("*.dist-info/RECORD"))
     else:
         records = [path.parent / "RECORD"]
-    covered = set(manifest["files"])
+    covered = set(manifest.files)
     modified, missing, checked = [], [], 0
     for record in records:
         try:

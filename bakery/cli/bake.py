@@ -125,7 +125,7 @@ def check_cmd(directory: Path | None, python: Path | None) -> None:
         for rel in paths:
             click.echo(f"{label}: {rel}")
     # A tree an older bakery baked may still share its untouched files with the cache.
-    linked = pristine_edits(data["base"]["sha256"]) if path.parent == directory else []
+    linked = pristine_edits(data.base.sha256) if path.parent == directory else []
     for line in linked:
         click.echo(line)
     count = sum(len(d.modified) + len(d.missing) + len(d.extra) for d in (drift, others))
@@ -135,7 +135,7 @@ def check_cmd(directory: Path | None, python: Path | None) -> None:
             hint="re-run `make bake` (or reinstall the patched wheel)",
         )
     click.echo(
-        f"ok: {len(data['files'])} touched file(s) match {path}; "
+        f"ok: {len(data.files)} touched file(s) match {path}; "
         f"{checked} other file(s) match RECORD"
     )
 

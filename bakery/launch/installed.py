@@ -36,7 +36,7 @@ def installed_problems(series: Series, base: str, vllm_file: str) -> tuple[Path 
         )
         return None, [problem]
     out = []
-    baked_from = data["series"]["sha256"]
+    baked_from = data.series.sha256
     if baked_from != series.sha256:
         out.append(
             Problem(
@@ -50,12 +50,12 @@ def installed_problems(series: Series, base: str, vllm_file: str) -> tuple[Path 
         pinned = series.base(base)
     except BakeryError as exc:
         return path, [Problem("unknown base", str(exc), base, "use --base default|cpu")]
-    if data.get("base", {}).get("sha256") != pinned.sha256:
+    if data.base.sha256 != pinned.sha256:
         out.append(
             Problem(
                 "the installed patched wheel is from another base",
                 f"the profile's base is {pinned.requirement}",
-                str(data.get("base", {}).get("requirement")),
+                data.base.requirement,
                 _REINSTALL + ", or pass --base",
             )
         )

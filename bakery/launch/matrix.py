@@ -37,9 +37,9 @@ from bakery.launch.matrix_report import summary_markdown
 from bakery.launch.plan import LaunchPlan, make_plan
 from bakery.launch.profiles import Port, TimeoutS, load_profile, override
 from bakery.launch.serving import Bench
-from bakery.schema import Document, decode, read_toml, refuse
+from bakery.schema import Document, decode, read_toml, refuse, write_json_atomic
 from bakery.series.series import Series
-from bakery.tree import own_path, write_json_atomic, write_text_atomic
+from bakery.tree import own_path, write_text_atomic
 from bakery.verify import (
     CaptureSettings,
     ParityGates,

@@ -31,7 +31,8 @@ from bakery.launch.plan import LaunchPlan
 from bakery.launch.preflight import Facts
 from bakery.launch.processes import carries_marker, cmdline, launched, start_ticks
 from bakery.launch.profiles import ENV_NAME
-from bakery.tree import read_bounded, write_atomic, write_json_atomic
+from bakery.schema import write_json_atomic
+from bakery.tree import read_bounded, write_atomic
 
 __all__ = [
     "Record",

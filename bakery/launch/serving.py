@@ -26,8 +26,8 @@ from msgspec import Meta
 
 from bakery.launch.errors import LaunchError, ProfileError
 from bakery.launch.plan import LaunchPlan
-from bakery.schema import Document, decode, read_json
-from bakery.tree import own_folder, write_json_atomic
+from bakery.schema import Document, decode, read_json, write_json_atomic
+from bakery.tree import own_folder
 
 __all__ = [
     "exercised_counts",

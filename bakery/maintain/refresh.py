@@ -159,8 +159,8 @@ def _refuse_if_series_moved(
     that would silently undo the change (a hand edit of a patch), so refuse."""
     baked = manifest.load(tree / manifest.MANIFEST)
     moved = series_changes_since_bake(series, baked)
-    if baked["base"]["sha256"] != series.base(base_key).sha256:
-        moved.append(f"the {base_key} pin: baked from {baked['base']['requirement']}")
+    if baked.base.sha256 != series.base(base_key).sha256:
+        moved.append(f"the {base_key} pin: baked from {baked.base.requirement}")
     if moved:
         for line in moved:
             say(line, err=True)
@@ -197,11 +197,11 @@ def check_bases(series: Series, only: str | None, say: Say) -> None:
     )
 
 
-def series_changes_since_bake(series: Series, baked: dict) -> list[str]:
+def series_changes_since_bake(series: Series, baked: manifest.BakedManifest) -> list[str]:
     """Why the series on disk is not the one ``baked`` (a BAKED.json) was made from."""
-    if baked["series"]["sha256"] == series.sha256:
+    if baked.series.sha256 == series.sha256:
         return []
-    then = {p["file"]: p["sha256"] for p in baked.get("patches", [])}
+    then = {p.file: p.sha256 for p in baked.patches}
     now = {p.name: p.sha256 for p in series.patches}
     changed = [f"changed: {f}" for f in sorted(set(then) & set(now)) if then[f] != now[f]]
     changed += [f"added: {f}" for f in sorted(set(now) - set(then))]

@@ -59,14 +59,14 @@ def _base(series: Series, key: str, build: Path, cache: Path, rebasing: bool) ->
     baked = manifest.load(path)
     stale = staleness(series, key, build) + pristine_edits(pin.sha256, cache)
     wheel = baked_wheel(build, baked)
-    files = [p.get("file") for p in baked["patches"]]
+    files = [p.file for p in baked.patches]
     ours = [e.file for e in series.entries]
     part = len(files) < len(ours) and files == ours[: len(files)]
     row |= {
         # a bisect step (`bake --upto`): the series' first patches only
         "up_to": (files[-1] if files else "none") if part else None,
         "baked": True,
-        "baked_series": baked["series"]["sha256"],
+        "baked_series": baked.series.sha256,
         "stale": stale,
         "wheel": str(wheel) if wheel else None,
         "wheel_present": bool(wheel and wheel.is_file()),

@@ -19,8 +19,7 @@ from typing import Any
 import msgspec
 
 from bakery.errors import BakeryError
-from bakery.schema import Document, decode, read_json
-from bakery.tree import write_json_atomic
+from bakery.schema import Document, decode, read_json, write_json_atomic
 from bakery.verify.errors import BundleError
 
 __all__ = [

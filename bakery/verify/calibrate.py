@@ -18,7 +18,8 @@ from typing import Any
 
 from bakery import markdown
 from bakery.errors import UsageError
-from bakery.tree import write_json_atomic, write_text_atomic
+from bakery.schema import write_json_atomic
+from bakery.tree import write_text_atomic
 from bakery.verify.compare import BOUND_GATES, ParityGates, compare_bundles
 from bakery.verify.report import format_value
 

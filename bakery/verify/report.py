@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from bakery import markdown
-from bakery.tree import write_json_atomic, write_text_atomic
+from bakery.schema import write_json_atomic
+from bakery.tree import write_text_atomic
 
 __all__ = ["render_markdown", "write_reports", "format_value", "code"]
 

@@ -7,6 +7,7 @@ how each target was built, never from the code under test.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -127,7 +128,8 @@ def _hash(data: bytes) -> str:
 
 
 def test_manifest_pre_and_post_are_the_real_bytes(baked):
-    tree, _, _, data = baked
+    tree, _, _, typed = baked
+    data = json.loads(manifest.dumps(typed))
     assert (tree / "pkg" / "mod.py").read_bytes() == DRIFT + MOD_NEW
     assert data["files"] == {
         "pkg/gone.py": {"pre": _hash(GONE), "post": None},
@@ -137,7 +139,8 @@ def test_manifest_pre_and_post_are_the_real_bytes(baked):
 
 
 def test_manifest_patches_hashes_and_placements(baked):
-    _, diffs, series, data = baked
+    _, diffs, series, typed = baked
+    data = json.loads(manifest.dumps(typed))
     assert data["series"]["sha256"] == series.sha256
     assert [p["file"] for p in data["patches"]] == list(diffs)
     assert [p["sha256"] for p in data["patches"]] == [_hash(d) for d in diffs.values()]

@@ -27,6 +27,7 @@ SOUND = {
     },
     "wheel": "pkg-1.0+syn.c-py3-none-any.whl",
 }
+TYPED = manifest.parse(SOUND, "SOUND")
 
 
 def test_write_under_a_write_fault_keeps_the_old_manifest_and_no_temp(tmp_path):
@@ -41,27 +42,28 @@ def test_planted_write_without_cleanup_is_caught(tmp_path):
 
 def test_written_bytes_are_stable_and_read_back_with_json(tmp_path):
     path = tmp_path / manifest.MANIFEST
-    manifest.write(path, SOUND)
+    manifest.write(path, TYPED)
     data = path.read_bytes()
     reordered = dict(reversed(list(SOUND.items())))
-    assert data == manifest.dumps(reordered)  # key order does not leak into the bytes
-    assert data.endswith(b"}\n") and json.loads(data) == SOUND
+    assert data == manifest.dumps(manifest.parse(reordered, "reordered"))  # order: not in bytes
+    assert data.endswith(b"}\n") and json.loads(data)["files"] == SOUND["files"]
+    assert manifest.parse(json.loads(data), "again") == TYPED
     assert [p.name for p in tmp_path.iterdir()] == [manifest.MANIFEST]
 
 
 def test_load_gives_back_what_write_wrote(tmp_path):
     path = tmp_path / manifest.MANIFEST
-    manifest.write(path, SOUND)
-    assert manifest.load(path) == SOUND
+    manifest.write(path, TYPED)
+    assert manifest.load(path) == TYPED
 
 
 def test_find_a_baked_tree_or_one_installed_patched_wheel(tmp_path):
     baked, site = tmp_path / "baked", tmp_path / "site"
-    manifest.write(baked / manifest.MANIFEST, SOUND)
+    manifest.write(baked / manifest.MANIFEST, TYPED)
     assert manifest.find(baked) == baked / manifest.MANIFEST
-    manifest.write(site / "pkg-1.0+syn.c.dist-info" / manifest.MANIFEST, SOUND)
+    manifest.write(site / "pkg-1.0+syn.c.dist-info" / manifest.MANIFEST, TYPED)
     assert manifest.find(site) == site / "pkg-1.0+syn.c.dist-info" / manifest.MANIFEST
-    manifest.write(site / "pkg-2.0+syn.c.dist-info" / manifest.MANIFEST, SOUND)
+    manifest.write(site / "pkg-2.0+syn.c.dist-info" / manifest.MANIFEST, TYPED)
     with pytest.raises(ManifestError, match="several patched installs") as caught:
         manifest.find(site)
     assert caught.value.exit_code == 2
@@ -72,10 +74,10 @@ def test_find_a_baked_tree_or_one_installed_patched_wheel(tmp_path):
 def test_drift_of_a_sound_tree_and_of_a_changed_one(tmp_path):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "a.py").write_bytes(A)
-    assert manifest.drift(tmp_path, SOUND).clean
+    assert manifest.drift(tmp_path, TYPED).clean
     (tmp_path / "pkg" / "gone.py").write_bytes(b"back\n")
     (tmp_path / "pkg" / "a.py").write_bytes(b"a = 2\n")
-    assert manifest.drift(tmp_path, SOUND) == manifest.Drift(("pkg/a.py",), (), ("pkg/gone.py",))
+    assert manifest.drift(tmp_path, TYPED) == manifest.Drift(("pkg/a.py",), (), ("pkg/gone.py",))
 
 
 def test_drift_refuses_a_path_that_leaves_through_a_symlink(tmp_path):
@@ -85,7 +87,7 @@ def test_drift_refuses_a_path_that_leaves_through_a_symlink(tmp_path):
     (outside / "a.py").write_bytes(A)
     (root / "pkg").symlink_to(outside)  # would read outside/a.py and call it clean
     with pytest.raises(UnsafePathError, match="through a symlink"):
-        manifest.drift(root, SOUND)
+        manifest.drift(root, TYPED)
 
 
 def test_planted_plain_join_would_read_outside_and_call_it_clean(tmp_path, monkeypatch):
@@ -95,4 +97,4 @@ def test_planted_plain_join_would_read_outside_and_call_it_clean(tmp_path, monke
     (outside / "a.py").write_bytes(A)
     (root / "pkg").symlink_to(outside)
     monkeypatch.setattr(manifest, "inside", lambda base, rel: Path(base) / rel)
-    assert manifest.drift(root, SOUND).clean  # what the symlink refusal above prevents
+    assert manifest.drift(root, TYPED).clean  # what the symlink refusal above prevents
