@@ -25,7 +25,7 @@ from bakery.launch.errors import ProfileError
 from bakery.launch.gates import gate_table_of, load_gate_table
 from bakery.launch.matrix import matrix_from_data
 from bakery.launch.profiles import profile_from_data
-from bakery.schema import Document, decode
+from bakery.schema import Document, decode, encode_json
 from bakery.series.series import Pin, validate
 from bakery.series.stages import StagesDoc
 from bakery.verify.bundle import case_from_document, teacher_from_document
@@ -464,3 +464,22 @@ def _raise_validation_error(message: str) -> str:
 def test_every_kind_loads_its_own_real_document():
     for document, load, _ in KINDS.values():
         load(document)
+
+
+def test_encode_json_writes_structs_as_json_dumps_writes_their_dicts():
+    """The one encoder: a Struct (nested, in a free-form dict) gives the bytes json.dumps
+    gives its dict in field order, so typed writers keep their files' bytes."""
+
+    class Row(msgspec.Struct, frozen=True):
+        z: int
+        a: tuple
+        name: str | None = None
+
+    value = {"rows": [Row(1, (Row(2, ()),), "ü")], "x": 0.1}
+    as_dicts = {"rows": [{"z": 1, "a": [{"z": 2, "a": [], "name": None}], "name": "ü"}], "x": 0.1}
+    assert encode_json(value) == (json.dumps(as_dicts, indent=2) + "\n").encode()
+    assert encode_json(value, sort_keys=True, ascii_only=False) == (
+        json.dumps(as_dicts, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    ).encode()
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        encode_json({"p": object()})
