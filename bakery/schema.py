@@ -11,8 +11,9 @@ of bakery sees: one frozen type per document, no copy.
 
 Outputs: ``encode_json`` is the one JSON encoder (``write_json_atomic`` writes through
 it). These outputs are frozen types both ways, written by ``encode_json`` and decoded
-here like any input: BAKED.json (``bake.manifest.BakedManifest``) and the cache's release
-index (``bake.fetch.ReleaseIndex``). The other outputs are still dicts.
+here like any input: BAKED.json (``bake.manifest.BakedManifest``), the cache's release
+index (``bake.fetch.ReleaseIndex``) and the rebase loop's state.json
+(``maintain.rebase_state.RebaseState``). The other outputs are still dicts.
 """
 
 from __future__ import annotations

@@ -135,8 +135,7 @@ def check_cmd(directory: Path | None, python: Path | None) -> None:
             hint="re-run `make bake` (or reinstall the patched wheel)",
         )
     click.echo(
-        f"ok: {len(data.files)} touched file(s) match {path}; "
-        f"{checked} other file(s) match RECORD"
+        f"ok: {len(data.files)} touched file(s) match {path}; {checked} other file(s) match RECORD"
     )
 
 
@@ -183,7 +182,7 @@ def clean_cmd(series_dir, build_dir, everything, gc_cache, dry_run) -> None:
     state = rebase_loop.in_progress(build_dir)
     if state and everything:
         raise UsageError(
-            f"a rebase onto {state['release']} is in progress in {build_dir}: --all would "
+            f"a rebase onto {state.release} is in progress in {build_dir}: --all would "
             "drop its saved series and tree",
             hint="finish it with `bakery rebase --continue` or `bakery rebase --abort` first",
         )
@@ -191,9 +190,7 @@ def clean_cmd(series_dir, build_dir, everything, gc_cache, dry_run) -> None:
     cache_removals = []
     if gc_cache:
         tables = (
-            [state["pin"], *state["dependencies"].values(), *state["other_bases"].values()]
-            if state
-            else []
+            [state.pin, *state.dependencies.values(), *state.other_bases.values()] if state else []
         )
         extra = [str(t.get("sha256")) for t in tables if isinstance(t, dict)]
         pins = [*series.bases.values(), *series.dependencies.values()]

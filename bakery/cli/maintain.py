@@ -167,10 +167,10 @@ def rebase_cmd(
         _rebase_continue(build_dir, series_dir, tuple(drop), tuple(keep))
         return None
     if abort:
-        state = rebase_loop.abort(build_dir, series_dir)
-        for name in state["kept"]:
+        release, kept = rebase_loop.abort(build_dir, series_dir)
+        for name in kept:
             click.echo(f"kept: {name} (changed after --continue wrote it)", err=True)
-        click.echo(f"aborted the rebase onto {state['release']}: series and tree restored")
+        click.echo(f"aborted the rebase onto {release}: series and tree restored")
         return
     series = load_series(series_dir)
     version = _release_version(target, series.base(base_key).name)
@@ -261,16 +261,14 @@ def _rebase_checkout(series, version: str, build_dir: Path, base_key: str, fuzz:
         series, version, build_dir, base_key=base_key, max_fuzz=fuzz, cache=cache_dir()
     )
     tree = tree_dir(build_dir, base_key) / series.package
-    for path, info in state["files"].items():
-        fuzzed = f", fuzz {info['fuzz']}: review it" if info.get("fuzz") else ""
-        click.echo(f"{info['status']}: {tree / path} ({info['patch']}{fuzzed})")
-    for note in state["notes"]:
+    for path, info in state.files.items():
+        fuzzed = f", fuzz {info.fuzz}: review it" if info.fuzz else ""
+        click.echo(f"{info.status}: {tree / path} ({info.patch}{fuzzed})")
+    for note in state.notes:
         click.echo(f"warning: {note}", err=True)
-    conflict = rebase_loop.CheckoutStatus.CONFLICT  # state.json holds its word
-    left = [p for p, info in state["files"].items() if info["status"] == conflict]
-    reused = [
-        p for p, i in state["files"].items() if i["status"] == rebase_loop.CheckoutStatus.RESOLVED
-    ]
+    status = rebase_loop.CheckoutStatus
+    left = [p for p, info in state.files.items() if info.status is status.CONFLICT]
+    reused = [p for p, info in state.files.items() if info.status is status.RESOLVED]
     if reused:
         click.echo(
             f"{len(reused)} conflict(s) resolved as you fixed them before "

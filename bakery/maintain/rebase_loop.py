@@ -14,7 +14,6 @@ re-bakes and runs linkcheck. Each step holds the bake's build lock.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import msgspec
 import tomlkit
 
 from bakery.bake.bake import bake, build_lock, staleness, tree_dir
@@ -42,7 +42,9 @@ from bakery.maintain.rebase import (
 from bakery.maintain.rebase_state import (
     RERERE,
     STATE,
+    CheckedOutFile,
     CheckoutStatus,
+    RebaseState,
     checked_out,
     discard_state,
     folder_changes,
@@ -54,6 +56,7 @@ from bakery.maintain.rebase_state import (
     series_files,
     state_path,
     to_trash,
+    write_state,
 )
 from bakery.series import apply
 from bakery.series.engine import apply_file_patch
@@ -176,7 +179,7 @@ def _place(series: Series, old_pkg: Path, new_pkg: Path, release: str, max_fuzz:
 
 def checkout(
     series: Series, version: str, build: Path, *, base_key: str, max_fuzz: int, cache: Path
-) -> dict:
+) -> RebaseState:
     """Write the series onto ``version`` into the baked tree, conflicts and all."""
     with build_lock(build):
         refuse_during_rebase(build)
@@ -202,22 +205,22 @@ def checkout(
             build,
             _place(series, old_pkg, new_root / series.package, str(pin.requirement), max_fuzz),
         )
-        state = {
-            "release": str(pin.requirement),
-            "base_key": base_key,
-            "series": str(series.root.resolve()),
-            "series_sha256": series.sha256,
-            "wrote": {},
-            "had_tree": tree.exists(),
-            "pin": pin_table(pin),
-            "dependencies": {dep.name: pin_table(dep) for dep in deps},
-            "other_bases": {key: pin_table(p) for key, p in others.items()},
-            "notes": notes,
-            "files": {
-                p: {"patch": o.patch, "status": o.status, "fuzz": o.fuzz, "conflict": o.conflict}
+        state = RebaseState(
+            release=str(pin.requirement),
+            base_key=base_key,
+            series=str(series.root.resolve()),
+            series_sha256=series.sha256,
+            wrote={},
+            had_tree=tree.exists(),
+            pin=pin_table(pin),
+            dependencies={dep.name: pin_table(dep) for dep in deps},
+            other_bases={key: pin_table(p) for key, p in others.items()},
+            notes=tuple(notes),
+            files={
+                p: CheckedOutFile(o.patch, o.status, o.fuzz, o.conflict)
                 for p, o in sorted(outcomes.items())
             },
-        }
+        )
         _swap_in(series, build, tree, new_root, outcomes, state)
     return state
 
@@ -236,18 +239,18 @@ def _reuse(build: Path, outcomes: dict[str, _Outcome]) -> dict[str, _Outcome]:
     return out
 
 
-def _record(build: Path, state: dict, package: Path) -> None:
+def _record(build: Path, state: RebaseState, package: Path) -> None:
     """Remember the fix of each conflict the tree no longer has markers for."""
-    for path, info in state["files"].items():
-        if is_sha256(info.get("conflict")):
+    for path, info in state.files.items():
+        if is_sha256(info.conflict):
             data = read_file(package, path)
             if data is not None and not has_markers(data):
                 folder = own_folder(build / RERERE)
-                write_atomic(folder / info["conflict"], data)
+                write_atomic(folder / info.conflict, data)
 
 
 def _swap_in(
-    series: Series, build: Path, tree: Path, new_root: Path, outcomes: dict, state: dict
+    series: Series, build: Path, tree: Path, new_root: Path, outcomes: dict, state: RebaseState
 ) -> None:
     """Stage the new tree and the whole state folder, make the state appear with one
     rename, then move the trees: a failure or kill before that rename leaves nothing
@@ -266,9 +269,9 @@ def _swap_in(
             if outcome.data is not None:
                 write_atomic(staging / series.package / outcome.path, outcome.data)
         shutil.copytree(series.root, staged_state / "series")
-        write_atomic(staged_state / "state.json", (json.dumps(state, indent=2) + "\n").encode())
+        write_state(staged_state / "state.json", state)
         os.rename(staged_state, build / STATE)
-        if state["had_tree"]:
+        if state.had_tree:
             os.rename(tree, build / STATE / "baked")
         os.rename(staging, tree)
     finally:
@@ -277,9 +280,9 @@ def _swap_in(
     empty_trash(trash)
 
 
-def conflicts_left(state: dict, build: Path, series: Series) -> list[str]:
+def conflicts_left(state: RebaseState, build: Path, series: Series) -> list[str]:
     package = loop_tree(build, state) / series.package
-    return [p for p in state["files"] if has_markers(read_file(package, p))]
+    return [p for p in state.files if has_markers(read_file(package, p))]
 
 
 def resume(
@@ -321,10 +324,10 @@ def _resume(
     state = load_state(build, series_root)
     if not checked_out(state, build):
         raise UsageError(
-            f"the checkout onto {state['release']} did not finish (or an abort did not)",
+            f"the checkout onto {state.release} did not finish (or an abort did not)",
             hint="undo it with `bakery rebase --abort`, then check out again",
         )
-    root = Path(state["series"])
+    root = Path(state.series)
     if not is_ours(state, root):
         raise UsageError(
             f"{root} changed after this rebase was checked out (another rebase loop "
@@ -344,8 +347,8 @@ def _resume(
             f"{len(left)} file(s) still have conflict markers (file:lines): " + ", ".join(where),
             hint=NEXT_STEP,
         )
-    base_key = state["base_key"]
-    unknown = sorted({base_key, *state["other_bases"]} - set(saved.bases))
+    base_key = state.base_key
+    unknown = sorted({base_key, *state.other_bases} - set(saved.bases))
     if unknown:
         raise UnreadableInput(
             f"the rebase state names bases the series lacks: {unknown!r}",
@@ -359,7 +362,7 @@ def _resume(
                 hint=f"the other bases: {', '.join(others) or 'none'}",
             )
     tree = loop_tree(build, state)
-    pin = Pin.parse(base_key, state["pin"], "rebase state")
+    pin = Pin.parse(base_key, state.pin, "rebase state")
     strays: list[str] = []
     edited = differing_files(
         unpacked(pin, cache, build=build) / saved.package, tree / saved.package, strays
@@ -385,11 +388,12 @@ def _resume(
             "`bakery rebase --abort`",
         )
     writes = folder_changes(work, root, saved_root)
-    state["wrote"] |= {  # a rerun after a failed bake keeps what the first run wrote
+    wrote = {  # a rerun after a failed bake keeps what the first run wrote
         name: None if data is None else hashlib.sha256(data).hexdigest()
         for name, data in writes.items()
     }
-    write_atomic(state_path(build), (json.dumps(state, indent=2) + "\n").encode())
+    state = msgspec.structs.replace(state, wrote=state.wrote | wrote)
+    write_state(state_path(build), state)
     replace_files(root, writes)  # the series is the old one or the new one, never half
     remove_tree(work)
     rebased = load_series(root)
@@ -402,10 +406,10 @@ def _resume(
     findings = run_linkcheck(rebased, unpacked(pin, cache), thirdparty)
     discard_state(build)
     return {
-        "release": state["release"],
+        "release": state.release,
         "changes": [(c.action, c.file) for c in changes],
         "strays": strays,
-        "notes": state["notes"]
+        "notes": list(state.notes)
         + [f"{why} (kept: --keep-base)" for why in broken.values()]
         + [f"[bases.{key}] removed from the series (--drop-base)" for key in drop],
         "tree": str(result.tree),
@@ -413,31 +417,32 @@ def _resume(
     }
 
 
-def _repin(root: Path, state: dict, drop: tuple[str, ...] = ()) -> None:
+def _repin(root: Path, state: RebaseState, drop: tuple[str, ...] = ()) -> None:
     path = root / "series.toml"
     doc = tomlkit.parse(path.read_text())
-    doc["bases"][state["base_key"]].update(state["pin"])
-    for key, table in state["other_bases"].items():
+    doc["bases"][state.base_key].update(state.pin)
+    for key, table in state.other_bases.items():
         doc["bases"][key].update(table)
     for key in drop:
         del doc["bases"][key]
-    for name, table in state["dependencies"].items():
+    for name, table in state.dependencies.items():
         doc.setdefault("dependencies", tomlkit.table())[name] = table
     write_atomic(path, tomlkit.dumps(doc).encode())
 
 
-def abort(build: Path, series_root: Path | None = None) -> dict:
+def abort(build: Path, series_root: Path | None = None) -> tuple[str, list[str]]:
     """Put back the series files --continue wrote and the baked tree, as they were; from
     any point a checkout or an earlier abort stopped at, so a rerun always finishes.
     Nothing the loop did not write is deleted or overwritten: a file changed since
-    --continue wrote it (by a hand, or by another loop) is left as it is."""
+    --continue wrote it (by a hand, or by another loop) is left as it is. Returns the
+    release and the series files so kept."""
     with build_lock(build):
         state = load_state(build, series_root)
-        root = Path(state["series"])
+        root = Path(state.series)
         tree = loop_tree(build, state)
         saved_tree = own_path(build, f"{STATE}/baked", "the saved tree")
         now = series_files(root)
-        ours = {n: h for n, h in state["wrote"].items() if now.get(n) == h}
+        ours = {n: h for n, h in state.wrote.items() if now.get(n) == h}
         saved = own_path(build, f"{STATE}/series", "the saved series")
         if ours and not saved.is_dir():  # checked before anything moves
             raise UnreadableInput(
@@ -460,5 +465,4 @@ def abort(build: Path, series_root: Path | None = None) -> dict:
         if saved_tree.exists():
             os.rename(saved_tree, tree)
         discard_state(build)
-    state["kept"] = sorted(set(state["wrote"]) - set(ours))
-    return state
+    return state.release, sorted(set(state.wrote) - set(ours))

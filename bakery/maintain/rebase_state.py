@@ -19,9 +19,9 @@ from msgspec import Meta
 
 from bakery.bake.bake import tree_dir
 from bakery.errors import BakeryError, UnreadableInput, UsageError
-from bakery.schema import Document, read_json, try_decode
+from bakery.schema import Document, encode_json, read_json, try_decode
 from bakery.series.series import load_series
-from bakery.tree import empty_trash, own_folder, own_path, read_bounded, relative
+from bakery.tree import empty_trash, own_folder, own_path, read_bounded, relative, write_atomic
 
 STATE = ".rebase"  # under the build folder: state.json, series/ (saved), baked/ (saved)
 # Beside it, kept across rebases: conflict sha256 -> the fixed file, as git's rerere
@@ -43,33 +43,40 @@ class CheckoutStatus(StrEnum):
     RESOLVED = "resolved"  # the same conflict was fixed before: that fix reused (rerere)
 
 
-class _FileDoc(Document, frozen=True):
+class CheckedOutFile(Document, frozen=True):
+    """How ``checkout`` wrote one file (state.json's ``files`` values)."""
+
     patch: str
     status: CheckoutStatus
     fuzz: int = 0
     conflict: str = ""  # sha256 of the conflict as merged: its name under RERERE
 
 
-class _StateDoc(Document, frozen=True):
+class RebaseState(Document, frozen=True, kw_only=True):
     """state.json: every value is read back before anything moves, so an edited or
-    forged one is refused, never followed (its names are checked with ``own_path``)."""
+    forged one is refused, never followed (its names are checked with ``own_path``).
+    The fields in the order state.json has them."""
 
     release: str
     base_key: Annotated[
         str, Meta(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}\Z", description="a base name")
     ]
     series: str
+    series_sha256: str = ""  # the series checked out (a later loop's series is not ours)
+    wrote: dict[str, str | None] = {}  # series file -> sha256 --continue wrote (None: removed)
     had_tree: bool
     pin: dict[str, str]
     dependencies: dict[str, dict[str, str]]
     other_bases: dict[str, dict[str, str]]
-    notes: list[str]
-    files: dict[str, _FileDoc]
-    series_sha256: str = ""  # the series checked out (a later loop's series is not ours)
-    wrote: dict[str, str | None] = {}  # series file -> sha256 --continue wrote (None: removed)
+    notes: tuple[str, ...]
+    files: dict[str, CheckedOutFile]
 
 
-def in_progress(build: Path) -> dict | None:
+def write_state(path: Path, state: RebaseState) -> None:
+    write_atomic(path, encode_json(state))
+
+
+def in_progress(build: Path) -> RebaseState | None:
     """The rebase in progress in ``build`` (None if none); a damaged one is refused."""
     path = state_path(build)
     if not path.parent.exists() and not path.parent.is_symlink():
@@ -77,20 +84,17 @@ def in_progress(build: Path) -> dict | None:
     try:
         own_path(build, f"{STATE}/state.json", "the rebase state")
         data = read_json(path, "state.json", UnreadableInput, limit=4 << 20)
-        found = try_decode(data, _StateDoc)[1]
-        if not found:  # a state written before these fields: their defaults, as decoded
-            data.setdefault("series_sha256", "")
-            data.setdefault("wrote", {})
-        if not found:
-            for name in [*data["files"], *data["wrote"]]:
+        state, found = try_decode(data, RebaseState)
+        if state is not None:
+            for name in [*state.files, *state.wrote]:
                 relative(name)
     except FileNotFoundError:
         problem = "it has no state.json"
     except BakeryError as exc:
         problem = str(exc)
     else:
-        if not found:
-            return data
+        if state is not None:
+            return state
         problem = f"state.json: {'; '.join(found[:6])}"
     raise UnreadableInput(
         f"the rebase state in {path.parent} is damaged ({problem})",
@@ -105,24 +109,24 @@ def refuse_during_rebase(build: Path) -> None:
     state = in_progress(build)
     if state:
         raise UsageError(
-            f"a rebase onto {state['release']} is in progress in {build}",
+            f"a rebase onto {state.release} is in progress in {build}",
             hint="finish it with `bakery rebase --continue`, or undo it with "
             "`bakery rebase --abort`",
         )
 
 
-def loop_tree(build: Path, state: dict) -> Path:
-    return own_path(build, tree_dir(build, state["base_key"]).name, "the rebase's tree")
+def loop_tree(build: Path, state: RebaseState) -> Path:
+    return own_path(build, tree_dir(build, state.base_key).name, "the rebase's tree")
 
 
-def checked_out(state: dict, build: Path) -> bool:
+def checked_out(state: RebaseState, build: Path) -> bool:
     """Whether the tree in place is the checkout's (checkout moves the old tree into
     the state first, then the new one in; abort moves the old one back)."""
     saved = own_path(build, f"{STATE}/baked", "the saved tree")
-    return loop_tree(build, state).exists() and (saved.exists() or not state["had_tree"])
+    return loop_tree(build, state).exists() and (saved.exists() or not state.had_tree)
 
 
-def load_state(build: Path, series_root: Path | None) -> dict:
+def load_state(build: Path, series_root: Path | None) -> RebaseState:
     """The rebase in progress, if it is this series' (its names all checked)."""
     state = in_progress(build)
     if state is None:
@@ -130,9 +134,9 @@ def load_state(build: Path, series_root: Path | None) -> dict:
             f"no rebase in progress in {build}",
             hint="start one with `bakery rebase --to vllm==X.Y.Z --checkout`",
         )
-    if series_root is not None and Path(state["series"]) != Path(series_root).resolve():
+    if series_root is not None and Path(state.series) != Path(series_root).resolve():
         raise UsageError(
-            f"the rebase in progress in {build} is of another series: {state['series']!r}",
+            f"the rebase in progress in {build} is of another series: {state.series!r}",
             hint=f"name that series (`bakery rebase --abort --series DIR`), or delete "
             f"{build / STATE} if it is not yours",
         )
@@ -149,17 +153,17 @@ def series_files(root: Path) -> dict[str, str]:
     }
 
 
-def is_ours(state: dict, root: Path) -> bool:
+def is_ours(state: RebaseState, root: Path) -> bool:
     """Whether the series folder is still the one this loop checked out, or exactly what
     its own --continue wrote: else another loop (another build folder) has finished a
     rebase of it, or a hand changed it, and this loop must not write over that."""
     try:
-        if load_series(root).sha256 == state["series_sha256"]:
+        if load_series(root).sha256 == state.series_sha256:
             return True
     except BakeryError:
         pass
     now = series_files(root)
-    return bool(state["wrote"]) and all(now.get(n) == h for n, h in state["wrote"].items())
+    return bool(state.wrote) and all(now.get(n) == h for n, h in state.wrote.items())
 
 
 def folder_changes(new: Path, old: Path, saved: Path) -> dict[str, bytes | None]:

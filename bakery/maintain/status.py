@@ -85,7 +85,7 @@ def collect(series: Series, build: Path, servers: list[dict], cache: Path | None
     cache = cache or cache_dir()
     state = in_progress(build)
     rebase = state and {
-        "release": state["release"],
+        "release": state.release,
         "conflicts": conflicts_left(state, build, series),
     }
     return {
@@ -98,7 +98,7 @@ def collect(series: Series, build: Path, servers: list[dict], cache: Path | None
         },
         "patches": [{"file": e.file, **e.header()} for e in series.entries],
         "bases": {
-            key: _base(series, key, build, cache, bool(state and state["base_key"] == key))
+            key: _base(series, key, build, cache, bool(state and state.base_key == key))
             for key in sorted(series.bases, key=lambda k: (k != "default", k))
         },
         "rebase": rebase,

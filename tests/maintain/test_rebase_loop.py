@@ -231,7 +231,7 @@ def test_a_checkout_interrupted_at_any_step_leaves_nothing_or_an_abortable_rebas
         outcomes.append(undo_whatever_is_left(build, cli))
         assert snapshot(series, build / "baked") == before, f"step {step}"
     assert False in outcomes and True in outcomes  # both sides of the state's rename were hit
-    assert rebase_loop.in_progress(build)["release"] == "vllm==0.2.0"  # the last one finished
+    assert rebase_loop.in_progress(build).release == "vllm==0.2.0"  # the last one finished
 
 
 def test_a_checkout_killed_at_any_step_is_undone_and_its_staging_swept(loop, tmp_path):
@@ -329,7 +329,7 @@ def test_the_rebase_steps_take_the_bakes_lock(loop, tmp_path, monkeypatch):
         for args in (["--continue"], ["--abort"]):
             proc = cli("rebase", *args)
             assert proc.returncode == 1 and "another bake is running" in proc.stderr, proc.stderr
-        assert rebase_loop.in_progress(build)["release"] == "vllm==0.2.0"  # untouched
+        assert rebase_loop.in_progress(build).release == "vllm==0.2.0"  # untouched
     (build / "baked" / "vllm" / "b.py").write_bytes(b"B = 1\nLIMIT = 24\nNAME = 'b'\n")
     proc = cli("rebase", "--continue")  # its bake runs under its own lock
     assert proc.returncode == 0, proc.stderr
