@@ -128,3 +128,31 @@ def make_loop(tmp_path):
     proc = cli("bake")
     assert proc.returncode == 0, proc.stderr
     return series, build, cli, new, clean
+
+
+# A series folder from patch bytes as given (no wheel): for identity, placement and
+# refresh --check tests that need no bake.
+PIN = """
+[bases.default]
+requirement = "vllm==0.32.0"
+wheel = "vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+sha256 = "{sha}"
+"""
+
+
+def series_folder(
+    root: Path, patches: dict[str, bytes], *, fuzz=0, strip=1, renames=None, package="pkg"
+) -> Path:
+    """A series folder: series.toml plus the given patch files (bytes as they are)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for old in root.glob("*.diff"):
+        old.unlink()
+    toml = f'name = "syn"\npackage = "{package}"\n[policy]\nstrip = {strip}\nmax_fuzz = {fuzz}\n'
+    if renames:
+        toml += "[renames]\n" + "".join(f'"{a}" = "{b}"\n' for a, b in renames.items())
+    toml += PIN.format(sha="0" * 64)
+    for name, data in patches.items():
+        (root / name).write_bytes(data)
+        toml += f'[[patches]]\nfile = "{name}"\nsummary = "s"\nstage = 1\n'
+    (root / "series.toml").write_text(toml)
+    return root

@@ -1,9 +1,20 @@
 """Issue 24, item 5: an in-place edit to an untouched file of a baked tree never reaches
 the pristine cache, which other checkouts share. The baked tree links to its build
 folder's own copy; the test bakes the real cpu base with a private cache (never the real
-one), appends with the shell's `>>`, and a plant of the old linking fails it."""
+one), appends with the shell's `>>`, and a plant of the old linking fails it.
+
+Fast: an append (``>>``) to an untouched file of a baked tree stays in that tree.
+
+The tree links to its build folder's own copy of the pristine tree, never to the shared
+cache: ``status`` shows the file as modified since the bake and as an edit refresh would
+pick up, the cache's stamp still holds, and the next bake puts the file back. Synthetic
+release, private cache.
+"""
+
+from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 
@@ -12,9 +23,9 @@ import pytest
 from bakery.bake import bake as bake_mod
 from bakery.bake.bake import bake
 from bakery.bake.pristine import pristine_edits
+from tests._synthetic_release import make_loop
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.slow
 UNTOUCHED = "vllm/envs.py"
 
 
@@ -47,6 +58,7 @@ def _append_leaves_the_cache_intact(tmp_path, series, private) -> None:
     assert _digest(other / "baked-cpu" / UNTOUCHED) == before  # ... and in no other
 
 
+@pytest.mark.slow
 def test_an_append_to_an_untouched_file_never_reaches_the_cache(tmp_path, series, cache):
     pin = series.base("cpu")
     private = _private_cache(tmp_path, pin, cache)
@@ -66,6 +78,7 @@ def test_an_append_to_an_untouched_file_never_reaches_the_cache(tmp_path, series
         assert run_cli(*args, env=env).returncode == 0, args
 
 
+@pytest.mark.slow
 def test_planted_linking_into_the_cache_fails_it(tmp_path, series, cache, monkeypatch):
     """The old bake: untouched files linked straight to the shared cache."""
     pin = series.base("cpu")
@@ -73,3 +86,26 @@ def test_planted_linking_into_the_cache_fails_it(tmp_path, series, cache, monkey
     monkeypatch.setattr(bake_mod, "own_pristine", lambda source, build: source)
     with pytest.raises(AssertionError, match="reached the shared pristine cache"):
         _append_leaves_the_cache_intact(tmp_path, series, private)
+
+
+UNTOUCHED = "vllm/__init__.py"  # not patched: linked from the build folder's own copy
+
+
+def test_status_reports_an_append_as_this_trees_edit_and_the_cache_keeps_none(tmp_path):
+    _, build, cli, _, _ = make_loop(tmp_path)
+    tree = build / "baked"
+    cache = tmp_path / "cache"
+    (cached,) = (cache / "pristine").glob(f"*/{UNTOUCHED}")
+    assert os.stat(tree / UNTOUCHED).st_ino != os.stat(cached).st_ino
+    clean = json.loads(cli("status", "--json").stdout)["bases"]["default"]
+    assert clean["stale"] == [] and clean["pending"] == []
+    with open(tree / UNTOUCHED, "ab") as handle:  # `echo ... >> file`
+        handle.write(b"# appended\n")
+    state = json.loads(cli("status", "--json").stdout)["bases"]["default"]
+    assert f"modified since the bake: {UNTOUCHED}" in state["stale"]
+    assert [p["action"] for p in state["pending"]] == ["add"], state["pending"]
+    assert cached.read_bytes() == b"" and pristine_edits(cached.parents[1].name, cache) == []
+    proc = cli("bake")
+    assert proc.returncode == 0 and "copied again from the cache" in proc.stderr
+    assert (tree / UNTOUCHED).read_bytes() == b""
+    assert json.loads(cli("status", "--json").stdout)["bases"]["default"]["stale"] == []

@@ -3,6 +3,8 @@
 The real-tree tests extract only the ``*.py`` members of the pinned wheels (plus
 empty stand-ins for compiled ``*.so`` modules, whose existence is all the check
 needs), which takes seconds.
+
+`bakery linkcheck` as the user runs it: exit codes and finding lines.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from bakery.check.linkcheck import (
 from bakery.errors import SeriesError
 from bakery.series.series import Pin
 from bakery.tree import sha256_file
+from tests.conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 SEED_PATCH = "09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff"
@@ -361,3 +364,32 @@ def test_positional_only_calls_agree_with_python(tmp_path, call):
     touched = f"from vllm.lib import p, pk, K\n{call}\n"
     findings = _check(tmp_path, {"lib.py": POSONLY_LIB}, touched)
     assert (findings == []) == python_accepts, (call, findings)
+
+
+SEED = "09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("base", ["default", "cpu"])
+def test_the_command_finds_nothing_on_the_full_series(base):
+    proc = run_cli("linkcheck", "--base", base)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_seed_alone_reports_the_seven_known_faults():
+    proc = run_cli("linkcheck", "--base", "cpu", "--only", SEED)
+    assert proc.returncode == 1
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 7 and all(line.startswith("models/deepseek_v41/") for line in lines)
+    for name in (
+        "dsv41_dcp_combine",  # patch 02's, since patch 09 reads --dcp-comm-backend
+        "_PREFILL_TIMING",
+        "_PrefillTimer",
+        "prefill_acc_add",
+        "self.dcp_world_size",
+        "self.dcp_rank",
+        "self.cp_kv_cache_interleave_size",
+    ):
+        assert sum(name in line for line in lines) == 1, name
+    assert proc.stderr.startswith("error: 7 unresolved name(s)")

@@ -1,6 +1,7 @@
 """Issue 26, item 8: one way to exit 1 (an ``error:`` line from the boundary), and an
 OSError is exit 2 when a path cannot be read or written as given (README), 1 only when
-the disk fails the work; each with a hint."""
+the disk fails the work; each with a hint. Bad input is exit 2 with the option it came
+from."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from bakery.cli import series as series_cli
 from bakery.cli.root import main
 from tests._synthetic_release import make_loop
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 
 def test_an_input_over_the_read_bound_is_exit_2_with_a_hint(tmp_path):
@@ -67,3 +68,27 @@ def test_planted_silent_exit_is_caught(tmp_path):
                                  "            return 1\n", 1))  # fmt: skip
     (found,) = silent_exits(tmp_path / "cli")
     assert found.startswith("bake.py:") and found.endswith(": return 1")
+
+
+@pytest.mark.parametrize("kind", ["missing", "devnull", "folder"])
+def test_a_wheel_that_is_no_regular_file_is_bad_input(tmp_path, kind):
+    wheel = {"missing": tmp_path / "nope.whl", "devnull": "/dev/null", "folder": tmp_path}[kind]
+    proc = run_cli("bake", "--base", "cpu", "--wheel", str(wheel), "--build", str(tmp_path / "b"))
+    assert proc.returncode == 2, proc.stderr
+    if kind != "folder":  # a folder is click's own refusal (dir_okay=False)
+        assert proc.stderr.startswith("error: --wheel is not a regular file")
+
+
+@pytest.mark.parametrize("command", ["capture", "calibrate"])
+def test_capture_out_that_is_a_file_is_bad_input(tmp_path, command):
+    out = tmp_path / "file"
+    out.write_text("mine\n")
+    proc = run_cli("verify", command, "--url", "http://127.0.0.1:9", "--out", str(out))
+    assert proc.returncode == 2, proc.stderr
+    assert "not a file" in proc.stderr and out.read_text() == "mine\n"
+
+
+def test_rebase_matrix_names_its_own_option():
+    proc = run_cli("rebase-matrix", "--releases", "0.30.0,not a version")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --releases "), proc.stderr
+    assert "--to" not in proc.stderr

@@ -20,7 +20,7 @@ from bakery.series import apply
 from bakery.series.diff import parse_patch, render_file_diff
 from bakery.series.engine import apply_file_patch
 from bakery.series.series import load_series
-from tests.bake.test_identity_manifest import _series
+from tests._synthetic_release import series_folder
 
 PATH = "pkg/mod.py"
 BASE = [b"v%d = %d" % (i, i) for i in range(1, 41)]
@@ -120,7 +120,7 @@ def test_a_hunk_with_no_line_in_the_file_has_no_nearest_match():
 
 
 def _survey(tmp_path, name: str, release: bytes, diff: bytes = DIFF):
-    series = load_series(_series(tmp_path / "series", {name: diff}))
+    series = load_series(series_folder(tmp_path / "series", {name: diff}))
     return series, survey(series, {PATH: release}, 0)
 
 

@@ -7,6 +7,9 @@ requests), not vLLM: the real-server test comes with the launcher.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -365,3 +368,15 @@ def test_teacher_forced_capture_and_compare(tmp_path: Path) -> None:
     assert code == 1 and "parity failed" in out
     args = ["compare", str(base), str(same), "--teacher-forced", "--max-tf-kl", "1e-6"]
     assert run_cli(args)[0] == 0
+
+
+def test_a_killed_captures_staging_is_swept_by_the_next(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    left = tmp_path / f".bundle.tmp-{dead}"
+    left.mkdir()
+    (left / "case.json").write_bytes(b"x" * 1000)
+    code, _ = run_cli(["capture", "--url", "http://127.0.0.1:9", "--retries", "0",
+                       "--out", str(tmp_path / "bundle")])  # fmt: skip
+    assert code != 0  # nothing listens there
+    assert not left.exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".")]
