@@ -8,8 +8,11 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import tomlkit
+
+from bakery.cli.launch import main
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_SH = REPO / "launcher" / "dcp2" / "run.sh"
@@ -129,3 +132,29 @@ def tiny_model_dir(dest: Path) -> Path:
     config = '{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}\n'
     (dest / "config.json").write_text(config)
     return dest
+
+
+class Launched(NamedTuple):
+    """What ``run.sh start`` said: its exit code, the problem lines of a refusal (its
+    ``  - `` items) and the whole of stderr."""
+
+    code: int
+    problems: list[str]
+    err: str
+
+
+def launch(capsys, env, *args: str, profile: str = "cpu-tiny", port: int | None = None):
+    """``run.sh start`` in process (``bakery.cli.launch.main``) on the ``env`` fixture's
+    build, artifacts, series and python, on a free port (and its tiny model for cpu-tiny).
+    ``args`` come last, so a ``--`` among them passes vLLM flags. No traceback may reach the
+    user, and a dry run leaves no record."""
+    argv = ["start", "--profile", profile, "--build", str(env["build"])]
+    argv += ["--artifacts", str(env["art"]), "--series", str(env["series"])]
+    argv += ["--python", str(PYTHON), "--port", str(port or free_port())]
+    argv += ["--model", str(env["model"])] if profile == "cpu-tiny" else []
+    code = main([*argv, *args])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    if "--dry-run" in args:
+        assert not env["art"].exists(), "a dry run must leave no record"
+    return Launched(code, [line[4:] for line in err.splitlines() if line.startswith("  - ")], err)

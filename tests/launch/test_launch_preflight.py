@@ -24,11 +24,11 @@ from _launch_support import (
     SERIES,
     canned_probe,
     free_port,
+    launch,
     series_with_stage,
     tiny_model_dir,
 )
 
-from bakery.cli.launch import main
 from bakery.launch import preflight
 from bakery.launch.gates import load_gate_table
 
@@ -63,33 +63,9 @@ def gpus(env, text: str) -> None:
     script.chmod(0o755)
 
 
-def launch(capsys, env, *args: str, profile: str = "cpu-tiny", port: int | None = None):
-    argv = [
-        "start",
-        "--profile",
-        profile,
-        "--build",
-        str(env["build"]),
-        "--artifacts",
-        str(env["art"]),
-        "--series",
-        str(env["series"]),
-        "--python",
-        str(PYTHON),
-        "--port",
-        str(port or free_port()),
-        *(["--model", str(env["model"])] if profile == "cpu-tiny" else []),
-        *args,
-    ]
-    code = main(argv)
-    out = capsys.readouterr()
-    assert "Traceback" not in out.err
-    return code, out.err
-
-
 def refused(capsys, env, *args, profile="cpu-tiny", port=None) -> list[str]:
     """The problem lines of a refusal (asserting exit 3 and that nothing was recorded)."""
-    code, err = launch(capsys, env, *args, profile=profile, port=port)
+    code, _, err = launch(capsys, env, *args, profile=profile, port=port)
     assert code == 3, err
     assert "error: preflight refused the launch" in err
     assert not env["art"].exists(), "a refused launch must leave no record"
@@ -139,7 +115,7 @@ def test_unknown_dsv41_variable_in_the_callers_env(capsys, env, monkeypatch):
 
 
 def test_planned_stage_is_accepted_with_a_note(capsys, env):
-    code, err = launch(capsys, env, "--stage", "5", "--dry-run")
+    code, _, err = launch(capsys, env, "--stage", "5", "--dry-run")
     assert code == 0, err
     assert "note: stage 5 is planned (no code): it behaves exactly as stage 4" in err
 
@@ -186,7 +162,7 @@ def test_no_nvidia_smi(capsys, env):
 
 
 def test_cpu_base_skips_the_gpu_check_with_a_note(capsys, env):
-    code, err = launch(capsys, env, "--dry-run")
+    code, _, err = launch(capsys, env, "--dry-run")
     assert code == 0, err
     assert "note: cpu base: GPU check skipped" in err
 
@@ -238,7 +214,7 @@ def test_gathered_dcp_heads_not_supported(capsys, env, tmp_path):
 
 def test_supported_heads_pass(capsys, env, tmp_path):
     model = dsv41_model(tmp_path, 64)
-    code, err = launch(
+    code, _, err = launch(
         capsys,
         env,
         "--base",
@@ -282,7 +258,7 @@ def dcp2(capsys, env, tmp_path, *extra: str) -> tuple[int, list[str]]:
     if not model.exists():
         dsv41_model(tmp_path, 64)
     args = ("--base", "cpu", "--model", str(model), "--dry-run", "--", *extra)
-    code, err = launch(capsys, env, *args, profile="dsv41-sm120-tp2-dcp2")
+    code, _, err = launch(capsys, env, *args, profile="dsv41-sm120-tp2-dcp2")
     return code, [line[4:] for line in err.splitlines() if line.startswith("  - ")]
 
 
@@ -357,7 +333,9 @@ def test_swa_replay_left_on_is_refused_for_the_series_model_only():
 
 
 def test_dcp1_ignores_the_dcp_flags(capsys, env):
-    code, err = launch(capsys, env, "--dry-run", "--", "--enable-dbo", "--dcp-comm-backend", "a2a")
+    code, _, err = launch(
+        capsys, env, "--dry-run", "--", "--enable-dbo", "--dcp-comm-backend", "a2a"
+    )
     assert code == 0, err
 
 
@@ -375,7 +353,7 @@ def test_missing_baked_tree(capsys, env, tmp_path, monkeypatch):
         f"{tmp_path}/nobuild/baked-cpu"
     ]
     assert probes == []
-    code, err = launch(capsys, env)
+    code, _, err = launch(capsys, env)
     assert code == 3 and "vLLM probe skipped until the baked tree is fixed" in err
 
 
@@ -391,7 +369,7 @@ def test_stale_baked_tree_series_hash_and_drift(capsys, env, tmp_path, cpu_bake)
         f"baked tree missing or stale ({tree} was baked from series 00000000, the repo has "
     )
     assert "more)" in problem  # the drift lines (missing files) are counted
-    code, err = launch(capsys, env)
+    code, _, err = launch(capsys, env)
     assert "hint: fix every problem above" in err and "make bake" in err
 
 
@@ -467,7 +445,7 @@ def test_per_node_gpu_share(capsys, env):
 
 def test_two_nodes_of_two_gpus_pass_the_gpu_check(capsys, env):
     gpus(env, SM120.format(i=0) + "\n" + SM120.format(i=1))
-    code, err = launch(
+    code, _, err = launch(
         capsys, env, "--dry-run", "--base", "cpu", profile="dsv41-sm120-2node-tp4-dcp4"
     )
     assert code == 0, err
@@ -542,7 +520,7 @@ def test_every_problem_is_reported_in_one_run(capsys, env):
 
 
 def test_unknown_profile_is_a_usage_error(capsys, env):
-    code, err = launch(capsys, env, profile="no-such-profile")
+    code, _, err = launch(capsys, env, profile="no-such-profile")
     assert code == 2
     assert "error: unknown profile (no such file; known: cpu-tiny, " in err
 
@@ -552,6 +530,6 @@ def test_unknown_profile_key_is_a_usage_error(capsys, env, tmp_path):
     bad.write_text(
         (REPO / "launcher/dcp2/profiles/cpu-tiny.toml").read_text() + "\n[paralel]\ntp = 2\n"
     )
-    code, err = launch(capsys, env, profile=str(bad))
+    code, _, err = launch(capsys, env, profile=str(bad))
     assert code == 2
     assert f"error: {bad}: $.paralel: unknown field (known: base, model," in err
