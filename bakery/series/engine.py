@@ -19,15 +19,25 @@ from __future__ import annotations
 
 import io
 import re
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from bakery.errors import HunkFailed, NearMatch
 from bakery.series.diff import FilePatch, Hunk, HunkLine
 from bakery.series.locate import Matcher, Pattern, Shape, line_key, line_starts
 
-__all__ = ["Placement", "FileResult", "apply_file_patch", "survey_file_patch"]
+__all__ = ["Placement", "Placements", "FileResult", "apply_file_patch", "survey_file_patch"]
 
 _RUNS = re.compile(rb" +|-+|\++")  # runs of one kind, over a hunk's kinds
+# A body of one change: leading context, removed lines, added lines, trailing context (no CR).
+_ONE_CHANGE = re.compile(rb"((?: [^\r\n]*\n)*)(?:-[^\r\n]*\n)*(?:\+[^\r\n]*\n)*((?: [^\r\n]*\n)*)")
+# Over a body from the newline before it: drop the other side's lines, then each line's kind.
+_ADDED_LINE = re.compile(rb"\n\+[^\n]*")
+_REMOVED_LINE = re.compile(rb"\n-[^\n]*")
+_OLD_KIND = re.compile(rb"\n[ -]")
+_NEW_KIND = re.compile(rb"\n[ +]")
 _ADDED, _REMOVED = b"+-"
 
 
@@ -39,12 +49,52 @@ class Placement:
     fuzz: int
 
 
+class Placements(Sequence[Placement]):
+    """A file's placements as four numbers a hunk; a ``Placement`` is made when asked for
+    (30k of them, with their line numbers, cost more than 3 MB)."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self) -> None:
+        self.rows: array[int] = array("q")
+
+    def add(self, hunk: int, line: int, offset: int, fuzz: int) -> None:
+        self.rows.extend((hunk, line, offset, fuzz))
+
+    def __len__(self) -> int:
+        return len(self.rows) // 4
+
+    @overload
+    def __getitem__(self, index: int) -> Placement: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Placement, ...]: ...
+    def __getitem__(self, index: int | slice) -> Placement | tuple[Placement, ...]:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(len(self))[index])
+        if not -len(self) <= index < len(self):
+            raise IndexError("placement index out of range")
+        at = index % len(self) * 4
+        return Placement(*self.rows[at : at + 4])
+
+    def __iter__(self) -> Iterator[Placement]:
+        return (self[i] for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"Placements({list(self)!r})"
+
+
 @dataclass(frozen=True)
 class FileResult:
     path: str
     before: bytes | None  # None: the file did not exist
     after: bytes | None  # None: the patch deletes it
-    placements: tuple[Placement, ...]
+    placements: Sequence[Placement]
     mode: int | None = None
 
 
@@ -157,18 +207,37 @@ def _refuse_if_reversed(
         )
 
 
+def _line_start(data: bytes, pos: int, lines: int) -> int:
+    """Where the line ``lines`` lines after the one starting at ``pos`` starts; -1 past the end."""
+    for _ in range(lines):
+        pos = data.find(b"\n", pos) + 1
+        if not pos:
+            return -1
+    return pos
+
+
 def _apply_hunks(
     patch_name: str, file_patch: FilePatch, before: bytes | None, max_fuzz: int, keep_going: bool
-) -> tuple[bytes, list[Placement], list[HunkFailed]]:
+) -> tuple[bytes, Placements, list[HunkFailed]]:
     """GNU patch's hunk loop; with ``keep_going`` a failed hunk is skipped, as GNU does."""
     data = before or b""
     matcher = Matcher(data)
-    starts = matcher.starts if matcher.data is data else line_starts(data)
     view = memoryview(data)
     crlf = _is_crlf(data)
     out = io.BytesIO()
     open_end = False  # the last bytes written end without a newline
     frozen = 0  # input lines already copied or consumed (GNU last_frozen_line)
+    written = 0  # where line ``frozen`` + 1 starts in ``data``; -1: not known (see starts)
+    exact = matcher.data is data  # no CRLF: a line's key is its bytes
+    crlf_starts: list[array[int]] = []  # a CRLF file's own line starts, made once when needed
+
+    def starts() -> array[int]:
+        """Where each line of ``data`` starts (made on the first hunk off the fast path)."""
+        if exact:
+            return matcher.starts
+        if not crlf_starts:
+            crlf_starts.append(line_starts(data))
+        return crlf_starts[0]
 
     def emit(chunk: bytes | memoryview, fix: bool = True) -> None:
         # GNU's after_newline: a line that lost its newline (fuzz dropped the
@@ -182,36 +251,45 @@ def _apply_hunks(
         open_end = chunk[-1:] != b"\n"
 
     def copy_till(n: int) -> None:
-        nonlocal frozen
+        nonlocal frozen, written
         if n > frozen:
-            emit(view[starts[frozen] : starts[n]])
+            emit(view[starts()[frozen] : starts()[n]])
             frozen = n
+        written = -1
 
-    placements: list[Placement] = []
+    placements = Placements()
     failures: list[HunkFailed] = []
     in_offset = 0
-    exact = matcher.data is data  # no CRLF: a line's key is its bytes
-    for hunk in file_patch.hunks:
+    table = file_patch.table
+    source = table.source
+    for index in range(len(table)):
+        number, old_start, old_len, _, _, start, stop = table.row(index)
+        guess = (old_start + 1 if old_len == 0 else old_start) + in_offset
+        one = _ONE_CHANGE.fullmatch(source, start, stop) if exact and old_len else None
+        if one and frozen < guess and (lead := one.span(1))[1] < (trail := one.span(2))[0]:
+            # Most hunks: one change between equal runs of context, found whole where the diff
+            # (and the offset so far) puts it, which is where locate looks first. Both sides
+            # come from the body's bytes at C speed; the context written is the file's own.
+            prefix, suffix = source.count(b"\n", *lead), source.count(b"\n", *trail)
+            if written < 0:
+                written = starts()[frozen]
+            at = _line_start(data, written, guess - 1 - frozen) if prefix == suffix else -1
+            body = source[start - 1 : stop]  # from the header's newline: a newline, then a line
+            old = _OLD_KIND.sub(b"\n", _ADDED_LINE.sub(b"", body))
+            if at > 0 and data.startswith(old, at - 1) or at == 0 and data.startswith(old[1:]):
+                new = _NEW_KIND.sub(b"\n", _REMOVED_LINE.sub(b"", body))
+                head = lead[1] - lead[0] - prefix  # the context's bytes without their kinds
+                tail = trail[1] - trail[0] - suffix
+                if at + head > written:
+                    emit(view[written : at + head])
+                if len(new) - tail > head + 1:
+                    emit(new[head + 1 : len(new) - tail])
+                written = at + len(old) - 1 - tail
+                frozen = guess - 1 + old_len - suffix
+                placements.add(number, guess, in_offset, 0)
+                continue
+        hunk = table[index]
         shape = _shape(hunk)
-        guess, pattern = shape.first + in_offset, shape.pattern
-        if (
-            exact
-            and shape.lines is not None
-            and shape.prefix == shape.suffix < len(shape.kinds)
-            and frozen < guess <= matcher.size - pattern.count + 1
-            and matcher.matches(guess, pattern, 0, 0)
-        ):
-            # Most hunks: a simple body, changed, found whole where the diff (and the offset so
-            # far) puts it, which is where locate looks first. Context then comes out as the
-            # hunk has it, the file's bytes being the same; the loop below would write the same.
-            placements.append(Placement(hunk.number, guess, in_offset, 0))
-            copy_till(guess + shape.prefix - 1)
-            end = len(shape.kinds) - shape.suffix
-            new = [line[1:] for line in shape.lines[shape.prefix : end] if line[0] != _REMOVED]
-            if new:
-                emit(b"\n".join(new) + b"\n")
-            frozen = guess - 1 + pattern.count - shape.suffix
-            continue
         max_here = min(max_fuzz, max(shape.prefix, shape.suffix))
         where = 0
         fuzz = 0
@@ -219,7 +297,7 @@ def _apply_hunks(
             where = matcher.locate(shape, fuzz, in_offset, frozen)
             if where:
                 break
-            if hunk is file_patch.hunks[0] and not keep_going:
+            if index == 0 and not keep_going:
                 _refuse_if_reversed(patch_name, file_patch.path, hunk, matcher, fuzz)
         if not where:
             failures.append(
@@ -237,7 +315,8 @@ def _apply_hunks(
             if keep_going:
                 continue
             raise failures[0]
-        placements.append(Placement(hunk=hunk.number, line=where, offset=in_offset, fuzz=fuzz))
+        placements.add(hunk.number, where, in_offset, fuzz)
+        written = -1  # the loops below move ``frozen`` past lines they do not write
         old_index = 0  # old-side lines of this hunk consumed so far
         # GNU adds the lost newline only before added lines that no context follows.
         last_context = shape.last_context
@@ -257,28 +336,30 @@ def _apply_hunks(
                 else:
                     old_index += end - start
             continue
-        for index, line in enumerate(hunk.lines):
+        for line_index, line in enumerate(hunk.lines):
             if line.kind == "-":
                 copy_till(where + old_index - 1)
                 frozen += 1
                 old_index += 1
             elif line.kind == "+":
                 copy_till(where + old_index - 1)
-                emit(_added(line, crlf), fix=index > last_context)
+                emit(_added(line, crlf), fix=line_index > last_context)
             else:
                 old_index += 1
-    copy_till(len(starts) - 1)
+    rest = written if written >= 0 else starts()[frozen]
+    if rest < len(data):
+        emit(view[rest:])
     return out.getvalue(), placements, failures
 
 
 def survey_file_patch(
     patch_name: str, file_patch: FilePatch, before: bytes | None, max_fuzz: int
-) -> tuple[list[Placement], list[HunkFailed]]:
+) -> tuple[Placements, list[HunkFailed]]:
     """Place every hunk, continuing past failures (for reports, like GNU's rejects)."""
     if (file_patch.creates and before) or (not file_patch.creates and before is None):
         where = "already exists" if before else "does not exist"
         failure = f"{patch_name}: {file_patch.path!r} {where}"
-        return [], [HunkFailed(failure, patch=patch_name, path=file_patch.path)]
+        return Placements(), [HunkFailed(failure, patch=patch_name, path=file_patch.path)]
     _, placements, failures = _apply_hunks(patch_name, file_patch, before, max_fuzz, True)
     return placements, failures
 
@@ -304,5 +385,5 @@ def apply_file_patch(
                 patch=patch_name,
                 path=path,
             )
-        return FileResult(path, before, None, tuple(placements))
-    return FileResult(path, before, after, tuple(placements), mode=file_patch.new_mode)
+        return FileResult(path, before, None, placements)
+    return FileResult(path, before, after, placements, mode=file_patch.new_mode)

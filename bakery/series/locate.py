@@ -95,9 +95,16 @@ class Matcher:
 
     def __init__(self, data: bytes) -> None:
         self.data = data if b"\r\n" not in data else data.replace(b"\r\n", b"\n")
-        self.starts = line_starts(self.data)
-        self.size = len(self.starts) - 1  # lines
+        self.size = self.data.count(b"\n") + (not self.data.endswith(b"\n") and bool(self.data))
+        self._starts: array[int] | None = None
         self._keys: list[Key] | None = None
+
+    @property
+    def starts(self) -> array[int]:
+        """Where each line starts (made on the first search off the diff's own guess)."""
+        if self._starts is None:
+            self._starts = line_starts(self.data)
+        return self._starts
 
     @property
     def keys(self) -> list[Key]:
