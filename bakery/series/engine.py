@@ -32,12 +32,11 @@ __all__ = ["Placement", "Placements", "FileResult", "apply_file_patch", "survey_
 
 _RUNS = re.compile(rb" +|-+|\++")  # runs of one kind, over a hunk's kinds
 # A body of one change: leading context, removed lines, added lines, trailing context (no CR).
-_ONE_CHANGE = re.compile(rb"((?: [^\r\n]*\n)*)(?:-[^\r\n]*\n)*(?:\+[^\r\n]*\n)*((?: [^\r\n]*\n)*)")
-# Over a body from the newline before it: drop the other side's lines, then each line's kind.
-_ADDED_LINE = re.compile(rb"\n\+[^\n]*")
-_REMOVED_LINE = re.compile(rb"\n-[^\n]*")
-_OLD_KIND = re.compile(rb"\n[ -]")
-_NEW_KIND = re.compile(rb"\n[ +]")
+_ONE_CHANGE = re.compile(
+    rb"((?: [^\r\n]*\n)*)((?:-[^\r\n]*\n)*)((?:\+[^\r\n]*\n)*)(?: [^\r\n]*\n)*"
+)
+# Each line's kind (over a body from the newline before it).
+_KIND = re.compile(rb"\n[-+ ]")
 _ADDED, _REMOVED = b"+-"
 
 
@@ -263,28 +262,36 @@ def _apply_hunks(
     table = file_patch.table
     source = table.source
     for index in range(len(table)):
-        number, old_start, old_len, _, _, start, stop = table.row(index)
+        number, old_start, old_len, _, new_len, start, stop = table.row(index)
         guess = (old_start + 1 if old_len == 0 else old_start) + in_offset
         one = _ONE_CHANGE.fullmatch(source, start, stop) if exact and old_len else None
-        if one and frozen < guess and (lead := one.span(1))[1] < (trail := one.span(2))[0]:
+        if one and frozen < guess and not open_end and one.end(1) < one.end(3):
             # Most hunks: one change between equal runs of context, found whole where the diff
-            # (and the offset so far) puts it, which is where locate looks first. Both sides
-            # come from the body's bytes at C speed; the context written is the file's own.
-            prefix, suffix = source.count(b"\n", *lead), source.count(b"\n", *trail)
+            # (and the offset so far) puts it, which is where locate looks first. The body's
+            # lines lose their kinds at C speed; the context written is the file's own.
+            prefix, suffix = (
+                source.count(b"\n", start, one.end(1)),
+                source.count(b"\n", one.end(3), stop),
+            )
             if written < 0:
                 written = starts()[frozen]
             at = _line_start(data, written, guess - 1 - frozen) if prefix == suffix else -1
-            body = source[start - 1 : stop]  # from the header's newline: a newline, then a line
-            old = _OLD_KIND.sub(b"\n", _ADDED_LINE.sub(b"", body))
-            if at > 0 and data.startswith(old, at - 1) or at == 0 and data.startswith(old[1:]):
-                new = _NEW_KIND.sub(b"\n", _REMOVED_LINE.sub(b"", body))
-                head = lead[1] - lead[0] - prefix  # the context's bytes without their kinds
-                tail = trail[1] - trail[0] - suffix
-                if at + head > written:
-                    emit(view[written : at + head])
-                if len(new) - tail > head + 1:
-                    emit(new[head + 1 : len(new) - tail])
-                written = at + len(old) - 1 - tail
+            removed = old_len - prefix - suffix
+            # Byte offsets in ``lines``: where the leading context, removed and added lines end.
+            lead_end = one.end(1) - start - prefix
+            removed_end = one.end(2) - start - prefix - removed
+            added_end = one.end(3) - start - removed - new_len + suffix
+            lines = memoryview(_KIND.sub(b"\n", source[start - 1 : stop]))[1:]
+            if (
+                at >= 0
+                and data.startswith(lines[:removed_end], at)
+                and data.startswith(lines[added_end:], at + removed_end)
+            ):
+                if at + lead_end > written:
+                    out.write(view[written : at + lead_end])
+                if added_end > removed_end:
+                    out.write(lines[removed_end:added_end])
+                written = at + removed_end
                 frozen = guess - 1 + old_len - suffix
                 placements.add(number, guess, in_offset, 0)
                 continue
