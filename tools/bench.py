@@ -132,7 +132,7 @@ def _big_rows(work: Path, hunks: int = 30_000) -> list[tuple[str, ...]]:
     return [
         *rows,
         (
-            "engine: peak memory, same case (a process)",
+            "engine: peak memory, same case (a process importing the engine alone)",
             f"{our_rss / 2**20:.1f} MiB",
             f"GNU patch --dry-run {gnu_rss / 2**20:.1f} MiB",
             f"{our_rss / gnu_rss:.2f}x",
