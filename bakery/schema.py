@@ -13,7 +13,9 @@ Outputs: ``encode_json`` is the one JSON encoder (``write_json_atomic`` writes t
 it). These outputs are frozen types both ways, written by ``encode_json`` and decoded
 here like any input: BAKED.json (``bake.manifest.BakedManifest``), the cache's release
 index (``bake.fetch.ReleaseIndex``) and the rebase loop's state.json
-(``maintain.rebase_state.RebaseState``). The other outputs are still dicts.
+(``maintain.rebase_state.RebaseState``). Written only, as frozen types: rebase.json
+(``maintain.rebase.RebaseReport``) and matrix.json (``maintain.rebase.MatrixTable``).
+The other outputs are still dicts.
 """
 
 from __future__ import annotations

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from collections import Counter
@@ -21,6 +20,7 @@ from bakery.launch import lifecycle
 from bakery.maintain import rebase as rebase_mod
 from bakery.maintain import rebase_loop, refresh
 from bakery.maintain import status as status_mod
+from bakery.schema import encode_json
 from bakery.series.series import load_series
 from bakery.tree import write_atomic
 
@@ -179,24 +179,24 @@ def rebase_cmd(
         return
     out = out or build_dir / "rebase" / f"{series.base(base_key).name}-{version}"
     report = rebase_mod.rebase(series, version, out, base_key=base_key, max_fuzz=fuzz)
-    counts = Counter(h["status"] for h in report["hunks"])
+    counts = Counter(h.status for h in report.hunks)
     click.echo(
-        f"{report['release']} (sha256 {report['sha256']}): "
+        f"{report.release} (sha256 {report.sha256}): "
         + ", ".join(f"{counts[k]} {k}" for k in sorted(counts))
     )
-    for patch, status in report["patches"].items():
+    for patch, status in report.patches.items():
         click.echo(f"  {patch}: {status}")
-    unplaced = [p for p, v in report["patches"].items() if v == rebase_mod.PatchVerdict.FAILS]
-    for finding in report["linkcheck"]:
+    unplaced = [p for p, v in report.patches.items() if v == rebase_mod.PatchVerdict.FAILS]
+    for finding in report.linkcheck:
         click.echo(f"linkcheck: {finding}{_tie(finding, series, unplaced)}")
-    for note in report["kept_bases"]:
+    for note in report.kept_bases:
         click.echo(f"warning: {note}", err=True)
     click.echo(f"refreshed series and report: {out}")
     failed = counts[rebase_mod.HunkVerdict.FAILED]
-    if failed + len(report["linkcheck"]):
+    if failed + len(report.linkcheck):
         raise BakeryError(
-            f"{failed} hunk(s) failed and {len(report['linkcheck'])} "
-            f"linkcheck finding(s) on {report['release']}",
+            f"{failed} hunk(s) failed and {len(report.linkcheck)} "
+            f"linkcheck finding(s) on {report.release}",
             hint=f"see {out / 'rebase.md'}; `bakery rebase --checkout` writes the conflicts "
             "into the baked tree to fix them",
         )
@@ -345,13 +345,13 @@ def rebase_matrix_cmd(series_dir, base_key, releases, out, fuzz, no_linkcheck, s
     )
     out.mkdir(parents=True, exist_ok=True)
     markdown = rebase_mod.matrix_markdown(table)
-    write_atomic(out / "matrix.json", (json.dumps(table, indent=2) + "\n").encode())
+    write_atomic(out / "matrix.json", encode_json(table))
     write_atomic(out / "matrix.md", markdown.encode())
     click.echo(markdown, nl=False)
     click.echo(f"written: {out / 'matrix.md'}, {out / 'matrix.json'}")
-    for version, row in table["releases"].items():
-        if row.get("error"):
-            click.echo(f"warning: {version}: {row['error']}", err=True)
+    for version, row in table.releases.items():
+        if isinstance(row, rebase_mod.MissingRelease):
+            click.echo(f"warning: {version}: {row.error}", err=True)
     failures = rebase_mod.matrix_failures(table)
     if strict and failures:
         raise BakeryError(
@@ -376,7 +376,7 @@ def status_cmd(series_dir, build_dir, artifacts, as_json) -> None:
     servers = [row for row in lifecycle.status(artifacts, None) if row["running"]]
     report = status_mod.collect(load_series(series_dir), build_dir, servers)
     if as_json:
-        click.echo(json.dumps(report, indent=2))
+        click.echo(encode_json(report).decode(), nl=False)
         return
     for line in status_mod.lines(report):
         click.echo(line)

@@ -10,11 +10,10 @@ one release into a new folder for review and runs linkcheck against it;
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from bakery.bake.wheel import extract_sources, pinned_requirement, read_members,
 from bakery.check.linkcheck import format_finding, run_linkcheck
 from bakery.errors import FetchError, UsageError
 from bakery.progress import step
+from bakery.schema import encode_json
 from bakery.series.diff import render_file_diff
 from bakery.series.engine import Placement, apply_file_patch, survey_file_patch
 from bakery.series.series import Pin, Series, load_series
@@ -76,8 +76,7 @@ class PatchVerdict(StrEnum):
 _SEVERITY = list(HunkVerdict)
 
 
-@dataclass(frozen=True)
-class HunkStatus:
+class HunkStatus(msgspec.Struct, frozen=True):
     patch: str
     path: str
     hunk: int
@@ -196,6 +195,50 @@ def _linkcheck(
     return [format_finding(f) for f in findings]
 
 
+class RebaseReport(msgspec.Struct, frozen=True):
+    """rebase.json: the release and its pins, each patch's and each hunk's verdict, and
+    linkcheck's findings on the patches that still apply. Written, never read back."""
+
+    release: str
+    wheel: str
+    sha256: str
+    dependencies: list[dict[str, str]]
+    max_fuzz: int
+    other_bases: dict[str, dict[str, str]]
+    kept_bases: list[str]
+    patches: dict[str, PatchVerdict]
+    hunks: tuple[HunkStatus, ...]
+    linkcheck: list[str]
+    linkcheck_scope: list[str]
+
+
+class ReleaseRow(msgspec.Struct, frozen=True):
+    """One release of matrix.json: its wheel, each patch's verdict and linkcheck's
+    findings (None: skipped)."""
+
+    wheel: str
+    sha256: str
+    patches: dict[str, PatchVerdict]
+    linkcheck: list[str] | None
+
+
+class MissingRelease(msgspec.Struct, frozen=True):
+    """A release of matrix.json that could not be fetched: a row, not the end of the table."""
+
+    wheel: None
+    sha256: None
+    error: str
+    patches: dict[str, PatchVerdict]
+    linkcheck: None
+
+
+class MatrixTable(msgspec.Struct, frozen=True):
+    """matrix.json: patch x release. Written, never read back."""
+
+    patches: list[str]
+    releases: dict[str, ReleaseRow | MissingRelease]
+
+
 def pin_table(pin: Pin) -> dict:
     return {"requirement": str(pin.requirement), "wheel": pin.wheel, "sha256": pin.sha256}
 
@@ -248,7 +291,7 @@ def rebase(
     base_key: str = "default",
     max_fuzz: int = 3,
     cache: Path | None = None,
-) -> dict:
+) -> RebaseReport:
     """Try the series on ``version``; write the refreshed series and a report under ``out``."""
     cache = cache or cache_dir()
     if out.exists():
@@ -262,45 +305,45 @@ def rebase(
     failed = _write_series(series, bases, deps, out, files, statuses, max_fuzz)
     refreshed = load_series(out)
     applied = tuple(e.file for e in refreshed.entries if e.file not in failed)
-    report = {
-        "release": str(pin.requirement),
-        "wheel": pin.wheel,
-        "sha256": pin.sha256,
-        "dependencies": [pin_table(dep) for dep in deps],
-        "max_fuzz": max_fuzz,
-        "other_bases": {key: pin_table(p) for key, p in others.items()},
-        "kept_bases": kept_bases,
-        "patches": {e.file: patch_status(statuses, e.file) for e in series.entries},
-        "hunks": [asdict(s) for s in statuses],
-        "linkcheck": _linkcheck(refreshed, pin, applied, cache, max_fuzz) if applied else [],
-        "linkcheck_scope": list(applied),
-    }
-    write_atomic(out / "rebase.json", (json.dumps(report, indent=2) + "\n").encode())
+    report = RebaseReport(
+        release=str(pin.requirement),
+        wheel=pin.wheel,
+        sha256=pin.sha256,
+        dependencies=[pin_table(dep) for dep in deps],
+        max_fuzz=max_fuzz,
+        other_bases={key: pin_table(p) for key, p in others.items()},
+        kept_bases=kept_bases,
+        patches={e.file: patch_status(statuses, e.file) for e in series.entries},
+        hunks=tuple(statuses),
+        linkcheck=_linkcheck(refreshed, pin, applied, cache, max_fuzz) if applied else [],
+        linkcheck_scope=list(applied),
+    )
+    write_atomic(out / "rebase.json", encode_json(report))
     write_atomic(out / "rebase.md", _rebase_markdown(report).encode())
     return report
 
 
-def _rebase_markdown(report: dict) -> str:
+def _rebase_markdown(report: RebaseReport) -> str:
     lines = [
-        f"# Rebase onto {report['release']}",
+        f"# Rebase onto {report.release}",
         "",
-        f"wheel `{report['wheel']}` sha256 `{report['sha256']}` (max fuzz {report['max_fuzz']})",
+        f"wheel `{report.wheel}` sha256 `{report.sha256}` (max fuzz {report.max_fuzz})",
         "",
     ]
     rows = []
-    for h in report["hunks"]:
-        status = h["status"]
-        if status in (HunkVerdict.OFFSET, HunkVerdict.FUZZ):
-            status = f"{status} (offset {h['offset']:+d}, fuzz {h['fuzz']})"
-        rows.append((h["patch"], h["path"], h["hunk"], status))
+    for h in report.hunks:
+        status: str = h.status
+        if h.status in (HunkVerdict.OFFSET, HunkVerdict.FUZZ):
+            status = f"{h.status} (offset {h.offset:+d}, fuzz {h.fuzz})"
+        rows.append((h.patch, h.path, h.hunk, status))
     lines.append(markdown.table(("patch", "file", "hunk", "status"), rows))
-    for h in report["hunks"]:
-        if h["detail"]:
-            lines += ["", f"## {h['patch']} hunk #{h['hunk']}", "", "```", h["detail"], "```"]
-    if report["kept_bases"]:
-        lines += ["", *(f"warning: {note}" for note in report["kept_bases"])]
-    lines += ["", f"## linkcheck ({len(report['linkcheck'])} finding(s))", ""]
-    lines += [f"- {f}" for f in report["linkcheck"]] or ["- none"]
+    for h in report.hunks:
+        if h.detail:
+            lines += ["", f"## {h.patch} hunk #{h.hunk}", "", "```", h.detail, "```"]
+    if report.kept_bases:
+        lines += ["", *(f"warning: {note}" for note in report.kept_bases)]
+    lines += ["", f"## linkcheck ({len(report.linkcheck)} finding(s))", ""]
+    lines += [f"- {f}" for f in report.linkcheck] or ["- none"]
     return "\n".join(lines) + "\n"
 
 
@@ -312,23 +355,18 @@ def matrix(
     max_fuzz: int = 3,
     linkcheck: bool = True,
     cache: Path | None = None,
-) -> dict:
-    """patch x release status table (JSON-ready)."""
+) -> MatrixTable:
+    """patch x release status table."""
     cache = cache or cache_dir()
     base = series.base(base_key)
-    table: dict = {"patches": [e.file for e in series.entries], "releases": {}}
+    table = MatrixTable([e.file for e in series.entries], {})
     for version in versions:
         try:
             with step(f"{base.name}=={version}: fetching"):
                 pin = release_pin(series, base_key, version, cache)
         except FetchError as exc:  # one missing release is a row, not the end of the table
-            table["releases"][version] = {
-                "wheel": None,
-                "sha256": None,
-                "error": str(exc),
-                "patches": {e.file: PatchVerdict.MISSING for e in series.entries},
-                "linkcheck": None,
-            }
+            missing = {e.file: PatchVerdict.MISSING for e in series.entries}
+            table.releases[version] = MissingRelease(None, None, str(exc), missing, None)
             continue
         with step(f"{base.name}=={version}: placing {len(series.entries)} patch(es)"):
             statuses = survey(series, release_files(series, pin, cache), max_fuzz)
@@ -337,44 +375,40 @@ def matrix(
         findings = (
             _linkcheck(series, pin, applicable, cache, max_fuzz) if linkcheck and applicable else []
         )
-        table["releases"][version] = {
-            "wheel": pin.wheel,
-            "sha256": pin.sha256,
-            "patches": statuses_by_patch,
-            "linkcheck": findings if linkcheck else None,
-        }
+        table.releases[version] = ReleaseRow(
+            pin.wheel, pin.sha256, statuses_by_patch, findings if linkcheck else None
+        )
     return table
 
 
-def matrix_markdown(table: dict) -> str:
-    versions = list(table["releases"])
+def matrix_markdown(table: MatrixTable) -> str:
+    versions = list(table.releases)
     rows = [
-        [patch, *(table["releases"][v]["patches"][patch] for v in versions)]
-        for patch in table["patches"]
+        [patch, *(table.releases[v].patches[patch] for v in versions)] for patch in table.patches
     ]
     counts = []
     for v in versions:
-        row = table["releases"][v]
-        findings = row["linkcheck"]
-        if row.get("error"):
+        row = table.releases[v]
+        if isinstance(row, MissingRelease):
             counts.append("no release")
         else:
+            findings = row.linkcheck
             counts.append("skipped" if findings is None else f"{len(findings)} finding(s)")
     rows.append(["linkcheck", *counts])
     return markdown.table(["patch", *versions], rows) + "\n"
 
 
-def matrix_failures(table: dict) -> list[str]:
+def matrix_failures(table: MatrixTable) -> list[str]:
     """What ``matrix --strict`` fails on: a missing release, a failing patch, a finding."""
     out = []
-    for version, row in table["releases"].items():
-        if row.get("error"):
+    for version, row in table.releases.items():
+        if isinstance(row, MissingRelease):
             out.append(f"{version}: release missing")
             continue
-        failing = [p for p, s in row["patches"].items() if s == PatchVerdict.FAILS]
+        failing = [p for p, s in row.patches.items() if s == PatchVerdict.FAILS]
         out += [f"{version}: {p} fails" for p in failing]
-        if row["linkcheck"]:
-            out.append(f"{version}: {len(row['linkcheck'])} linkcheck finding(s)")
+        if row.linkcheck:
+            out.append(f"{version}: {len(row.linkcheck)} linkcheck finding(s)")
     return out
 
 
