@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
 import shutil
 import subprocess
@@ -68,7 +70,42 @@ def pristine_cpu(cpu_bake, series, cache) -> Path:
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None):
-    """Run ``python -m bakery ARGS`` as a user would; returns CompletedProcess."""
+    """``bakery ARGS`` in this process, through the command line's one boundary
+    (``bakery.cli.root.main``), as a user meets it: the exit code, stdout and stderr apart,
+    in a CompletedProcess. ``cwd`` and ``env`` hold for the call only. A fresh interpreter
+    costs about a second a call; ``run_door`` is for the tests of the door itself."""
+    from bakery.cli.root import main
+
+    out, err = io.StringIO(), io.StringIO()
+    here, environ = os.getcwd(), dict(os.environ)
+    try:
+        os.chdir(cwd or REPO)
+        os.environ.update(env or {})
+        with (
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+            _stdin(io.StringIO("")),
+        ):
+            code = main(list(args))
+    finally:
+        os.chdir(here)
+        os.environ.clear()
+        os.environ.update(environ)
+    return subprocess.CompletedProcess(["bakery", *args], code, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def _stdin(stream):
+    """No terminal on stdin, as for a child with its output captured."""
+    saved, sys.stdin = sys.stdin, stream
+    try:
+        yield
+    finally:
+        sys.stdin = saved
+
+
+def run_door(*args: str, cwd: Path | None = None, env: dict | None = None):
+    """``python -m bakery ARGS`` in a fresh interpreter: the module door itself."""
     return subprocess.run(
         [sys.executable, "-m", "bakery", *args],
         cwd=cwd or REPO,

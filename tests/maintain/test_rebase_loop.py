@@ -31,7 +31,7 @@ import pytest
 from bakery.errors import BakeryError
 from bakery.maintain import rebase_loop
 from tests._synthetic_release import CONFLICT, NEW, OLD, PLATFORM, make_loop, wheel
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, run_door
 
 
 @pytest.fixture
@@ -324,7 +324,9 @@ def test_the_rebase_steps_take_the_bakes_lock(loop, tmp_path, monkeypatch):
     real_place = rebase_loop._place
 
     def place_while_a_bake_starts(*args, **kwargs):
-        seen.append(cli("bake"))  # a second terminal, mid-checkout
+        # a second terminal, mid-checkout: another process (a lock is per process)
+        where = ("--series", str(series), "--build", str(build))
+        seen.append(run_door("bake", *where, env={"BAKERY_CACHE": str(tmp_path / "cache")}))
         return real_place(*args, **kwargs)
 
     monkeypatch.setattr(rebase_loop, "_place", place_while_a_bake_starts)

@@ -6,7 +6,7 @@ import tomllib
 import pytest
 
 from tests._synthetic_release import make_loop
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, run_door
 
 # Run from a subfolder, ``-m bakery`` must still import this checkout's bakery.
 HERE = {"PYTHONPATH": str(REPO)}
@@ -65,7 +65,7 @@ def test_status_shows_a_rebase_in_progress(loop):
 
 
 def test_version_names_the_series_and_its_pins_from_a_subfolder():
-    proc = run_cli("--version", cwd=REPO / "launcher" / "dcp2", env=HERE)
+    proc = run_door("--version", cwd=REPO / "launcher" / "dcp2", env=HERE)  # python -m bakery
     assert proc.returncode == 0, proc.stderr
     toml = tomllib.loads((REPO / "patches" / "dcp2" / "series.toml").read_text())
     lines = proc.stdout.splitlines()
