@@ -12,8 +12,9 @@ of bakery sees: one frozen type per document, no copy.
 Outputs: ``encode_json`` is the one JSON encoder (``write_json_atomic`` writes through
 it). These outputs are frozen types both ways, written by ``encode_json`` and decoded
 here like any input: BAKED.json (``bake.manifest.BakedManifest``), the cache's release
-index (``bake.fetch.ReleaseIndex``) and the rebase loop's state.json
-(``maintain.rebase_state.RebaseState``). Written only, as frozen types: rebase.json
+index (``bake.fetch.ReleaseIndex``), the rebase loop's state.json
+(``maintain.rebase_state.RebaseState``) and a run's server.pid
+(``launch.run_record.PidRecord``). Written only, as frozen types: rebase.json
 (``maintain.rebase.RebaseReport``) and matrix.json (``maintain.rebase.MatrixTable``).
 The other outputs are still dicts.
 """

@@ -22,6 +22,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from bakery import __version__
 from bakery.bake.manifest import MANIFEST
 from bakery.clock import FOLDER, ISO, utc_stamp
@@ -31,7 +33,7 @@ from bakery.launch.plan import LaunchPlan
 from bakery.launch.preflight import Facts
 from bakery.launch.processes import carries_marker, cmdline, launched, start_ticks
 from bakery.launch.profiles import ENV_NAME
-from bakery.schema import write_json_atomic
+from bakery.schema import Document, try_decode, write_json_atomic
 from bakery.tree import read_bounded, write_atomic
 
 __all__ = [
@@ -69,6 +71,19 @@ class Record:
     @property
     def pid_file(self) -> Path:
         return self.run_dir / PID_FILE
+
+
+class PidRecord(Document, frozen=True, kw_only=True):
+    """server.pid, in the order it is written. A record from before the launcher kept
+    the command line has none (``cmdline`` UNSET); one that says null is refused."""
+
+    pgid: int
+    start_ticks: int | None  # None: /proc could not tell
+    cmdline: tuple[str, ...] | msgspec.UnsetType = msgspec.UNSET
+    url: str | None = None
+    profile: str = "?"
+    run_dir: str = ""
+    command: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -215,15 +230,15 @@ def write_record(record: Record, plan: LaunchPlan, facts: Facts, argv: list[str]
 
 def write_pid(record: Record, plan: LaunchPlan, proc: subprocess.Popen) -> None:
     assert isinstance(proc.args, list), proc.args  # _spawn passes an argv list
-    data = {
-        "pgid": proc.pid,
-        "start_ticks": start_ticks(proc.pid),
-        "cmdline": list(proc.args),
-        "url": None if plan.headless else plan.url,
-        "profile": plan.profile.name,
-        "run_dir": str(record.run_dir),
-        "command": list(plan.command),
-    }
+    data = PidRecord(
+        pgid=proc.pid,
+        start_ticks=start_ticks(proc.pid),
+        cmdline=tuple(proc.args),
+        url=None if plan.headless else plan.url,
+        profile=plan.profile.name,
+        run_dir=str(record.run_dir),
+        command=tuple(plan.command),
+    )
     write_json_atomic(
         record.pid_file, data, ascii_only=True
     )  # stop and status never read half a file
@@ -242,17 +257,21 @@ def recorded(artifacts: Path, profile: str | None) -> list[Running]:
 def read_pid(path: Path) -> Running:
     try:
         data = json.loads(read_bounded(path, 1 << 20))  # a FIFO never hangs it
-        return Running(
-            path,
-            int(data["pgid"]),
-            int(data["start_ticks"] or -1),
-            data.get("url"),
-            str(data.get("profile", "?")),
-            tuple(str(a) for a in data["cmdline"]) if "cmdline" in data else None,
-        )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         why = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
         return Running(path, -1, -1, None, path.parent.parent.name, error=why[:200])
+    pid, problems = try_decode(data, PidRecord)
+    if pid is None:
+        why = "; ".join(problems)
+        return Running(path, -1, -1, None, path.parent.parent.name, error=why[:200])
+    return Running(
+        path,
+        pid.pgid,
+        pid.start_ticks or -1,
+        pid.url,
+        pid.profile,
+        None if isinstance(pid.cmdline, msgspec.UnsetType) else pid.cmdline,
+    )
 
 
 def launcher_argv(run_dir: Path) -> list[str]:

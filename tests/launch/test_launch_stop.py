@@ -321,3 +321,18 @@ def test_a_profile_that_is_a_folder_is_one_error_line(capsys, tmp_path):
     code = main(["start", "--profile", str(folder), "--dry-run"])
     err = capsys.readouterr().err
     assert code == 2 and f"error: {folder}: cannot read it (Is a directory)" in err
+
+
+def test_a_pid_file_reads_back_typed_and_a_null_command_line_is_refused(tmp_path):
+    """server.pid decodes as a PidRecord: an old record without a command line is checked
+    by start time alone (cmdline None); one that says null is an error, never that."""
+    path = tmp_path / "cpu-tiny" / "run" / run_record.PID_FILE
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"pgid": 5, "start_ticks": 7, "profile": "cpu-tiny"}))
+    old = run_record.read_pid(path)
+    assert (old.pgid, old.start_ticks, old.cmdline, old.error) == (5, 7, None, None)
+    path.write_text(json.dumps({"pgid": 5, "start_ticks": 7, "cmdline": None}))
+    forged = run_record.read_pid(path)
+    assert forged.pgid == -1 and "$.cmdline" in (forged.error or "")
+    path.write_text(json.dumps({"pgid": "5", "start_ticks": 7, "cmdline": ["x"]}))
+    assert "$.pgid: expected int" in (run_record.read_pid(path).error or "")
