@@ -15,8 +15,9 @@ here like any input: BAKED.json (``bake.manifest.BakedManifest``), the cache's r
 index (``bake.fetch.ReleaseIndex``), the rebase loop's state.json
 (``maintain.rebase_state.RebaseState``) and a run's server.pid
 (``launch.run_record.PidRecord``). Written only, as frozen types: rebase.json
-(``maintain.rebase.RebaseReport``) and matrix.json (``maintain.rebase.MatrixTable``).
-The other outputs are still dicts.
+(``maintain.rebase.RebaseReport``), matrix.json (``maintain.rebase.MatrixTable``) and
+`status --json` (``maintain.status.StatusReport``; each patch's header and the server
+rows stay dicts inside it). The other outputs are still dicts.
 """
 
 from __future__ import annotations
@@ -328,15 +329,16 @@ def encode_json(
     """``value`` as the JSON bytes bakery writes: indent 2 and a final newline.
 
     ``value`` is a frozen Struct, or a dict/list (a free-form part) that may hold Structs:
-    ``json.dumps`` writes it, meeting each Struct as a dict in field order, so the bytes
-    are the ones the writers made from dicts (key order, float spelling, escapes).
+    ``json.dumps`` writes it, meeting each Struct as a dict in field order (an UNSET field
+    left out), so the bytes are the ones the writers made from dicts (key order, float
+    spelling, escapes).
     ``sort_keys`` for reproducible outputs; ``ascii_only`` escapes all but ASCII (text from
     the environment or argv may hold surrogates UTF-8 cannot encode); ``strict`` refuses
     NaN and infinities, which are not JSON; ``default`` as in ``json.dumps``."""
 
     def plain(obj: Any) -> Any:
-        if isinstance(obj, msgspec.Struct):
-            return msgspec.structs.asdict(obj)
+        if isinstance(obj, msgspec.Struct):  # an UNSET field is left out, as msgspec does
+            return {k: v for k, v in msgspec.structs.asdict(obj).items() if v is not msgspec.UNSET}
         if default is not None:
             return default(obj)
         raise TypeError(f"{type(obj).__name__} is not JSON serializable")

@@ -10,6 +10,9 @@ edits "unknown", not a download).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from bakery import __version__
 from bakery.bake import manifest
@@ -29,6 +32,67 @@ from bakery.series.series import Series
 __all__ = ["collect", "lines"]
 
 
+class PendingEdit(msgspec.Struct, frozen=True):
+    action: str
+    file: str
+
+
+class UnbakedBase(msgspec.Struct, frozen=True):
+    """A base with no BAKED.json (``checkout``: the rebase's conflict tree is there)."""
+
+    pin: str
+    sha256: str
+    tree: str
+    baked: bool
+    checkout: bool
+    baked_series: None
+    stale: list[str]
+    pending: None
+
+
+class BakedBase(msgspec.Struct, frozen=True, kw_only=True):
+    """A baked base: its series, staleness, wheel, and the edits refresh would write
+    (``pending`` None: unknown, ``why`` says why; ``strays`` only when they were told)."""
+
+    pin: str
+    sha256: str
+    tree: str
+    up_to: str | None  # a bisect step (`bake --upto`): the series' first patches only
+    baked: bool
+    baked_series: str
+    stale: list[str]
+    wheel: str | None
+    wheel_present: bool
+    older_wheels: list[str]
+    pending: list[PendingEdit] | None
+    why: str | None
+    strays: list[str] | msgspec.UnsetType = msgspec.UNSET
+
+
+class SeriesFacts(msgspec.Struct, frozen=True):
+    name: str
+    root: str
+    sha256: str
+    patches: int
+
+
+class RebaseProgress(msgspec.Struct, frozen=True):
+    release: str
+    conflicts: list[str]
+
+
+class StatusReport(msgspec.Struct, frozen=True):
+    """`bakery status --json`. ``patches`` (each patch's header) and ``servers`` (the
+    launcher's rows) are free-form dicts: other rooms own their shapes."""
+
+    tool: manifest.Tool
+    series: SeriesFacts
+    patches: list[dict]
+    bases: dict[str, UnbakedBase | BakedBase]
+    rebase: RebaseProgress | None
+    servers: list[dict]
+
+
 def _pending(series: Series, key: str, tree: Path, cache: Path) -> dict:
     """The edits refresh would write, or why they cannot be told."""
     pristine = compared_pristine(series.base(key).sha256, cache, tree.parent) / series.package
@@ -37,113 +101,105 @@ def _pending(series: Series, key: str, tree: Path, cache: Path) -> dict:
     strays: list[str] = []
     edited = differing_files(pristine, tree / series.package, strays)
     changes = refresh.plan_refresh(series, edited)
-    pending = [{"action": c.action, "file": c.file} for c in changes]
+    pending = [PendingEdit(c.action, c.file) for c in changes]
     return {"pending": pending, "why": None, "strays": strays}
 
 
-def _base(series: Series, key: str, build: Path, cache: Path, rebasing: bool) -> dict:
+def _base(
+    series: Series, key: str, build: Path, cache: Path, rebasing: bool
+) -> UnbakedBase | BakedBase:
     pin = series.base(key)
     tree = tree_dir(build, key)
-    row: dict[str, object] = {"pin": str(pin.requirement), "sha256": pin.sha256, "tree": str(tree)}
+    row: dict[str, Any] = {"pin": str(pin.requirement), "sha256": pin.sha256, "tree": str(tree)}
     path = tree / manifest.MANIFEST
     if not path.is_file():
         checkout = rebasing and tree.is_dir()  # the conflict tree: written, not baked
-        return {
-            **row,
-            "baked": False,
-            "checkout": checkout,
-            "baked_series": None,
-            "stale": [],
-            "pending": None,
-        }
+        return UnbakedBase(
+            **row, baked=False, checkout=checkout, baked_series=None, stale=[], pending=None
+        )
     baked = manifest.load(path)
     stale = staleness(series, key, build) + pristine_edits(pin.sha256, cache)
     wheel = baked_wheel(build, baked)
     files = [p.file for p in baked.patches]
     ours = [e.file for e in series.entries]
     part = len(files) < len(ours) and files == ours[: len(files)]
-    row |= {
-        # a bisect step (`bake --upto`): the series' first patches only
-        "up_to": (files[-1] if files else "none") if part else None,
-        "baked": True,
-        "baked_series": baked.series.sha256,
-        "stale": stale,
-        "wheel": str(wheel) if wheel else None,
-        "wheel_present": bool(wheel and wheel.is_file()),
-        "older_wheels": [str(p) for p in superseded_wheels(wheel.parent, wheel.name, series.name)]
+    if rebasing or refresh.series_changes_since_bake(series, baked):
+        pending: dict = {"pending": None, "why": "the tree is not a bake of this series"}
+    else:
+        pending = _pending(series, key, tree, cache)
+    return BakedBase(
+        **row,
+        up_to=(files[-1] if files else "none") if part else None,
+        baked=True,
+        baked_series=baked.series.sha256,
+        stale=stale,
+        wheel=str(wheel) if wheel else None,
+        wheel_present=bool(wheel and wheel.is_file()),
+        older_wheels=[str(p) for p in superseded_wheels(wheel.parent, wheel.name, series.name)]
         if wheel
         else [],
-    }
-    if rebasing or refresh.series_changes_since_bake(series, baked):
-        return {**row, "pending": None, "why": "the tree is not a bake of this series"}
-    return {**row, **_pending(series, key, tree, cache)}
+        **pending,
+    )
 
 
-def collect(series: Series, build: Path, servers: list[dict], cache: Path | None = None) -> dict:
+def collect(
+    series: Series, build: Path, servers: list[dict], cache: Path | None = None
+) -> StatusReport:
     """Where the checkout stands; ``servers`` are the running servers, as the command line
     lists them from the launcher's records (this room knows nothing of the launcher)."""
     cache = cache or cache_dir()
     state = in_progress(build)
-    rebase = state and {
-        "release": state.release,
-        "conflicts": conflicts_left(state, build, series),
-    }
-    return {
-        "tool": {"name": "bakery", "version": __version__},
-        "series": {
-            "name": series.name,
-            "root": str(series.root),
-            "sha256": series.sha256,
-            "patches": len(series.entries),
-        },
-        "patches": [{"file": e.file, **e.header()} for e in series.entries],
-        "bases": {
+    rebase = RebaseProgress(state.release, conflicts_left(state, build, series)) if state else None
+    return StatusReport(
+        tool=manifest.Tool(name="bakery", version=__version__),
+        series=SeriesFacts(series.name, str(series.root), series.sha256, len(series.entries)),
+        patches=[{"file": e.file, **e.header()} for e in series.entries],
+        bases={
             key: _base(series, key, build, cache, bool(state and state.base_key == key))
             for key in sorted(series.bases, key=lambda k: (k != "default", k))
         },
-        "rebase": rebase,
-        "servers": servers,
-    }
+        rebase=rebase,
+        servers=servers,
+    )
 
 
-def lines(status: dict) -> list[str]:
-    """The human form of ``collect``'s dict."""
-    s = status["series"]
-    out = [
-        f"bakery {status['tool']['version']}, series {s['name']} {s['sha256'][:8]} "
-        f"({s['patches']} patches) at {s['root']}"
-    ]
-    for patch in status.get("patches", []):
+def lines(status: StatusReport) -> list[str]:
+    """The human form of ``collect``'s report."""
+    s = status.series
+    tool = status.tool.version
+    out = [f"bakery {tool}, series {s.name} {s.sha256[:8]} ({s.patches} patches) at {s.root}"]
+    for patch in status.patches:
         facts = [f"stage {patch['stage']}"]
         facts += [f"{k} {patch[k]}" for k in ("upstream", "author") if patch.get(k)]
         head = f"  {patch['file']} ({'; '.join(facts)}): "
         room = max(20, 100 - len(head))
         summary = patch["summary"]
         out.append(head + (summary if len(summary) <= room else summary[: room - 3] + "..."))
-    for key, base in status["bases"].items():
-        head = f"{key} ({base['pin']}): {base['tree']}"
-        if not base["baked"]:
-            what = "the rebase's checkout (fix, then --continue)" if base.get("checkout") else ""
+    for key, base in status.bases.items():
+        head = f"{key} ({base.pin}): {base.tree}"
+        if isinstance(base, UnbakedBase):
+            what = "the rebase's checkout (fix, then --continue)" if base.checkout else ""
             out.append(f"{head}: {what or 'not baked'}")
             continue
-        verdict = "stale" if base["stale"] else "up to date"
-        if base.get("up_to"):
-            verdict = f"a bisect bake up to {base['up_to']} (`bakery bake` bakes the whole series)"
-        out.append(f"{head}: baked from series {base['baked_series'][:8]}, {verdict}")
-        out += [f"  stale: {problem}" for problem in base["stale"]]
-        missing = "" if base["wheel_present"] else " (missing: run `bakery bake`)"
-        out.append(f"  wheel: {base['wheel'] or 'none named in BAKED.json'}{missing}")
-        out += [f"  older wheel: {p} (`bakery clean` removes it)" for p in base["older_wheels"]]
-        if base["pending"] is None:
-            out.append(f"  pending edits: unknown ({base['why']})")
+        verdict = "stale" if base.stale else "up to date"
+        if base.up_to:
+            verdict = f"a bisect bake up to {base.up_to} (`bakery bake` bakes the whole series)"
+        out.append(f"{head}: baked from series {base.baked_series[:8]}, {verdict}")
+        out += [f"  stale: {problem}" for problem in base.stale]
+        missing = "" if base.wheel_present else " (missing: run `bakery bake`)"
+        out.append(f"  wheel: {base.wheel or 'none named in BAKED.json'}{missing}")
+        out += [f"  older wheel: {p} (`bakery clean` removes it)" for p in base.older_wheels]
+        if base.pending is None:
+            out.append(f"  pending edits: unknown ({base.why})")
         else:
-            out += [f"  pending: {c['action']} {c['file']}" for c in base["pending"]]
-            out += [f"  ignored (stray file): {rel}" for rel in base["strays"]]
-    rebase = status["rebase"]
+            out += [f"  pending: {c.action} {c.file}" for c in base.pending]
+            strays = [] if isinstance(base.strays, msgspec.UnsetType) else base.strays
+            out += [f"  ignored (stray file): {rel}" for rel in strays]
+    rebase = status.rebase
     if rebase:
-        left = ", ".join(rebase["conflicts"]) or "none (run `bakery rebase --continue`)"
-        out.append(f"rebase onto {rebase['release']} in progress; conflicts left: {left}")
-    servers = status["servers"]
+        left = ", ".join(rebase.conflicts) or "none (run `bakery rebase --continue`)"
+        out.append(f"rebase onto {rebase.release} in progress; conflicts left: {left}")
+    servers = status.servers
     for r in servers:
         out.append(f"server {r['profile']}: {r['health']} pgid {r['pgid']} {r['url'] or ''}")
         if r.get("rebaked"):
