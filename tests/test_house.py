@@ -335,7 +335,6 @@ HOUSE_TESTS = {
     "test_house.py": "the layering of every room",
     "test_self_contained.py": "the suite as a whole needs nothing beside the repository",
     "test_confinement.py": "one rule (a path stays inside its folder) checked in every room",
-    "test_hostile_readers.py": "every room's read-back files through one bounded reader",
     "test_shipping.py": "the Dockerfile, which installs the whole package",
 }
 # Folders of tests/ that are no room: the test data, and the emulation of the patch
