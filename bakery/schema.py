@@ -17,7 +17,9 @@ index (``bake.fetch.ReleaseIndex``), the rebase loop's state.json
 (``launch.run_record.PidRecord``). Written only, as frozen types: rebase.json
 (``maintain.rebase.RebaseReport``), matrix.json (``maintain.rebase.MatrixTable``) and
 `status --json` (``maintain.status.StatusReport``; each patch's header and the server
-rows stay dicts inside it). The other outputs are still dicts.
+rows stay dicts inside it), and the parity matrix's summary.json
+(``launch.matrix_report.MatrixSummary``; gates, serving figures and each candidate's
+diagnosis stay dicts inside it). The other outputs are still dicts.
 """
 
 from __future__ import annotations

@@ -438,13 +438,13 @@ def matrix_cmd(
         say=_say,
     )
     click.echo(matrix_mod.summary_markdown(summary), nl=False)
-    if not summary["passed"]:
-        rows = summary["candidates"]
-        failed = [r["name"] for r in rows if not r["as_expected"] and not r.get("error")]
-        errored = [r["name"] for r in rows if r.get("error")]
+    if not summary.passed:
+        rows = summary.candidates
+        failed = [r.name for r in rows if not r.as_expected and not isinstance(r.error, str)]
+        errored = [r.name for r in rows if isinstance(r.error, str)]
         said = [f"parity failed for {len(failed)} candidate(s): {failed}"] if failed else []
         said += [f"{len(errored)} candidate(s) stopped with an error: {errored}"] if errored else []
-        report = next((r["report_markdown"] for r in rows if r["name"] in failed), None)
+        report = next((r.report_markdown for r in rows if r.name in failed), None)
         raise ParityFailure(
             "; ".join(said),
             hint=f"see {report} and beside it" if report else "see each candidate's error above",

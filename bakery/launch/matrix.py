@@ -33,7 +33,12 @@ from bakery.errors import BakeryError
 from bakery.launch import lifecycle, matrix_report, preflight, serving
 from bakery.launch.errors import PreflightError, Problem, ProfileError
 from bakery.launch.gates import GateTable
-from bakery.launch.matrix_report import summary_markdown
+from bakery.launch.matrix_report import (
+    BaselineRow,
+    CandidateRow,
+    MatrixSummary,
+    summary_markdown,
+)
 from bakery.launch.plan import LaunchPlan, make_plan
 from bakery.launch.profiles import Port, TimeoutS, load_profile, override
 from bakery.launch.serving import Bench
@@ -232,8 +237,16 @@ def _gates(matrix: Matrix, gates_file: Path | None) -> ParityGates:
 
 
 def _serve_and_capture(
-    entry: Entry, checked, out: Path, suite, settings, ctx: Context, say, bench=None,
-    teacher_forced: bool = False, reference: Path | None = None,
+    entry: Entry,
+    checked,
+    out: Path,
+    suite,
+    settings,
+    ctx: Context,
+    say,
+    bench=None,
+    teacher_forced: bool = False,
+    reference: Path | None = None,
 ) -> dict:
     plan, report = checked
     record, boot_s = lifecycle.start(
@@ -278,9 +291,18 @@ def _first_divergence(report: dict) -> dict | None:
 
 
 def _candidate_row(
-    entry: Entry, checked, bundle: Path, baseline_dir: Path, out: Path, matrix: Matrix, suite,
-    settings, gates: ParityGates, ctx: Context, say,
-) -> dict:
+    entry: Entry,
+    checked,
+    bundle: Path,
+    baseline_dir: Path,
+    out: Path,
+    matrix: Matrix,
+    suite,
+    settings,
+    gates: ParityGates,
+    ctx: Context,
+    say,
+) -> CandidateRow:
     """Serve and capture one candidate, compare it with the baseline, write its reports."""
     plan = checked[0]
     run = _serve_and_capture(
@@ -299,21 +321,21 @@ def _candidate_row(
     )
     json_path.parent.mkdir(parents=True, exist_ok=True)
     write_reports(report, json_path=json_path, markdown_path=md_path)
-    return {
+    return CandidateRow(
         **_entry_fields(entry),
-        "passed": report["passed"],
-        "as_expected": report["passed"] == (entry.expect == "pass"),
-        "failing_cases": sorted(n for n, c in report["cases"].items() if not c["passed"]),
-        "first_divergence": _first_divergence(report),
-        "diagnosis": report["diagnosis"],
-        "layout_boundaries": boundaries,
-        "report_json": str(json_path),
-        "report_markdown": str(md_path),
+        passed=report["passed"],
+        as_expected=report["passed"] == (entry.expect == "pass"),
+        failing_cases=sorted(n for n, c in report["cases"].items() if not c["passed"]),
+        first_divergence=_first_divergence(report),
+        diagnosis=report["diagnosis"],
+        layout_boundaries=boundaries,
+        report_json=str(json_path),
+        report_markdown=str(md_path),
         **run,
-    }
+    )
 
 
-def _entry_fields(entry: Entry) -> dict:
+def _entry_fields(entry: Entry) -> dict[str, Any]:
     return {
         "name": entry.name,
         "profile": entry.profile,
@@ -322,21 +344,21 @@ def _entry_fields(entry: Entry) -> dict:
     }
 
 
-def _errored_row(entry: Entry, exc: BakeryError) -> dict:
+def _errored_row(entry: Entry, exc: BakeryError) -> CandidateRow:
     """A candidate that could not be compared: never a pass, never "as expected" (a
     planted bug that stops the server is not caught by parity)."""
-    return {
+    return CandidateRow(
         **_entry_fields(entry),
-        "passed": False,
-        "as_expected": False,
-        "error": str(exc),
-        "failing_cases": [],
-        "first_divergence": None,
-        "diagnosis": None,
-        "layout_boundaries": [],
-        "report_json": None,
-        "report_markdown": None,
-    }
+        passed=False,
+        as_expected=False,
+        error=str(exc),
+        failing_cases=[],
+        first_divergence=None,
+        diagnosis=None,
+        layout_boundaries=[],
+        report_json=None,
+        report_markdown=None,
+    )
 
 
 def run_matrix(
@@ -347,7 +369,7 @@ def run_matrix(
     baseline_dir: Path | None = None,
     gates_file: Path | None = None,
     say=print,
-) -> dict:
+) -> MatrixSummary:
     """Preflight all, then boot/capture/stop each entry, compare, write the summary."""
     suite = load_suite(matrix.suite)
     gates = _gates(matrix, gates_file)
@@ -362,7 +384,8 @@ def run_matrix(
             matrix.baseline, checked[matrix.baseline.name], baseline_dir, suite, settings, ctx,
             say, matrix.bench, matrix.teacher_forced,
         )  # fmt: skip
-    rows, candidate_figures = [], {}
+    rows: list[CandidateRow] = []
+    candidate_figures = {}
     for entry in matrix.candidates:
         bundle = own_path(out / "bundles", entry.name, "a matrix name")
         try:
@@ -376,30 +399,31 @@ def run_matrix(
             continue
         candidate_figures[entry.name] = serving.read_figures(bundle)
         rows.append(row)
-        say(f"{entry.name}: {'pass' if row['passed'] else 'FAIL'} (expected {entry.expect})")
+        say(f"{entry.name}: {'pass' if row.passed else 'FAIL'} (expected {entry.expect})")
     # A reused baseline bundle keeps the figures of the run that captured it.
     figures = {matrix.baseline.name: serving.read_figures(baseline_dir)} | candidate_figures
-    summary = {
-        "matrix": str(matrix.source),
-        "suite": matrix.suite,
-        "gates": gates.as_dict(),
-        "low_margin": matrix.low_margin,
-        "top_n": matrix.top_n,
-        "baseline": {
-            "name": matrix.baseline.name,
-            "bundle": str(baseline_dir),
-            "reused": matrix.baseline.name not in runs,
+    summary = MatrixSummary(
+        matrix=str(matrix.source),
+        suite=matrix.suite,
+        gates=gates.as_dict(),
+        low_margin=matrix.low_margin,
+        top_n=matrix.top_n,
+        baseline=BaselineRow(
+            name=matrix.baseline.name,
+            bundle=str(baseline_dir),
+            reused=matrix.baseline.name not in runs,
             **runs.get(matrix.baseline.name, {}),
-        },
-        "candidates": rows,
-        "serving": serving.with_ratios(figures, matrix.baseline.name),
-        "passed": all(r["as_expected"] for r in rows),
-    }
-    summary["plots"] = matrix_report.write_plots(summary, out, say)
+        ),
+        candidates=rows,
+        serving=serving.with_ratios(figures, matrix.baseline.name),
+        passed=all(r.as_expected for r in rows),
+    )
+    plotted = matrix_report.write_plots(summary, out, say)
+    summary = msgspec.structs.replace(summary, plots=plotted)
     # A killed run leaves the old summary or the new one, never half of one.
     write_json_atomic(out / "summary.json", summary, default=str, ascii_only=True)
     write_text_atomic(out / "summary.md", summary_markdown(summary))
-    missed = [r["name"] for r in rows if r["expect"] == "fail" and r["passed"]]
+    missed = [r.name for r in rows if r.expect == "fail" and r.passed]
     if missed:
         raise ParityFailure(
             f"planted-bug candidate(s) passed parity: {missed} (expected to fail)",

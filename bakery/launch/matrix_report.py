@@ -1,32 +1,94 @@
-"""The matrix's summary for a person: summary.md (parity, serving figures, diagnosis, the
-plots linked) and the PNG plots beside it (drawn by ``bakery.verify.plots``)."""
+"""The matrix's summary: its types (summary.json), and for a person summary.md (parity,
+serving figures, diagnosis, the plots linked) and the PNG plots beside it (drawn by
+``bakery.verify.plots``)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from bakery import markdown
 from bakery.verify import plots
 from bakery.verify.diagnose import case_views
 from bakery.verify.report import format_value
 
-__all__ = ["summary_markdown", "write_plots", "KV_PLOT", "BENCH_PLOT"]
+__all__ = [
+    "CandidateRow",
+    "BaselineRow",
+    "MatrixSummary",
+    "summary_markdown",
+    "write_plots",
+    "KV_PLOT",
+    "BENCH_PLOT",
+]
 
 KV_PLOT = "kv_tokens.png"
 BENCH_PLOT = "bench.png"
 
 
-def _order(summary: dict) -> list[str]:
-    return [summary["baseline"]["name"], *(r["name"] for r in summary["candidates"])]
+class CandidateRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One candidate of summary.json: compared (its report named; ``boot_s``, ``record``
+    and ``exercised`` from its run), or stopped by ``error`` before any comparison. The
+    fields in the order summary.json has them; an UNSET one is not written."""
+
+    name: str
+    profile: str
+    flags: dict[str, Any]
+    expect: str
+    passed: bool
+    as_expected: bool
+    error: str | msgspec.UnsetType = msgspec.UNSET
+    failing_cases: list[str]
+    first_divergence: dict[str, Any] | None
+    diagnosis: dict[str, Any] | None
+    layout_boundaries: list[int]
+    report_json: str | None
+    report_markdown: str | None
+    boot_s: float | msgspec.UnsetType = msgspec.UNSET
+    record: str | msgspec.UnsetType = msgspec.UNSET
+    exercised: dict[str, int] | msgspec.UnsetType = msgspec.UNSET
 
 
-def write_plots(summary: dict, out: Path, say=print) -> list[str]:
+class BaselineRow(msgspec.Struct, frozen=True, kw_only=True):
+    """The baseline of summary.json; a reused bundle has no run of its own."""
+
+    name: str
+    bundle: str
+    reused: bool
+    boot_s: float | msgspec.UnsetType = msgspec.UNSET
+    record: str | msgspec.UnsetType = msgspec.UNSET
+    exercised: dict[str, int] | msgspec.UnsetType = msgspec.UNSET
+
+
+class MatrixSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """summary.json. ``gates`` and ``serving`` (figures and ratios) are free-form dicts;
+    ``plots`` is set once they are drawn."""
+
+    matrix: str
+    suite: str
+    gates: dict[str, Any]
+    low_margin: float
+    top_n: int
+    baseline: BaselineRow
+    candidates: list[CandidateRow]
+    serving: dict[str, dict[str, Any]]
+    passed: bool
+    plots: list[str] | msgspec.UnsetType = msgspec.UNSET
+
+
+def _order(summary: MatrixSummary) -> list[str]:
+    return [summary.baseline.name, *(r.name for r in summary.candidates)]
+
+
+def write_plots(summary: MatrixSummary, out: Path, say=print) -> list[str]:
     """Draw the plots beside summary.md; their file names (relative to ``out``)."""
     if not plots.available():
         say("note: matplotlib is not installed (the `plots` extra): no plots drawn")
         return []
-    names, figures = _order(summary), summary["serving"]
+    names, figures = _order(summary), summary.serving
     written = []
     tokens = [figures.get(n, {}).get("kv_cache_tokens") for n in names]
     if any(t is not None for t in tokens):
@@ -36,28 +98,28 @@ def write_plots(summary: dict, out: Path, say=print) -> list[str]:
     if any(benched):
         plots.bench_plot(names, benched, out / BENCH_PLOT)
         written.append(BENCH_PLOT)
-    for row in summary["candidates"]:
-        if row.get("error"):  # nothing was compared: no heatmap
+    for row in summary.candidates:
+        if isinstance(row.error, str) or row.report_json is None:  # nothing was compared
             continue
-        report = json.loads(Path(row["report_json"]).read_text())
+        report = json.loads(Path(row.report_json).read_text())
         rows = [
             plots.HeatRow(v.case, v.prompt_tokens, v.deltas, v.fork_step)
             for v in case_views(report)
         ]
-        name = f"parity-{row['name']}.png"
-        title = f"{row['name']} vs {names[0]}: {row['diagnosis']['pattern']}"
+        name = f"parity-{row.name}.png"
+        title = f"{row.name} vs {names[0]}: {(row.diagnosis or {})['pattern']}"
         bounds = report["diagnosis"].get("boundary")
         plots.parity_heatmap(rows, out / name, title=title, boundaries=_bounds(row, bounds))
         written.append(name)
     return written
 
 
-def _bounds(row: dict, found: int | None) -> list[int]:
-    return [found] if found else list(row.get("layout_boundaries") or [])
+def _bounds(row: CandidateRow, found: int | None) -> list[int]:
+    return [found] if found else list(row.layout_boundaries)
 
 
-def _divergence_text(row: dict) -> str:
-    first = row["first_divergence"]
+def _divergence_text(row: CandidateRow) -> str:
+    first = row.first_divergence
     if first is None:
         return "–"
     mismatch = first.get("first_token_mismatch")
@@ -72,23 +134,28 @@ def _divergence_text(row: dict) -> str:
     return f"{first['case']}: {'; '.join(first.get('gate_failures') or [])}"
 
 
+def _value(field: Any) -> Any:
+    """An UNSET field as None (as a dict's ``get`` read a missing key)."""
+    return None if field is msgspec.UNSET else field
+
+
 def _exercised_text(counts: dict | None) -> str:
     if not counts:
         return "–"
     return f"{counts['indexer_calls']} / {counts['candidate_masked_positions']}"
 
 
-def _result(row: dict) -> str:
-    if row.get("error"):
-        return f"ERROR: {row['error']}"
-    verdict = "pass" if row["passed"] else "FAIL"
-    if row.get("expect") == "fail":
-        return f"{verdict} (planted bug: {'caught' if not row['passed'] else 'MISSED'})"
+def _result(row: CandidateRow) -> str:
+    if isinstance(row.error, str):
+        return f"ERROR: {row.error}"
+    verdict = "pass" if row.passed else "FAIL"
+    if row.expect == "fail":
+        return f"{verdict} (planted bug: {'caught' if not row.passed else 'MISSED'})"
     return verdict
 
 
-def _serving_section(summary: dict) -> list[str]:
-    figures = summary["serving"]
+def _serving_section(summary: MatrixSummary) -> list[str]:
+    figures = summary.serving
     header = (
         "entry", "KV tokens", "×", "max concurrency", "×", "TTFT p50 / p99 ms",
         "ITL p50 / p99 ms", "output tok/s", "×",
@@ -121,8 +188,8 @@ def _serving_section(summary: dict) -> list[str]:
     ]
 
 
-def _plots_section(summary: dict) -> list[str]:
-    names = summary.get("plots") or []
+def _plots_section(summary: MatrixSummary) -> list[str]:
+    names = summary.plots if isinstance(summary.plots, list) else []
     if not names:
         return []
     lines = ["## Plots", ""]
@@ -137,16 +204,16 @@ def _plots_section(summary: dict) -> list[str]:
     return [*lines, ""]
 
 
-def summary_markdown(summary: dict) -> str:
-    base = summary["baseline"]
+def summary_markdown(summary: MatrixSummary) -> str:
+    base = summary.baseline
     lines = [
         "# DCP parity matrix",
         "",
-        f"- matrix: `{summary['matrix']}`, suite `{summary['suite']}`, "
-        f"low margin {summary['low_margin']}, top-n {summary['top_n']}",
-        f"- baseline `{base['name']}`: `{base['bundle']}`"
-        + (" (reused)" if base["reused"] else f" (booted in {base.get('boot_s')} s)"),
-        f"- result: **{'PASS' if summary['passed'] else 'FAIL'}**",
+        f"- matrix: `{summary.matrix}`, suite `{summary.suite}`, "
+        f"low margin {summary.low_margin}, top-n {summary.top_n}",
+        f"- baseline `{base.name}`: `{base.bundle}`"
+        + (" (reused)" if base.reused else f" (booted in {_value(base.boot_s)} s)"),
+        f"- result: **{'PASS' if summary.passed else 'FAIL'}**",
         "",
     ]
     header = (
@@ -155,22 +222,22 @@ def summary_markdown(summary: dict) -> str:
     )  # fmt: skip
     rows = [
         (
-            row["name"],
-            row["profile"],
-            ", ".join(f"{k}={v}" for k, v in row["flags"].items()) or "–",
+            row.name,
+            row.profile,
+            ", ".join(f"{k}={v}" for k, v in row.flags.items()) or "–",
             _result(row),
-            len(row["failing_cases"]),
+            len(row.failing_cases),
             _divergence_text(row),
-            _exercised_text(row.get("exercised")),
-            f"`{row['report_markdown']}`" if row["report_markdown"] else "–",
+            _exercised_text(_value(row.exercised)),
+            f"`{row.report_markdown}`" if row.report_markdown else "–",
         )
-        for row in summary["candidates"]
+        for row in summary.candidates
     ]
     lines += [markdown.table(header, rows), "", "## Diagnosis", ""]
-    for row in summary["candidates"]:
-        diagnosis = row.get("diagnosis")
+    for row in summary.candidates:
+        diagnosis = row.diagnosis
         if diagnosis:
-            lines.append(f"- `{row['name']}`: {diagnosis['line']}; next: {diagnosis['next_step']}")
+            lines.append(f"- `{row.name}`: {diagnosis['line']}; next: {diagnosis['next_step']}")
     lines.append("")
     lines += _serving_section(summary) + _plots_section(summary)
     return "\n".join(lines).rstrip() + "\n"

@@ -106,9 +106,9 @@ def test_summary_carries_the_serving_figures_ratios_and_plots(fake_servers, tmp_
 
     out = tmp_path / "out"
     md = (out / "summary.md").read_text()
-    assert summary["plots"] == ["kv_tokens.png", "bench.png", "parity-dcp2.png",
+    assert summary.plots == ["kv_tokens.png", "bench.png", "parity-dcp2.png",
                                 "parity-planted.png"]  # fmt: skip
-    for name in summary["plots"]:
+    for name in summary.plots:
         assert f"![{name}]({name})" in md
         assert png(out / name)[0].size[0] > 100
     table = _serving_rows(md)
@@ -180,14 +180,14 @@ def test_a_reused_baseline_keeps_its_figures(fake_servers, tmp_path):
     summary = matrix_mod.run_matrix(
         matrix, ctx, out=tmp_path / "out", baseline_dir=base, say=lambda *_: None
     )
-    assert summary["baseline"]["reused"] is True
-    assert summary["serving"]["dcp2"]["vs_baseline"]["kv_cache_tokens"] == 2.0
+    assert summary.baseline.reused is True
+    assert summary.serving["dcp2"]["vs_baseline"]["kv_cache_tokens"] == 2.0
     shutil.rmtree(tmp_path / "out")
     (base / serving.FIGURES).unlink()  # a bundle from before the figures: no ratios, no error
     summary = matrix_mod.run_matrix(
         matrix, ctx, out=tmp_path / "out", baseline_dir=base, say=lambda *_: None
     )
-    assert summary["serving"]["dcp2"]["vs_baseline"]["kv_cache_tokens"] is None
+    assert summary.serving["dcp2"]["vs_baseline"]["kv_cache_tokens"] is None
 
 
 def test_bench_flags_are_read_by_vllms_own_parser(tmp_path):
