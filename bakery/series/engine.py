@@ -238,6 +238,12 @@ def _apply_hunks(
             crlf_starts.append(line_starts(data))
         return crlf_starts[0]
 
+    def line_end(line: int) -> int:
+        """Where input line ``line`` ends (0: before line 1). A zero-context hunk may add past
+        the end, moving ``frozen`` there; as GNU's ifetch, lines past the end are empty."""
+        ends = starts()
+        return ends[min(line, len(ends) - 1)]
+
     def emit(chunk: bytes | memoryview, fix: bool = True) -> None:
         # GNU's after_newline: a line that lost its newline (fuzz dropped the
         # "\ No newline" context, or drift) gets one before a copied line or a
@@ -252,7 +258,9 @@ def _apply_hunks(
     def copy_till(n: int) -> None:
         nonlocal frozen, written
         if n > frozen:
-            emit(view[starts()[frozen] : starts()[n]])
+            chunk = view[line_end(frozen) : line_end(n)]
+            if chunk:
+                emit(chunk)
             frozen = n
         written = -1
 
@@ -274,7 +282,7 @@ def _apply_hunks(
                 source.count(b"\n", one.end(3), stop),
             )
             if written < 0:
-                written = starts()[frozen]
+                written = line_end(frozen)
             at = _line_start(data, written, guess - 1 - frozen) if prefix == suffix else -1
             removed = old_len - prefix - suffix
             # Byte offsets in ``lines``: where the leading context, removed and added lines end.
@@ -353,7 +361,7 @@ def _apply_hunks(
                 emit(_added(line, crlf), fix=line_index > last_context)
             else:
                 old_index += 1
-    rest = written if written >= 0 else starts()[frozen]
+    rest = written if written >= 0 else line_end(frozen)
     if rest < len(data):
         emit(view[rest:])
     return out.getvalue(), placements, failures

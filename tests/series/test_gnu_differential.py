@@ -172,7 +172,7 @@ _HUNK_HEADER = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.MU
 def test_engine_matches_gnu_patch_byte_for_byte(example, data):
     old, new, target, fuzz, source = example
     if source == "gnu":
-        diff = gnu_diff(old, new, data.draw(st.integers(1, 3), label="context"))
+        diff = gnu_diff(old, new, data.draw(st.integers(0, 3), label="context"))
     else:
         diff = render_file_diff("f", old, new)
     placement = data.draw(st.sampled_from(["as drawn", "moved", "overlapping"]), label="target")
@@ -187,6 +187,11 @@ def test_engine_matches_gnu_patch_byte_for_byte(example, data):
     got, our_places = ours(target, diff, fuzz)
     assert got == expected, (diff, target)
     assert our_places == gnu_places
+    # Survey (rebase's report) places each hunk as apply does, and never raises.
+    placed, failed = engine.survey_file_patch("p", parse_patch(diff, "p").files[0], target, fuzz)
+    if got is not None:
+        assert failed == []
+        assert {p.hunk: (p.offset, p.fuzz) for p in placed if p.offset or p.fuzz} == our_places
 
 
 @DIFFERENTIAL
@@ -356,6 +361,35 @@ def test_a_change_on_frozen_lines_fails_as_misordered(tmp_path):
     survey = engine.survey_file_patch("p", parse_patch(diff, "p").files[0], target, 0)
     assert [p.hunk for p in survey[0]] == [1]
     assert [f.hunk for f in survey[1]] == [2] and "misordered" in str(survey[1][0])
+
+
+# Found comparing survey with apply on generated cases: a hunk with no old side (a `diff -U0`
+# insertion, or a zero-context deletion reversed, as rebase's upstream check does) whose
+# header points past the end of a shorter file. GNU reads lines past the end as empty, so it
+# copies the whole file and appends; apply and survey raised IndexError (a traceback out of
+# `bakery rebase`).
+PAST_END_DIFF = b"--- a/f\n+++ b/f\n@@ -2,0 +3 @@\n+x\n@@ -5 +6 @@\n-b\n+y\n"
+
+
+@pytest.mark.parametrize("target", [b"a\n", b"a", b""])
+def test_an_insertion_past_the_end_of_a_shorter_file_appends_like_gnu(tmp_path, target):
+    insertion = PAST_END_DIFF[: PAST_END_DIFF.index(b"@@ -5")]
+    expected = _gnu(target, insertion, 0)
+    assert expected == (b"a\nx\n" if target else b"x\n", {})
+    assert ours(target, insertion, 0) == expected
+    (tmp_path / "f").write_bytes(target)
+    gnu = subprocess.run(
+        ["patch", "--batch", "--dry-run", "--fuzz=0", "f"],
+        input=PAST_END_DIFF,
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    assert b"Hunk #2 FAILED" in gnu.stdout and b"Hunk #1" not in gnu.stdout
+    placed, failed = engine.survey_file_patch(
+        "p", parse_patch(PAST_END_DIFF, "p").files[0], target, 0
+    )
+    assert list(placed) == [engine.Placement(hunk=1, line=3, offset=0, fuzz=0)]
+    assert [f.hunk for f in failed] == [2]
 
 
 def test_apply_cli_skips_the_reversed_patch_instead_of_applying_it_twice(tmp_path):
