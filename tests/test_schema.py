@@ -442,6 +442,19 @@ def test_any_value_anywhere_is_refused_in_one_line_or_loaded(kind, where, value)
     _refused_in_one_line_or_loaded(kind, where, value)
 
 
+def test_an_env_value_with_a_newline_is_refused_in_one_line():
+    """Found by the property above (fresh seeds): an accepted value holding a newline
+    reached the "must be one of ..." message and split it."""
+    places = [
+        ("env", "DSV41_DCP_PREFILL_GATHER", "values", 0),
+        ("env", "DSV41_DCP_COMBINE", "default"),
+    ]
+    for where in places:
+        _refused_in_one_line_or_loaded("stages", where, "a\nb")
+        with pytest.raises(SeriesError, match="without control characters"):
+            KINDS["stages"][1](_planted(KINDS["stages"][0], where, "a\rb"))
+
+
 def test_the_property_catches_a_planted_two_line_refusal(monkeypatch):
     real = schema.refuse
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
+
+from msgspec import Meta
 
 from bakery import markdown, project
 from bakery.errors import SeriesError
@@ -62,12 +64,19 @@ class GatesDoc(Document, frozen=True):
     heads_source: str  # "<file in the package>:<name of the head set>"
 
 
+# A value a DSV41_* variable may take: it goes into vLLM's environment and, listed,
+# into one-line messages ("must be one of ag_rs, a2a").
+EnvValue = Annotated[
+    str, Meta(pattern=r"^[^\x00-\x1f\x7f]*\Z", description="text without control characters")
+]
+
+
 class EnvGate(Document, frozen=True):
     """One ``[env.NAME]`` table: a DSV41_* variable the launcher checks."""
 
-    default: str
+    default: EnvValue
     min_stage: int
-    values: tuple[str, ...] = ()  # the accepted strings; or:
+    values: tuple[EnvValue, ...] = ()  # the accepted strings; or:
     number: Literal["positive"] | None = None  # a finite number > 0 (float() reads it)
     read_by: tuple[str, ...] = ()  # the patches that read it (tests check it against the diffs)
 
