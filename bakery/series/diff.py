@@ -44,7 +44,8 @@ MAX_LINE_NUMBER = 2**63 - 1
 _ADDED, _REMOVED, _MARKER = b"+-\\"
 _SPACE, _CR, _LF = b" \r\n"
 _HEADERS = re.compile(rb"^--- [^\n]*\n\+\+\+ [^\n]*\n", re.MULTILINE)
-# unidiff's line grammar (the parser bakery used before this one), over bytes.
+# unidiff's line grammar (the parser bakery used before this one), over bytes: adapted
+# from python-unidiff 1.0.1, MIT license, Copyright (c) 2012 Matias Bordese (LICENSES/unidiff.txt).
 _GIT_HEADERS = (
     re.compile(rb'^diff --git (?P<source>"?a/[^\t\n]+"?) (?P<target>"?b/[^\t\n]+"?)'),
     re.compile(rb"^diff --git (?P<source>.*://[^\t\n]+) (?P<target>.*://[^\t\n]+)"),
