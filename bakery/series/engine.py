@@ -20,12 +20,12 @@ from __future__ import annotations
 import io
 import re
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import overload
 
 from bakery.errors import HunkFailed, NearMatch
 from bakery.series.diff import FilePatch, Hunk, HunkLine
+from bakery.series.hunks import Rows
 from bakery.series.locate import Matcher, Pattern, Shape, line_key, line_starts
 
 __all__ = ["Placement", "Placements", "FileResult", "apply_file_patch", "survey_file_patch"]
@@ -48,44 +48,23 @@ class Placement:
     fuzz: int
 
 
-class Placements(Sequence[Placement]):
+class Placements(Rows[Placement]):
     """A file's placements as four numbers a hunk; a ``Placement`` is made when asked for
     (30k of them, with their line numbers, cost more than 3 MB)."""
 
-    __slots__ = ("rows",)
+    __slots__ = ()
+    WIDTH = 4
+    ITEM = "placement"
 
     def __init__(self) -> None:
-        self.rows: array[int] = array("q")
+        self.rows = array("q")
 
     def add(self, hunk: int, line: int, offset: int, fuzz: int) -> None:
         self.rows.extend((hunk, line, offset, fuzz))
 
-    def __len__(self) -> int:
-        return len(self.rows) // 4
-
-    @overload
-    def __getitem__(self, index: int) -> Placement: ...
-    @overload
-    def __getitem__(self, index: slice) -> tuple[Placement, ...]: ...
-    def __getitem__(self, index: int | slice) -> Placement | tuple[Placement, ...]:
-        if isinstance(index, slice):
-            return tuple(self[i] for i in range(len(self))[index])
-        if not -len(self) <= index < len(self):
-            raise IndexError("placement index out of range")
-        at = index % len(self) * 4
+    def _item(self, index: int) -> Placement:
+        at = index * 4
         return Placement(*self.rows[at : at + 4])
-
-    def __iter__(self) -> Iterator[Placement]:
-        return (self[i] for i in range(len(self)))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and tuple(self) == tuple(other)
-
-    def __hash__(self) -> int:
-        return hash(tuple(self))
-
-    def __repr__(self) -> str:
-        return f"Placements({list(self)!r})"
 
 
 @dataclass(frozen=True)

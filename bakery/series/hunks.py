@@ -12,9 +12,9 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import overload
+from typing import TypeVar, overload
 
-__all__ = ["HunkLine", "Hunk", "Hunks", "FilePatch", "Patch"]
+__all__ = ["HunkLine", "Hunk", "Hunks", "Rows", "FilePatch", "Patch"]
 
 _ADDED, _REMOVED, _MARKER = b"+-\\"
 _LF = b"\n"[0]
@@ -23,6 +23,9 @@ _KINDS = {_ADDED: "+", _REMOVED: "-"}
 _LINE_START = re.compile(rb"^.", re.MULTILINE | re.DOTALL)
 _AS_KIND = bytes(c if c in b"+-\\" else b" "[0] for c in range(256))
 _REVERSE = re.compile(rb"^[+-]", re.MULTILINE)
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)  # millions of them for a large diff
@@ -100,12 +103,53 @@ class Hunk:
         )
 
 
-class Hunks(Sequence[Hunk]):
+class Rows(Sequence[T]):
+    """A sequence kept as ``WIDTH`` numbers an item in one array, each item made only when
+    asked for (30k small objects cost more than their numbers)."""
+
+    __slots__ = ("rows",)
+    WIDTH: int
+    ITEM: str  # what an item is called, for the IndexError
+
+    rows: array[int]
+
+    def _item(self, index: int) -> T:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self.rows) // self.WIDTH
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[T, ...]: ...
+    def __getitem__(self, index: int | slice) -> T | tuple[T, ...]:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(len(self))[index])
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"{self.ITEM} index out of range")
+        return self._item(index % len(self))
+
+    def __iter__(self) -> Iterator[T]:
+        return (self[i] for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r})"
+
+
+class Hunks(Rows[Hunk]):
     """A file's hunks as the diff's bytes and one row of numbers a hunk: a ``Hunk`` is made only
     when asked for (30k hunk objects and their bodies cost more than the diff's own bytes)."""
 
-    __slots__ = ("source", "rows")
+    __slots__ = ("source",)
     WIDTH = 7  # a row: number, old_start, old_len, new_start, new_len, body start, body stop
+    ITEM = "hunk"
     # ``source[start - 1]`` is always a newline: the end of the hunk's ``@@`` line.
 
     def __init__(self, source: bytes, rows: array[int]) -> None:
@@ -127,32 +171,9 @@ class Hunks(Sequence[Hunk]):
     def row(self, index: int) -> array[int]:
         return self.rows[index * self.WIDTH : (index + 1) * self.WIDTH]
 
-    def __len__(self) -> int:
-        return len(self.rows) // self.WIDTH
-
-    @overload
-    def __getitem__(self, index: int) -> Hunk: ...
-    @overload
-    def __getitem__(self, index: slice) -> tuple[Hunk, ...]: ...
-    def __getitem__(self, index: int | slice) -> Hunk | tuple[Hunk, ...]:
-        if isinstance(index, slice):
-            return tuple(self[i] for i in range(len(self))[index])
-        if not -len(self) <= index < len(self):
-            raise IndexError("hunk index out of range")
-        number, old_start, old_len, new_start, new_len, start, stop = self.row(index % len(self))
+    def _item(self, index: int) -> Hunk:
+        number, old_start, old_len, new_start, new_len, start, stop = self.row(index)
         return Hunk(number, old_start, old_len, new_start, new_len, self.source[start:stop])
-
-    def __iter__(self) -> Iterator[Hunk]:
-        return (self[i] for i in range(len(self)))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and tuple(self) == tuple(other)
-
-    def __hash__(self) -> int:
-        return hash(tuple(self))
-
-    def __repr__(self) -> str:
-        return f"Hunks({list(self)!r})"
 
 
 @dataclass(frozen=True)
