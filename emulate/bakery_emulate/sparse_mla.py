@@ -30,10 +30,11 @@ def dequantize_slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     pages, page_size = cache.shape[0], cache.shape[1]
     flat = cache.reshape(pages, -1)
     page, offset = slots // page_size, slots % page_size
-    data_at = (offset * DATA_BYTES)[:, None] + torch.arange(DATA_BYTES)
-    data = flat[page[:, None], data_at]
-    scale_at = (page_size * DATA_BYTES + offset * SCALE_BYTES)[:, None] + torch.arange(7)
-    exponent = flat[page[:, None], scale_at].float() - 127.0
+    # Views of each page's data and scale records: a row gather, not a byte gather.
+    records = flat[:, : page_size * DATA_BYTES].unflatten(1, (page_size, DATA_BYTES))
+    scales = flat[:, page_size * DATA_BYTES :][:, : page_size * SCALE_BYTES]
+    data = records[page, offset]
+    exponent = scales.unflatten(1, (page_size, SCALE_BYTES))[page, offset, :7].float() - 127.0
     nope = data[:, :FP8_DIM].contiguous().view(torch.float8_e4m3fn).float()
     nope = nope.view(-1, 7, QUANT_BLOCK) * torch.exp2(exponent)[..., None]
     rope = data[:, FP8_DIM:].contiguous().view(torch.bfloat16).float()

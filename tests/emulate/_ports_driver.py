@@ -22,6 +22,8 @@ import bakery_emulate.hooks  # noqa: E402
 bakery_emulate.hooks.install()
 
 import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from bakery_emulate import (  # noqa: E402
     cache_insert,
     dcp_combine,
@@ -29,6 +31,7 @@ from bakery_emulate import (  # noqa: E402
     inv_rope,
     rmsnorm,
     swa_indices,
+    zero_blocks,
 )
 
 MARK = "RESULT "
@@ -279,9 +282,87 @@ def swa() -> None:
                   lambda: run(swa_indices.SWAIndicesAndLens(), torch.zeros_like(replay)))
 
 
+def zero_kv_blocks() -> None:
+    kernel = pristine("vllm.v1.worker.utils")._zero_kv_blocks_kernel
+    gen = torch.Generator().manual_seed(7)
+    # Two segments, as a packed layer's views: different block strides and page sizes.
+    a = torch.randint(1, 2**30, (6, 40), dtype=torch.int32, generator=gen)
+    b = torch.randint(1, 2**30, (6 * 24,), dtype=torch.int32, generator=gen)
+    ids = torch.tensor([4, 0, 2], dtype=torch.int64)
+
+    def run(zero, short=0):
+        x, y = a.clone(), b.clone()
+        addrs = torch.tensor([x.data_ptr(), y.data_ptr() + 8], dtype=torch.uint64)
+        strides = torch.tensor([40, 24], dtype=torch.int64)
+        pages = torch.tensor([40 - short, 21 - short], dtype=torch.int64)
+        zero[(3, 2, 3)](addrs, strides, pages, ids, BLOCK_SIZE=16)
+        return x, y
+
+    check("zero_kv_blocks", lambda: run(kernel), lambda: run(zero_blocks.ZeroKVBlocks()),
+          lambda: run(zero_blocks.ZeroKVBlocks(), short=1))
+
+
+@triton.jit
+def _sum_in_order(a, b):
+    return a + b
+
+
+@triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _first_max(v1, i1, v2, i2):
+    keep = v1 >= v2
+    return tl.where(keep, v1, v2), tl.where(keep, i1, i2)
+
+
+@triton.jit
+def _reductions(x, rows, cols, total, kept, best, at, R: tl.constexpr, C: tl.constexpr):
+    r, c = tl.arange(0, R), tl.arange(0, C)
+    v = tl.load(x + r[:, None] * C + c[None, :])
+    tl.store(rows + r, tl.reduce(v, 1, _nan_max))
+    tl.store(cols + c, tl.reduce(v, 0, _sum_in_order))
+    tl.store(total, tl.reduce(v, None, _sum_in_order))
+    tl.store(kept + r[:, None], tl.reduce(v, 1, _sum_in_order, keep_dims=True))
+    value, index = tl.reduce((v, c[None, :] + r[:, None] * 0), 1, _first_max)
+    tl.store(best + r, value)
+    tl.store(at + r, index)
+
+
+def folded_reduce() -> None:
+    """The interpreter's custom-combine reduce, folded over whole slices, against its own
+    element-at-a-time loop: NaN, both zeros, infinities, ties, an order-sensitive sum."""
+    interpreter = importlib.import_module("triton.runtime.interpreter")
+    folded = interpreter.ReduceOps.generic_reduce
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(8, 16, generator=gen) * torch.logspace(-8, 8, 16)
+    x[0, 3], x[1, :] = float("nan"), 0.0
+    x[1, ::3], x[2, 5], x[3, 7] = -0.0, float("inf"), -float("inf")
+    x[4, 2] = x[4, 9] = x[4].abs().max() + 1  # a tie: the first index wins
+
+    def reversed_fold(self, input):  # the plant: the same fold from the other end
+        flipped = [self.to_tensor(a.handle.data[..., ::-1].copy(), a.dtype) for a in input]
+        return folded(self, tuple(flipped))
+
+    def run(reduce):
+        interpreter.ReduceOps.generic_reduce = reduce
+        try:
+            out = (torch.empty(8), torch.empty(16), torch.empty(1), torch.empty(8),
+                   torch.empty(8), torch.empty(8, dtype=torch.int32))
+            _reductions[(1,)](x, *out, R=8, C=16)
+            return tuple(o.view(torch.int32) for o in out)  # bits: same() allows fp32 ulps
+        finally:
+            interpreter.ReduceOps.generic_reduce = folded
+
+    check("folded_reduce", lambda: run(folded.elementwise), lambda: run(folded),
+          lambda: run(reversed_fold))
+
+
 def main() -> None:
     for step in (quantize_insert, correct_attn_out, a2a, inverse_rope, index_remap_check,
-                 qkv_rmsnorm, swa):
+                 qkv_rmsnorm, swa, zero_kv_blocks, folded_reduce):
         step()
     print(MARK + json.dumps(RESULTS), flush=True)
 

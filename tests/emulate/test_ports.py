@@ -46,6 +46,8 @@ PORTS = (
     "swa_indices[image=False,offset=2]",
     "swa_indices[image=True,offset=0]",
     "swa_indices[image=True,offset=2]",
+    "zero_kv_blocks",
+    "folded_reduce",
 )
 
 
