@@ -13,8 +13,12 @@ Outputs: ``encode_json`` is the one JSON encoder (``write_json_atomic`` writes t
 it). These outputs are frozen types both ways, written by ``encode_json`` and decoded
 here like any input: BAKED.json (``bake.manifest.BakedManifest``), the cache's release
 index (``bake.fetch.ReleaseIndex``), the rebase loop's state.json
-(``maintain.rebase_state.RebaseState``) and a run's server.pid
-(``launch.run_record.PidRecord``). Written only, as frozen types: rebase.json
+(``maintain.rebase_state.RebaseState``), a run's server.pid
+(``launch.run_record.PidRecord``) and run_environment.json
+(``launch.run_record.RunEnvironment``: fields it does not know are ignored and missing
+ones default, as it reads run folders of any bakery version); the launcher reads a
+BAKED.json through ``bake.manifest.ServedBake``, a narrow view that ignores the fields it
+does not need. Written only, as frozen types: rebase.json
 (``maintain.rebase.RebaseReport``), matrix.json (``maintain.rebase.MatrixTable``) and
 `status --json` (``maintain.status.StatusReport``; each patch's header and the server
 rows stay dicts inside it), and the parity matrix's summary.json
@@ -24,6 +28,7 @@ diagnosis stay dicts inside it). The other outputs are still dicts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import tomllib
@@ -341,6 +346,8 @@ def encode_json(
     def plain(obj: Any) -> Any:
         if isinstance(obj, msgspec.Struct):  # an UNSET field is left out, as msgspec does
             return {k: v for k, v in msgspec.structs.asdict(obj).items() if v is not msgspec.UNSET}
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # a value in a record
+            return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
         if default is not None:
             return default(obj)
         raise TypeError(f"{type(obj).__name__} is not JSON serializable")

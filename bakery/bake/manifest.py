@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from bakery import __version__
 from bakery.bake.record import parse_record, record_hash_file
 from bakery.errors import ManifestError, UnsafePathError
@@ -25,6 +27,8 @@ from bakery.tree import inside, relative, write_atomic
 __all__ = [
     "MANIFEST",
     "BakedManifest",
+    "ServedBake",
+    "served",
     "BaseRecord",
     "SeriesRecord",
     "PatchRecord",
@@ -106,6 +110,37 @@ class BakedManifest(Document, frozen=True, kw_only=True):
     # Any JSON value: ``bake.baked_wheel`` judges it, and a bad one names no wheel
     # instead of refusing the whole tree (`status` still reports it).
     wheel: Any = ""
+
+
+class ServedSeries(msgspec.Struct, frozen=True, kw_only=True):
+    sha256: Sha256
+    name: str = ""
+
+
+class ServedBase(msgspec.Struct, frozen=True):
+    requirement: str
+
+
+class ServedBake(msgspec.Struct, frozen=True):
+    """BAKED.json as the launcher reads it: which series over which base a tree serves.
+
+    A narrow view of ``BakedManifest``, not the whole: it ignores every other field, so a
+    manifest of another bakery version (an installed wheel's) still names its series
+    when recorded with a run and compared later; judging the whole manifest is
+    preflight's, before anything starts."""
+
+    series: ServedSeries
+    base: ServedBase
+
+
+def served(raw: bytes) -> tuple[ServedBake | None, str]:
+    """BAKED.json's bytes as a ``ServedBake``, or ``(None, why)`` in one short line."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        return None, f"not JSON ({type(exc).__name__})"
+    value, found = try_decode(data, ServedBake)
+    return value, "; ".join(found)[:200]
 
 
 def _sha(data: bytes | None) -> str | None:

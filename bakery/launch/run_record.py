@@ -25,20 +25,24 @@ from pathlib import Path
 import msgspec
 
 from bakery import __version__
-from bakery.bake.manifest import MANIFEST
+from bakery.bake.manifest import MANIFEST, served
 from bakery.clock import FOLDER, ISO, utc_stamp
 from bakery.launch.errors import LaunchError, ProfileError
+from bakery.launch.host import Gpu
 from bakery.launch.model_config import candidate_blocks
 from bakery.launch.plan import LaunchPlan
 from bakery.launch.preflight import Facts
 from bakery.launch.processes import carries_marker, cmdline, launched, start_ticks
 from bakery.launch.profiles import ENV_NAME
-from bakery.schema import Document, try_decode, write_json_atomic
+from bakery.schema import Document, Sha256, try_decode, write_json_atomic
 from bakery.tree import read_bounded, write_atomic
 
 __all__ = [
     "Record",
     "Running",
+    "PidRecord",
+    "RunEnvironment",
+    "read_environment",
     "new_record",
     "write_record",
     "write_pid",
@@ -167,54 +171,101 @@ def command_script(plan: LaunchPlan, run_id: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _baked(plan: LaunchPlan, facts: Facts) -> dict:
+class Versions(msgspec.Struct, frozen=True, kw_only=True):
+    python: str = ""
+    bakery: str = ""
+    vllm: str | None = None  # None: the probe did not tell
+    torch: str | None = None
+
+
+class RunBaked(msgspec.Struct, frozen=True, kw_only=True):
+    """The BAKED.json that served (``path``) and what it named, or why it could not be
+    read (``error``, the other fields then left out)."""
+
+    path: str | None
+    sha256: Sha256 | msgspec.UnsetType = msgspec.UNSET  # of BAKED.json's bytes
+    series_sha256: Sha256 | msgspec.UnsetType = msgspec.UNSET
+    series: str | msgspec.UnsetType = msgspec.UNSET
+    base: str | msgspec.UnsetType = msgspec.UNSET
+    error: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class RunEnvironment(msgspec.Struct, frozen=True, kw_only=True):
+    """run_environment.json, in the order it is written. Read back by `restart` and
+    `status` from run folders of any bakery version: a field it does not know is
+    ignored, one it lacks takes its default; a field of the wrong type refuses the whole
+    record (the readers then say so, or skip it)."""
+
+    created_utc: str = ""
+    profile: str = ""
+    profile_source: str = ""
+    profile_text: str = ""
+    launcher_argv: tuple[str, ...] = ()
+    host: str = ""
+    versions: Versions = Versions()
+    python: str = ""
+    vllm_file: str | None = None
+    baked: RunBaked | None = None
+    gpus: tuple[Gpu, ...] | None = None  # None: not queried
+    supported_heads: tuple[int, ...] | None = None
+    candidate_source_layer_id: int | None = None
+    dsv41: dict[str, str] = {}
+    env_set: dict[str, str] = {}
+    inherited_env: dict[str, str] = {}
+    command: tuple[str, ...] = ()
+    url: str | None = None
+
+
+def _baked(plan: LaunchPlan, facts: Facts) -> RunBaked:
     path = facts.manifest or (plan.tree / MANIFEST if plan.tree else None)
     if path is None:
-        return {"path": None, "error": "no BAKED.json found"}
+        return RunBaked(path=None, error="no BAKED.json found")
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        return {"path": str(path), "error": exc.strerror}
-    data = json.loads(raw)
-    return {
-        "path": str(path),
-        "sha256": hashlib.sha256(raw).hexdigest(),
-        "series_sha256": data["series"]["sha256"],
-        "series": data["series"]["name"],
-        "base": data["base"]["requirement"],
-    }
+        return RunBaked(path=str(path), error=exc.strerror or type(exc).__name__)
+    bake, why = served(raw)
+    if bake is None:
+        return RunBaked(path=str(path), error=why)
+    return RunBaked(
+        path=str(path),
+        sha256=hashlib.sha256(raw).hexdigest(),
+        series_sha256=bake.series.sha256,
+        series=bake.series.name,
+        base=bake.base.requirement,
+    )
 
 
-def environment(plan: LaunchPlan, facts: Facts, argv: list[str]) -> dict:
+def environment(plan: LaunchPlan, facts: Facts, argv: list[str]) -> RunEnvironment:
     probe = facts.probe or {}
     server_env = {**os.environ, **dict(plan.env)}
-    return {
-        "created_utc": utc_stamp(ISO),
-        "profile": plan.profile.name,
-        "profile_source": str(plan.profile.source),
-        "profile_text": plan.profile.source.read_text(),
-        "launcher_argv": argv,
-        "host": platform.node(),
-        "versions": {
-            "python": platform.python_version(),
-            "bakery": __version__,
-            "vllm": probe.get("vllm_version"),
-            "torch": probe.get("torch_version"),
-        },
-        "python": str(plan.python),
-        "vllm_file": probe.get("vllm_file"),
-        "baked": _baked(plan, facts),
-        "gpus": [g.__dict__ for g in facts.gpus] if facts.gpus is not None else None,
-        "supported_heads": list(facts.heads) if facts.heads else None,
-        "candidate_source_layer_id": (
+    return RunEnvironment(
+        created_utc=utc_stamp(ISO),
+        profile=plan.profile.name,
+        profile_source=str(plan.profile.source),
+        profile_text=plan.profile.source.read_text(),
+        launcher_argv=tuple(argv),
+        host=platform.node(),
+        versions=Versions(
+            python=platform.python_version(),
+            bakery=__version__,
+            vllm=probe.get("vllm_version"),
+            torch=probe.get("torch_version"),
+        ),
+        python=str(plan.python),
+        vllm_file=probe.get("vllm_file"),
+        baked=_baked(plan, facts),
+        gpus=facts.gpus,
+        supported_heads=tuple(facts.heads) if facts.heads else None,
+        candidate_source_layer_id=(
             candidate_blocks(facts.model_config) if facts.model_config else None
         ),
-        "dsv41": {k: v for k, v in sorted(server_env.items()) if k.startswith("DSV41_")},
-        "env_set": dict(plan.env),
-        "inherited_env": inherited_env(),
-        "command": list(plan.command),
-        "url": None if plan.headless else plan.url,
-    }
+        dsv41={k: v for k, v in sorted(server_env.items()) if k.startswith("DSV41_")},
+        env_set=dict(plan.env),
+        inherited_env=inherited_env(),
+        command=tuple(plan.command),
+        url=None if plan.headless else plan.url,
+    )
 
 
 def write_record(record: Record, plan: LaunchPlan, facts: Facts, argv: list[str]) -> None:
@@ -274,19 +325,29 @@ def read_pid(path: Path) -> Running:
     )
 
 
+def read_environment(run_dir: Path) -> tuple[RunEnvironment | None, str]:
+    """A run folder's run_environment.json, or ``(None, why)`` in one short line (a
+    missing, unreadable, garbled or mistyped record)."""
+    try:
+        data = json.loads(read_bounded(run_dir / "run_environment.json", 4 << 20))
+    except OSError as exc:
+        return None, exc.strerror or type(exc).__name__
+    except (ValueError, RecursionError) as exc:
+        return None, f"not JSON ({type(exc).__name__})"
+    value, found = try_decode(data, RunEnvironment)
+    return value, "; ".join(found)[:200]
+
+
 def launcher_argv(run_dir: Path) -> list[str]:
     """The `start ...` arguments a run was launched with (for `restart`)."""
     path = run_dir / "run_environment.json"
-    try:
-        argv = json.loads(path.read_bytes())["launcher_argv"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        argv, why = None, f"{type(exc).__name__}"
-    else:
-        why = "it holds no `start` command"
-    if isinstance(argv, list) and all(isinstance(a, str) for a in argv) and "start" in argv:
-        return argv[argv.index("start") :]
+    env, why = read_environment(run_dir)
+    argv = env.launcher_argv if env is not None else ()
+    if "start" in argv:
+        return list(argv[argv.index("start") :])
     raise LaunchError(
-        f"cannot tell how the run was started ({why}): {str(path)!r}",
+        f"cannot tell how the run was started ({why or 'it holds no `start` command'}): "
+        f"{str(path)!r}",
         hint="stop it with `run.sh stop`, then `run.sh start --profile NAME ...`",
     )
 
@@ -295,22 +356,24 @@ def rebaked_under(run_dir: Path) -> str | None:
     """Why the tree a run serves is no longer the series it started with (a re-bake or
     re-install under the running server), else None. The BAKED.json read is the one
     run_environment.json names, only when it is that file name: never another path."""
-    try:
-        served = json.loads((run_dir / "run_environment.json").read_bytes())["baked"]
-        then, path = str(served["series_sha256"]), Path(served["path"])
-    except (OSError, ValueError, KeyError, TypeError):
+    env, _ = read_environment(run_dir)
+    baked = env.baked if env is not None else None
+    if baked is None or baked.path is None or isinstance(baked.series_sha256, msgspec.UnsetType):
         return None  # an old or damaged record: nothing to compare
+    then, path = baked.series_sha256, Path(baked.path)
     if path.name != MANIFEST:
         return None
     try:
-        now = json.loads(path.read_bytes())["series"]["sha256"]
+        now, why = served(read_bounded(path))
     except FileNotFoundError:
         return f"it serves series {then[:8]}; {path} is gone"
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return f"it serves series {then[:8]}; {path} is unreadable ({type(exc).__name__})"
-    if now == then:
+    except OSError as exc:
+        now, why = None, exc.strerror or type(exc).__name__
+    if now is None:
+        return f"it serves series {then[:8]}; {path} is unreadable ({why})"
+    if now.series.sha256 == then:
         return None
-    return f"it serves series {then[:8]}, {path.parent} now holds {str(now)[:8]}"
+    return f"it serves series {then[:8]}, {path.parent} now holds {now.series.sha256[:8]}"
 
 
 MAX_TAIL = 100_000  # lines `logs -n` shows at most

