@@ -10,20 +10,26 @@ paths) stays with the loader, after decoding. A document type is also the value 
 of bakery sees: one frozen type per document, no copy.
 
 Outputs: ``encode_json`` is the one JSON encoder (``write_json_atomic`` writes through
-it). These outputs are frozen types both ways, written by ``encode_json`` and decoded
-here like any input: BAKED.json (``bake.manifest.BakedManifest``), the cache's release
-index (``bake.fetch.ReleaseIndex``), the rebase loop's state.json
-(``maintain.rebase_state.RebaseState``), a run's server.pid
-(``launch.run_record.PidRecord``) and run_environment.json
-(``launch.run_record.RunEnvironment``: fields it does not know are ignored and missing
-ones default, as it reads run folders of any bakery version); the launcher reads a
-BAKED.json through ``bake.manifest.ServedBake``, a narrow view that ignores the fields it
-does not need. Written only, as frozen types: rebase.json
-(``maintain.rebase.RebaseReport``), matrix.json (``maintain.rebase.MatrixTable``) and
-`status --json` (``maintain.status.StatusReport``; each patch's header and the server
-rows stay dicts inside it), and the parity matrix's summary.json
-(``launch.matrix_report.MatrixSummary``; gates, serving figures and each candidate's
-diagnosis stay dicts inside it). The other outputs are still dicts.
+it); a typed output is written from its type, with the bytes the dicts before it gave.
+
+- Typed both ways (written by ``encode_json``, decoded here like any input): BAKED.json
+  (``bake.manifest.BakedManifest``), the cache's release index (``bake.fetch.ReleaseIndex``),
+  the rebase loop's state.json (``maintain.rebase_state.RebaseState``), a run's server.pid
+  (``launch.run_record.PidRecord``) and run_environment.json
+  (``launch.run_record.RunEnvironment``: unknown fields are ignored and missing ones
+  default, as it is read from run folders of any bakery version), the stamps of baked
+  and pristine trees (``bake.pristine.TreeStamp``) and a pristine tree's RECORD errata
+  (``bake.pristine.RecordErrata``), both one line (``one_line``; one that does not decode
+  is none).
+- Read through a narrow view: the launcher reads BAKED.json as ``bake.manifest.ServedBake``
+  (series and base only, other fields ignored), so a manifest of another bakery version
+  still names what a run serves.
+- Written only, as frozen types: rebase.json (``maintain.rebase.RebaseReport``),
+  matrix.json (``maintain.rebase.MatrixTable``), `status --json`
+  (``maintain.status.StatusReport``; each patch's header and the server rows stay dicts
+  inside it) and the parity matrix's summary.json (``launch.matrix_report.MatrixSummary``;
+  gates, serving figures and each candidate's diagnosis stay dicts inside it).
+- Still dicts: the rest (listed in tests/test_house.py with the reason each is one).
 """
 
 from __future__ import annotations
@@ -332,8 +338,10 @@ def encode_json(
     ascii_only: bool = True,
     strict: bool = False,
     default: Any = None,
+    one_line: bool = False,
 ) -> bytes:
-    """``value`` as the JSON bytes bakery writes: indent 2 and a final newline.
+    """``value`` as the JSON bytes bakery writes: indent 2 and a final newline, or with
+    ``one_line`` a single line without one (a stamp only machines read).
 
     ``value`` is a frozen Struct, or a dict/list (a free-form part) that may hold Structs:
     ``json.dumps`` writes it, meeting each Struct as a dict in field order (an UNSET field
@@ -354,13 +362,13 @@ def encode_json(
 
     text = json.dumps(
         value,
-        indent=2,
+        indent=None if one_line else 2,
         sort_keys=sort_keys,
         ensure_ascii=ascii_only,
         allow_nan=not strict,
         default=plain,
     )
-    return (text + "\n").encode("utf-8")
+    return (text if one_line else text + "\n").encode("utf-8")
 
 
 def write_json_atomic(

@@ -223,10 +223,10 @@ def clone_tree(src: Path, dst: Path, *, skip: frozenset[str] = frozenset()) -> N
                 shutil.copy2(source, target)
 
 
-def stamp(root: Path) -> dict[str, list[int]]:
-    """path -> [size, mtime_ns] of every file: a write through a hard link into
+def stamp(root: Path) -> dict[str, tuple[int, int]]:
+    """path -> (size, mtime_ns) of every file: a write through a hard link into
     the pristine cache changes the shared inode's mtime, so this detects it."""
-    out: dict[str, list[int]] = {}
+    out: dict[str, tuple[int, int]] = {}
     pending = [("", os.fspath(root))]
     while pending:
         prefix, folder = pending.pop()
@@ -236,7 +236,7 @@ def stamp(root: Path) -> dict[str, list[int]]:
                     pending.append((f"{prefix}{entry.name}/", entry.path))
                 else:
                     st = entry.stat(follow_symlinks=False)
-                    out[prefix + entry.name] = [st.st_size, st.st_mtime_ns]
+                    out[prefix + entry.name] = (st.st_size, st.st_mtime_ns)
     return out
 
 

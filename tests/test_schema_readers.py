@@ -190,14 +190,16 @@ def test_a_suite_asking_for_a_trillion_prompt_tokens_is_refused(tmp_path):
     assert expected in one_error(proc)
 
 
-def test_a_corrupt_pristine_stamp_is_extracted_again(tmp_path):
+@pytest.mark.parametrize("damage", ["[" * 100_000, '{"vllm/a.py": "big"}', "[1, 2]"])
+def test_a_corrupt_pristine_stamp_is_extracted_again(tmp_path, damage):
+    """Too deep, mistyped (a stamp decodes as path -> (size, mtime_ns)) or no table."""
     from tests._synthetic_release import make_loop
 
     series, build, cli_, _, _ = make_loop(tmp_path)
     stamps = list((tmp_path / "cache" / "pristine").glob("*.stamp.json"))
     assert stamps
     for stamp in stamps:
-        stamp.write_text("[" * 100_000)
+        stamp.write_text(damage)
     proc = cli_("bake")
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert all(json.loads(s.read_text()) for s in stamps)  # stamped again, whole

@@ -26,7 +26,7 @@ from bakery.bake import manifest, trust, zipwriter
 from bakery.bake import record as record_mod
 from bakery.bake import wheel as wheel_mod
 from bakery.bake.fetch import cache_dir, fetch
-from bakery.bake.pristine import own_pristine, pristine, record_errata_of
+from bakery.bake.pristine import own_pristine, pristine, read_stamp, record_errata_of, stamp_bytes
 from bakery.bake.record import record_hash
 from bakery.bake.wheel import (
     WheelInfo,
@@ -34,9 +34,8 @@ from bakery.bake.wheel import (
     read_wheel,
     write_patched_wheel,
 )
-from bakery.errors import BakeryError, PreimageMismatch, UnreadableInput, UsageError
+from bakery.errors import BakeryError, PreimageMismatch, UsageError
 from bakery.progress import interactive, note, step, warn
-from bakery.schema import read_json
 from bakery.series import apply
 from bakery.series.series import Series
 from bakery.tree import (
@@ -142,18 +141,15 @@ def _tree_stamp_path(tree: Path) -> Path:
 
 def restamp(tree: Path) -> None:
     """Stamp ``tree`` as it is now (``refresh --no-bake`` records its edits as the bake)."""
-    write_atomic(_tree_stamp_path(tree), json.dumps(stamp(tree), sort_keys=True).encode())
+    write_atomic(_tree_stamp_path(tree), stamp_bytes(tree))
 
 
 def _moved_in_tree(tree: Path) -> list[str]:
     """Files of the tree whose size or mtime moved since the bake: an append to an
     untouched file, which the per-file hashes of BAKED.json do not cover ([] if none, or
     no stamp: an older bake)."""
-    try:
-        then = read_json(_tree_stamp_path(tree), "tree stamp", UnreadableInput)
-    except UnreadableInput:
-        return []
-    if not isinstance(then, dict):
+    then = read_stamp(_tree_stamp_path(tree))
+    if then is None:
         return []
     now = stamp(tree)
     moved = {rel for rel in then if then[rel] != now.get(rel)}  # a new file is refresh's
@@ -363,7 +359,7 @@ def bake(
                     if content is not None:
                         write_atomic(inside(staging, member), content, modes.get(member))
                 manifest.write(staging / manifest.MANIFEST, data)
-            tree_stamp = json.dumps(stamp(staging), sort_keys=True).encode()
+            tree_stamp = stamp_bytes(staging)
             out = build / "dist" / wheel_name
             if write_wheel:
                 out = _write_wheel(

@@ -12,7 +12,6 @@ tree carries a stamp (size and mtime of every file) taken as it is written.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import shutil
 from pathlib import Path
@@ -21,7 +20,7 @@ from bakery.bake.fetch import cache_dir, fetch
 from bakery.bake.wheel import WheelInfo, extract, read_wheel, record_errata
 from bakery.errors import UnreadableInput
 from bakery.progress import interactive, step, warn
-from bakery.schema import read_json
+from bakery.schema import encode_json, read_json, try_decode
 from bakery.series.series import Pin
 from bakery.tree import (
     inside,
@@ -34,6 +33,10 @@ from bakery.tree import (
 )
 
 __all__ = [
+    "TreeStamp",
+    "RecordErrata",
+    "stamp_bytes",
+    "read_stamp",
     "pristine",
     "own_pristine",
     "own_copy",
@@ -44,6 +47,26 @@ __all__ = [
 ]
 
 
+# A tree's stamp (``<tree>.stamp.json``): path -> (size, mtime_ns) of every file, as
+# ``tree.stamp`` takes it; one line, sorted, as machines alone read it.
+TreeStamp = dict[str, tuple[int, int]]
+# ``<pristine tree>.record.json``: member -> its real RECORD hash, where RECORD is wrong.
+RecordErrata = dict[str, str]
+
+
+def stamp_bytes(root: Path) -> bytes:
+    return encode_json(stamp(root), sort_keys=True, one_line=True)
+
+
+def read_stamp(path: Path) -> TreeStamp | None:
+    """The stamp at ``path``; None if missing, damaged or mistyped (no stamp)."""
+    try:
+        data = read_json(path, "tree stamp", UnreadableInput)
+    except UnreadableInput:
+        return None
+    return try_decode(data, TreeStamp)[0]
+
+
 def _stamp_path(root: Path) -> Path:
     return root.with_name(f"{root.name}.stamp.json")
 
@@ -52,24 +75,22 @@ def _errata_path(root: Path) -> Path:
     return root.with_name(f"{root.name}.record.json")
 
 
-def _write_errata(root: Path, errata: dict[str, str]) -> None:
-    write_atomic(_errata_path(root), json.dumps(errata, sort_keys=True).encode())
+def _write_errata(root: Path, errata: RecordErrata) -> None:
+    write_atomic(_errata_path(root), encode_json(errata, sort_keys=True, one_line=True))
 
 
-def record_errata_of(wheel: WheelInfo, root: Path) -> dict[str, str]:
+def record_errata_of(wheel: WheelInfo, root: Path) -> RecordErrata:
     """The real hash of each member whose RECORD hash is wrong ({} for a sound wheel),
     found once per wheel: by the extraction that made ``root``, else (a tree extracted
     by an older bakery) by reading the wheel, then kept beside the tree. It depends on
     the wheel's bytes alone, which its sha256 (the folder's name) pins."""
     try:
-        kept = read_json(_errata_path(root), "RECORD errata", UnreadableInput)
+        kept = try_decode(
+            read_json(_errata_path(root), "RECORD errata", UnreadableInput), RecordErrata
+        )[0]
     except UnreadableInput:
         kept = None
-    if (
-        isinstance(kept, dict)
-        and all(isinstance(v, str) for v in kept.values())
-        and set(kept) <= set(wheel.record)
-    ):
+    if kept is not None and set(kept) <= set(wheel.record):
         return kept
     with step(f"checking {wheel.path.name}'s RECORD"):
         errata = record_errata(wheel)
@@ -83,12 +104,9 @@ def _moved_since_extraction(root: Path) -> list[str] | None:
     stamp_path = _stamp_path(root)
     if not (root.is_dir() and stamp_path.is_file()):
         return None
-    try:
-        then = read_json(stamp_path, "pristine stamp", UnreadableInput)
-    except UnreadableInput:
+    then = read_stamp(stamp_path)
+    if then is None:
         return None  # a damaged stamp is no stamp: the tree is extracted again
-    if not isinstance(then, dict):
-        return None
     now = stamp(root)
     return sorted(rel for rel in set(then) | set(now) if then.get(rel) != now.get(rel))
 
@@ -118,9 +136,7 @@ def pristine(wheel: WheelInfo, sha256: str, cache: Path) -> Path:
         remove_tree(tmp)  # a full disk must not leave a partial tree for every retry
         raise
     # staged as ".<name>.<random>.tmp-<pid>", which sweep_dead clears after a kill
-    stamp_tmp = stage_beside(
-        stamp_path, json.dumps(stamp(tmp), sort_keys=True).encode(), suffix=f".tmp-{os.getpid()}"
-    )
+    stamp_tmp = stage_beside(stamp_path, stamp_bytes(tmp), suffix=f".tmp-{os.getpid()}")
     try:
         os.rename(tmp, root)
     except OSError:  # a concurrent bake extracted the same bytes first: use its tree
@@ -197,7 +213,7 @@ def _recopy(source: Path, root: Path, moved: list[str]) -> None:
         _clone_file(str(source / rel), tmp, [True])
         os.chmod(tmp, (source / rel).stat().st_mode & 0o777)
         os.replace(tmp, target)
-    write_atomic(_stamp_path(root), json.dumps(stamp(root), sort_keys=True).encode())
+    write_atomic(_stamp_path(root), stamp_bytes(root))
 
 
 def own_pristine(source: Path, build: Path) -> Path:
@@ -227,7 +243,7 @@ def own_pristine(source: Path, build: Path) -> Path:
             _copy_tree(source, tmp)
         stamp_tmp = stage_beside(
             _stamp_path(root),
-            json.dumps(stamp(tmp), sort_keys=True).encode(),
+            stamp_bytes(tmp),
             suffix=f".tmp-{os.getpid()}",
         )
     except BaseException:
