@@ -1,6 +1,7 @@
 """The house: rooms import downward only, no import circle, no module grows past ~500 lines,
-no room reaches into another's private names, and the command line's functions stay doors
-(a flow lives in its room, the command parses options, calls it and prints).
+no room reaches into another's private names, the command line's functions stay doors
+(a flow lives in its room, the command parses options, calls it and prints), and every JSON
+output goes through the one encoder, from its frozen type or listed with why it is a dict.
 
 The import graph is read from the source with ``ast`` (imports inside functions count: they
 run too), never by importing the package. Each check is also run on the real graph with one
@@ -374,4 +375,133 @@ def test_a_misplaced_test_is_seen(tmp_path):
         "tests/rebase: no room of bakery/ (rooms: bake, check, cli, dcp, launch, maintain, "
         "series, verify)",
         "tests/test_planted.py: move it into the tests/<room>/ of what it tests",
+    ]
+
+
+# --- one encoder; typed outputs -------------------------------------------------------------
+# Every JSON output goes through bakery.schema's one encoder (encode_json, write_json_atomic),
+# from a frozen type where bakery owns the shape. Each call of it is named here by the
+# function that makes it: the type it writes, or why it writes dicts. A new writer fails
+# this test until it is listed, so an untyped one is a decision, not an accident.
+TYPED_WRITERS = {
+    "bakery.bake.fetch.fetch_release": "ReleaseIndex",
+    "bakery.bake.manifest.dumps": "BakedManifest",
+    "bakery.bake.pristine.stamp_bytes": "TreeStamp",
+    "bakery.bake.pristine._write_errata": "RecordErrata",
+    "bakery.cli.maintain.rebase_matrix_cmd": "MatrixTable",
+    "bakery.cli.maintain.status_cmd": "StatusReport",
+    "bakery.launch.run_record.write_record": "RunEnvironment",
+    "bakery.launch.run_record.write_pid": "PidRecord",
+    "bakery.maintain.rebase.rebase": "RebaseReport",
+    "bakery.maintain.rebase_state.write_state": "RebaseState",
+    "bakery.launch.matrix.run_matrix": "MatrixSummary",
+}
+UNTYPED_WRITERS = {
+    "bakery.launch.serving.write_figures": "serving.json, gathered as a dict by the matrix and "
+    "read back as FiguresDoc; not yet written from it",
+    "bakery.verify.bundle.write_case_file": "the server's answer kept verbatim (key order is "
+    "meaningful, fields vLLM adds are kept); CaseDoc/TeacherDoc judge it before it is written",
+    "bakery.verify.bundle.write_bundle_meta": "holds the server's /version answer, spread as "
+    "it came",
+    "bakery.verify.calibrate.write_calibration": "the gate file the verify room reads back "
+    "through its own loader (gates.py); not yet typed",
+    "bakery.verify.report.write_reports": "the comparison report: metrics per case built by "
+    "compare.py; not yet typed",
+}
+# JSON made outside the encoder: none of it is an output file of bakery's own shape.
+OTHER_JSON = {
+    "bakery.bake.bake._wheel_inputs": "a digest's input",
+    "bakery.series.series.sha256": "a digest's input",
+    "bakery.verify.tiny_v41.recipe": "a digest's input",
+    "bakery.bake.trust.remember": "a trust record: its own Struct, msgspec's compact bytes",
+    "bakery.cli.launch.start_cmd": "printed (--json)",
+    "bakery.cli.launch.status_cmd": "printed (--json)",
+    "bakery.cli.launch.doctor_cmd": "printed (--json)",
+    "bakery.cli.series.apply_cmd": "printed (--json)",
+    "bakery.cli.verify.compare": "printed (--json)",
+    "bakery.launch.probe.main": "one line to the launcher from the serving Python",
+    "bakery.verify.tiny_v41._run_child": "argv of the child that builds the model",
+    "bakery.verify.tiny_v41._child": "one line to the parent from that child",
+    "bakery.verify.plots._save": "a PNG's metadata text",
+    "bakery.verify.report.code": "a token shown JSON-quoted in Markdown",
+    "bakery.verify.tiny_v41.build": "a model folder for vLLM: config.json in HF's layout",
+    "bakery.verify.tiny_model.build": "a model folder's note, beside HF's files",
+    "bakery.verify.tiny_model.perturb": "a model folder's note, beside HF's files",
+}
+ENCODER = {"encode_json", "write_json_atomic"}
+OTHER_ENCODERS = {"json.dumps", "json.dump", "msgspec.json.encode", "msgspec.json.Encoder"}
+
+
+def json_writers(package: Path = PACKAGE) -> dict[str, list[tuple[str, ast.Call]]]:
+    """``module.function`` -> each call of a JSON encoder in it (bakery.schema left out)."""
+    found: dict[str, list[tuple[str, ast.Call]]] = {}
+    for path in sorted(package.rglob("*.py")):
+        if path == package / "schema.py":
+            continue
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Call):
+                    called = ast.unparse(node.func)
+                    if called.rpartition(".")[2] in ENCODER or called in OTHER_ENCODERS:
+                        key = f"{module_name(path, package)}.{fn.name}"
+                        found.setdefault(key, []).append((called, node))
+    return found
+
+
+def _looks_untyped(call: ast.Call) -> bool:
+    """The value written is built as a dict or list right there."""
+    args = call.args[1:] if ast.unparse(call.func).endswith("write_json_atomic") else call.args
+    value = args[0] if args else None
+    plain = (ast.Dict, ast.DictComp, ast.List, ast.ListComp)
+    built = isinstance(value, ast.Call) and ast.unparse(value.func).endswith(
+        ("dict", "as_dict", "asdict")
+    )
+    return isinstance(value, plain) or built or "__dict__" in ast.unparse(value or call)
+
+
+def output_problems(package: Path = PACKAGE) -> list[str]:
+    out = []
+    found = json_writers(package)
+    for key, calls in sorted(found.items()):
+        for called, call in calls:
+            if called in OTHER_ENCODERS:
+                if key not in OTHER_JSON:
+                    out.append(f"{key}: {called}: write JSON through bakery.schema.encode_json")
+            elif key in TYPED_WRITERS:
+                if _looks_untyped(call):
+                    out.append(f"{key}: writes a dict, not its {TYPED_WRITERS[key]}")
+            elif key not in UNTYPED_WRITERS:
+                out.append(f"{key}: a new JSON writer: give it a frozen type (TYPED_WRITERS)")
+    listed = TYPED_WRITERS.keys() | UNTYPED_WRITERS.keys() | OTHER_JSON.keys()
+    out += [f"{key}: listed, yet it writes no JSON" for key in sorted(listed - found.keys())]
+    return out
+
+
+def test_every_json_output_goes_through_the_one_encoder_from_its_type():
+    assert output_problems() == []
+
+
+def test_an_untyped_or_unlisted_json_writer_is_seen(tmp_path):
+    copy = tmp_path / "bakery"
+    shutil.copytree(PACKAGE, copy)
+    record = copy / "launch" / "run_record.py"
+    text = record.read_text()
+    assert "    write_json_atomic(\n        record.pid_file, data," in text
+    text = text.replace(
+        "    write_json_atomic(\n        record.pid_file, data,",
+        "    write_json_atomic(\n        record.pid_file, {'pgid': proc.pid},",
+    )
+    text += (
+        "\n\ndef planted(path):\n    write_json_atomic(path, {'a': 1})\n"
+        "\n\ndef planted_too(path):\n    path.write_text(json.dumps({'a': 1}))\n"
+    )
+    record.write_text(text)
+    assert output_problems(copy) == [
+        "bakery.launch.run_record.planted: a new JSON writer: give it a frozen type "
+        "(TYPED_WRITERS)",
+        "bakery.launch.run_record.planted_too: json.dumps: write JSON through "
+        "bakery.schema.encode_json",
+        "bakery.launch.run_record.write_pid: writes a dict, not its PidRecord",
     ]
