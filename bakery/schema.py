@@ -20,7 +20,8 @@ it); a typed output is written from its type, with the bytes the dicts before it
   default, as it is read from run folders of any bakery version), the stamps of baked
   and pristine trees (``bake.pristine.TreeStamp``) and a pristine tree's RECORD errata
   (``bake.pristine.RecordErrata``), both one line (``one_line``; one that does not decode
-  is none).
+  is none), and the gates file calibrate writes (``verify.compare.GatesFileDoc``, its
+  ``calibration`` a ``verify.compare.Calibration``).
 - Read through a narrow view: the launcher reads BAKED.json as ``bake.manifest.ServedBake``
   (series and base only, other fields ignored), so a manifest of another bakery version
   still names what a run serves.

@@ -395,6 +395,7 @@ TYPED_WRITERS = {
     "bakery.maintain.rebase.rebase": "RebaseReport",
     "bakery.maintain.rebase_state.write_state": "RebaseState",
     "bakery.launch.matrix.run_matrix": "MatrixSummary",
+    "bakery.verify.calibrate.write_calibration": "GatesFileDoc",
 }
 UNTYPED_WRITERS = {
     "bakery.launch.serving.write_figures": "serving.json, gathered as a dict by the matrix and "
@@ -403,8 +404,6 @@ UNTYPED_WRITERS = {
     "meaningful, fields vLLM adds are kept); CaseDoc/TeacherDoc judge it before it is written",
     "bakery.verify.bundle.write_bundle_meta": "holds the server's /version answer, spread as "
     "it came",
-    "bakery.verify.calibrate.write_calibration": "the gate file the verify room reads back "
-    "through its own loader (gates.py); not yet typed",
     "bakery.verify.report.write_reports": "the comparison report: metrics per case built by "
     "compare.py; not yet typed",
 }

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,14 @@ from bakery import markdown
 from bakery.errors import UsageError
 from bakery.schema import write_json_atomic
 from bakery.tree import write_text_atomic
-from bakery.verify.compare import BOUND_GATES, ParityGates, compare_bundles
+from bakery.verify.compare import (
+    BOUND_GATES,
+    Calibration,
+    CalibrationPolicy,
+    ParityGates,
+    compare_bundles,
+    derive_threshold,
+)
 from bakery.verify.report import format_value
 
 __all__ = [
@@ -32,52 +38,6 @@ __all__ = [
     "calibrate_bundles",
     "write_calibration",
 ]
-
-KL_GATES = frozenset({"max_tf_kl"})
-
-
-@dataclass(frozen=True)
-class CalibrationPolicy:
-    """How far above the noise floor a threshold sits.
-
-    The minimums keep a bit-deterministic baseline (floor 0) from producing a gate
-    that any legitimate reduction-order change would break.
-    """
-
-    factor: float = 2.0
-    min_logprob_bound: float = 0.05
-    min_kl_bound: float = 1e-3
-    min_overlap_slack: float = 0.05
-
-
-@dataclass(frozen=True)
-class Calibration:
-    gates: ParityGates
-    noise_floor: Mapping[str, float | None]
-    bundles: tuple[str, ...]
-    pairs: int
-    policy: CalibrationPolicy
-    high_margin_mismatches: tuple[str, ...]
-
-    def as_dict(self) -> dict[str, Any]:
-        """The gates-file form that ``compare --gates`` reads."""
-        return {
-            "gates": self.gates.values(),
-            "sources": dict(self.gates.sources),
-            "calibration": {
-                "bundles": list(self.bundles),
-                "pairs": self.pairs,
-                "noise_floor": dict(self.noise_floor),
-                "policy": {
-                    "factor": self.policy.factor,
-                    "min_logprob_bound": self.policy.min_logprob_bound,
-                    "min_kl_bound": self.policy.min_kl_bound,
-                    "min_overlap_slack": self.policy.min_overlap_slack,
-                },
-                "high_margin_mismatches": list(self.high_margin_mismatches),
-            },
-        }
-
 
 def noise_floor(reports: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
     """Worst value of each bound gate's field over all cases of all reports (None: unseen)."""
@@ -94,17 +54,6 @@ def noise_floor(reports: Sequence[Mapping[str, Any]]) -> dict[str, float | None]
     return floor
 
 
-def derive_threshold(name: str, floor: float | None, policy: CalibrationPolicy) -> float | None:
-    """Widen a floor by ``policy``: upper bounds grow, overlap lower bounds shrink toward 0."""
-    if floor is None:
-        return None
-    if BOUND_GATES[name][1] == "max":
-        minimum = policy.min_kl_bound if name in KL_GATES else policy.min_logprob_bound
-        return max(floor * policy.factor, minimum)
-    slack = max((1.0 - floor) * policy.factor, policy.min_overlap_slack)
-    return max(0.0, 1.0 - slack)
-
-
 def _high_margin(report: Mapping[str, Any]) -> list[str]:
     return [
         f"{report['candidate']['path']}: {name} step {case['first_token_mismatch']['step']}"
@@ -116,11 +65,8 @@ def _high_margin(report: Mapping[str, Any]) -> list[str]:
 def calibrate_from_reports(
     reports: Sequence[Mapping[str, Any]], bundles: Sequence[str], policy: CalibrationPolicy
 ) -> Calibration:
-    floor = noise_floor(reports)
-    thresholds = {name: derive_threshold(name, value, policy) for name, value in floor.items()}
     return Calibration(
-        gates=ParityGates().with_values("calibration", **thresholds),
-        noise_floor=floor,
+        noise_floor=noise_floor(reports),
         bundles=tuple(bundles),
         pairs=len(reports),
         policy=policy,
@@ -174,6 +120,6 @@ def render_calibration(calibration: Calibration) -> str:
 def write_calibration(calibration: Calibration, out_dir: Path) -> tuple[Path, Path]:
     """Write ``gates.json`` (for ``compare --gates``) and ``calibration.md`` atomically."""
     gates_path, md_path = out_dir / "gates.json", out_dir / "calibration.md"
-    write_json_atomic(gates_path, calibration.as_dict(), sort_keys=True, strict=True)
+    write_json_atomic(gates_path, calibration.gates_file(), sort_keys=True, strict=True)
     write_text_atomic(md_path, render_calibration(calibration))
     return gates_path, md_path

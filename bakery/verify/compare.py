@@ -27,6 +27,10 @@ from bakery.verify.metrics import compare_completions, compare_teacher_forced
 
 __all__ = [
     "ParityGates",
+    "CalibrationPolicy",
+    "Calibration",
+    "GatesFileDoc",
+    "derive_threshold",
     "load_gates",
     "compare_bundles",
     "evaluate_gates",
@@ -115,12 +119,61 @@ def _check_gate_value(name: str, value: Any) -> None:
         raise GatesError(f"gate {name!r} must be {kind}, got {value!r}")
 
 
+KL_GATES = frozenset({"max_tf_kl"})
+
+
+class CalibrationPolicy(Document, frozen=True, kw_only=True):
+    """How far above the noise floor a threshold sits.
+
+    The minimums keep a bit-deterministic baseline (floor 0) from producing a gate
+    that any legitimate reduction-order change would break.
+    """
+
+    factor: float = 2.0
+    min_logprob_bound: float = 0.05
+    min_kl_bound: float = 1e-3
+    min_overlap_slack: float = 0.05
+
+
+def derive_threshold(name: str, floor: float | None, policy: CalibrationPolicy) -> float | None:
+    """Widen a floor by ``policy``: upper bounds grow, overlap lower bounds shrink toward 0."""
+    if floor is None:
+        return None
+    if BOUND_GATES[name][1] == "max":
+        minimum = policy.min_kl_bound if name in KL_GATES else policy.min_logprob_bound
+        return max(floor * policy.factor, minimum)
+    slack = max((1.0 - floor) * policy.factor, policy.min_overlap_slack)
+    return max(0.0, 1.0 - slack)
+
+
+class Calibration(Document, frozen=True, kw_only=True):
+    """A gates file's ``calibration``: the noise floor each bound gate's threshold was
+    derived from, over which bundles and pairs, under which policy."""
+
+    bundles: tuple[str, ...]
+    pairs: int
+    noise_floor: dict[str, float | None]  # gate name -> worst value seen (None: unseen)
+    policy: CalibrationPolicy
+    high_margin_mismatches: tuple[str, ...]
+
+    @property
+    def gates(self) -> ParityGates:
+        """The thresholds: each floor widened by the policy (source ``calibration``)."""
+        thresholds = {n: derive_threshold(n, v, self.policy) for n, v in self.noise_floor.items()}
+        return ParityGates().with_values("calibration", **thresholds)
+
+    def gates_file(self) -> GatesFileDoc:
+        """The gates file ``compare --gates`` reads, this calibration inside."""
+        gates = self.gates
+        return GatesFileDoc(gates=gates.values(), sources=dict(gates.sources), calibration=self)
+
+
 class GatesFileDoc(Document, frozen=True):
     """A gates file's shape; each gate's name and kind are ``ParityGates``' own to check."""
 
     gates: dict[str, Any]  # gate name -> bound or switch; null = the gate is off
     sources: dict[str, str] = {}  # gate name -> who set it ("calibration", ...)
-    calibration: dict[str, Any] | None = None  # how calibrate derived them (for readers)
+    calibration: Calibration | None = None  # how calibrate derived them (for readers)
 
 
 def load_gates(path: Path) -> ParityGates:

@@ -5,12 +5,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 from _verify_support import MTP, NOMTP, copy_bundle, edit_case, logprobs_of, run_cli
 
 from bakery.verify import compare_bundles, load_suite
-from bakery.verify.calibrate import CalibrationPolicy, calibrate_bundles, derive_threshold
-from bakery.verify.errors import SuiteError
+from bakery.verify.calibrate import (
+    CalibrationPolicy,
+    calibrate_bundles,
+    derive_threshold,
+    write_calibration,
+)
+from bakery.verify.compare import GatesFileDoc, load_gates
+from bakery.verify.errors import GatesError, SuiteError
 
 POLICY = CalibrationPolicy(
     factor=2.0, min_logprob_bound=0.05, min_kl_bound=1e-3, min_overlap_slack=0.05
@@ -46,6 +53,21 @@ def test_calibration_from_bundles_uses_the_worst_pair(tmp_path: Path) -> None:
     assert calibration.gates.sources["max_chosen_token_logprob_abs_error"] == "calibration"
     assert calibration.gates.max_tf_kl is None  # no teacher-forced data: not calibrated
     assert calibration.high_margin_mismatches == ()
+
+
+def test_the_gates_file_holds_the_calibration_typed_and_refuses_a_mistyped_one(
+    tmp_path: Path,
+) -> None:
+    calibration = calibrate_bundles([NOMTP, MTP], POLICY)
+    gates_path, _ = write_calibration(calibration, tmp_path)
+    kept = msgspec.convert(json.loads(gates_path.read_text()), GatesFileDoc, strict=True)
+    assert kept.calibration == calibration  # the file holds the calibration, whole
+    assert load_gates(gates_path).values() == calibration.gates.values()
+    doc = json.loads(gates_path.read_text())
+    doc["calibration"]["pairs"] = "one"
+    gates_path.write_text(json.dumps(doc))
+    with pytest.raises(GatesError, match=r"\$\.calibration\.pairs: expected int, got str"):
+        load_gates(gates_path)
 
 
 def test_calibrated_gates_drive_compare(tmp_path: Path) -> None:
