@@ -281,23 +281,22 @@ def _rebase_checkout(series, version: str, build_dir: Path, base_key: str, fuzz:
 def _rebase_continue(
     build_dir: Path, series_dir: Path, drop: tuple[str, ...], keep: tuple[str, ...]
 ) -> None:
-    report = rebase_loop.resume(build_dir, cache_dir(), series_dir, drop, keep)
-    for action, file in report["changes"]:
+    done = rebase_loop.resume(build_dir, cache_dir(), series_dir, drop, keep)
+    for action, file in done.changes:
         click.echo(f"{action}: {file}")
-    for rel in report["strays"]:
+    for rel in done.strays:
         click.echo(f"ignored (stray file): {rel}")
-    for note in report["notes"]:
+    for note in done.notes:
         click.echo(f"warning: {note}", err=True)
-    click.echo(f"re-baked {report['tree']} on {report['release']}")
-    for finding in report["linkcheck"]:
+    click.echo(f"re-baked {done.tree} on {done.release}")
+    for finding in done.linkcheck:
         click.echo(f"linkcheck: {finding}")
-    if report["linkcheck"]:
+    if done.linkcheck:
         raise BakeryError(
-            f"rebased onto {report['release']}, but linkcheck has "
-            f"{len(report['linkcheck'])} finding(s)",
+            f"rebased onto {done.release}, but linkcheck has {len(done.linkcheck)} finding(s)",
             hint="fix them in the baked tree, then `bakery refresh`",
         )
-    click.echo(f"rebased onto {report['release']}; linkcheck: 0 findings")
+    click.echo(f"rebased onto {done.release}; linkcheck: 0 findings")
 
 
 def _release_version(target: str, project: str, option: str = "--to") -> str:

@@ -285,13 +285,26 @@ def conflicts_left(state: RebaseState, build: Path, series: Series) -> list[str]
     return [p for p in state.files if has_markers(read_file(package, p))]
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """What `rebase --continue` did: the release, each patch change, the stray files it
+    ignored, notes, the re-baked tree and linkcheck's findings."""
+
+    release: str
+    changes: tuple[tuple[str, str], ...]  # (action, patch file)
+    strays: tuple[str, ...]
+    notes: tuple[str, ...]
+    tree: str
+    linkcheck: tuple[str, ...]
+
+
 def resume(
     build: Path,
     cache: Path,
     series_root: Path | None = None,
     drop: tuple[str, ...] = (),
     keep: tuple[str, ...] = (),
-) -> dict:
+) -> Resumed:
     """Refresh the series from the fixed tree onto the new pins, re-bake, linkcheck.
 
     Every other base must still bake the refreshed series; one that does not is refused
@@ -320,7 +333,7 @@ def _unbakeable(series: Series, skip: str, cache: Path) -> dict[str, str]:
 
 def _resume(
     build: Path, cache: Path, series_root: Path | None, drop: tuple[str, ...], keep: tuple[str, ...]
-) -> dict:
+) -> Resumed:
     state = load_state(build, series_root)
     if not checked_out(state, build):
         raise UsageError(
@@ -405,16 +418,18 @@ def _resume(
     thirdparty = [unpacked(dep, cache) for dep in rebased.dependencies.values()]
     findings = run_linkcheck(rebased, unpacked(pin, cache), thirdparty)
     discard_state(build)
-    return {
-        "release": state.release,
-        "changes": [(c.action, c.file) for c in changes],
-        "strays": strays,
-        "notes": list(state.notes)
-        + [f"{why} (kept: --keep-base)" for why in broken.values()]
-        + [f"[bases.{key}] removed from the series (--drop-base)" for key in drop],
-        "tree": str(result.tree),
-        "linkcheck": [format_finding(f) for f in findings],
-    }
+    return Resumed(
+        release=state.release,
+        changes=tuple((c.action, c.file) for c in changes),
+        strays=tuple(strays),
+        notes=(
+            *state.notes,
+            *(f"{why} (kept: --keep-base)" for why in broken.values()),
+            *(f"[bases.{key}] removed from the series (--drop-base)" for key in drop),
+        ),
+        tree=str(result.tree),
+        linkcheck=tuple(format_finding(f) for f in findings),
+    )
 
 
 def _repin(root: Path, state: RebaseState, drop: tuple[str, ...] = ()) -> None:
