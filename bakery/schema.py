@@ -20,8 +20,10 @@ it); a typed output is written from its type, with the bytes the dicts before it
   default, as it is read from run folders of any bakery version), the stamps of baked
   and pristine trees (``bake.pristine.TreeStamp``) and a pristine tree's RECORD errata
   (``bake.pristine.RecordErrata``), both one line (``one_line``; one that does not decode
-  is none), and the gates file calibrate writes (``verify.compare.GatesFileDoc``, its
-  ``calibration`` a ``verify.compare.Calibration``).
+  is none), the gates file calibrate writes (``verify.compare.GatesFileDoc``, its
+  ``calibration`` a ``verify.compare.Calibration``) and the parity report (``compare
+  --json``, the matrix's reports/<entry>.json: ``verify.compare.ParityReport``; each
+  case's metrics, the diagnosis and the gates stay dicts inside it).
 - Read through a narrow view: the launcher reads BAKED.json as ``bake.manifest.ServedBake``
   (series and base only, other fields ignored), so a manifest of another bakery version
   still names what a run serves.

@@ -396,6 +396,8 @@ TYPED_WRITERS = {
     "bakery.maintain.rebase_state.write_state": "RebaseState",
     "bakery.launch.matrix.run_matrix": "MatrixSummary",
     "bakery.verify.calibrate.write_calibration": "GatesFileDoc",
+    "bakery.verify.report.write_reports": "ParityReport",
+    "bakery.cli.verify.compare": "ParityReport",
 }
 UNTYPED_WRITERS = {
     "bakery.launch.serving.write_figures": "serving.json, gathered as a dict by the matrix and "
@@ -404,8 +406,6 @@ UNTYPED_WRITERS = {
     "meaningful, fields vLLM adds are kept); CaseDoc/TeacherDoc judge it before it is written",
     "bakery.verify.bundle.write_bundle_meta": "holds the server's /version answer, spread as "
     "it came",
-    "bakery.verify.report.write_reports": "the comparison report: metrics per case built by "
-    "compare.py; not yet typed",
 }
 # JSON made outside the encoder: none of it is an output file of bakery's own shape.
 OTHER_JSON = {
@@ -417,7 +417,6 @@ OTHER_JSON = {
     "bakery.cli.launch.status_cmd": "printed (--json)",
     "bakery.cli.launch.doctor_cmd": "printed (--json)",
     "bakery.cli.series.apply_cmd": "printed (--json)",
-    "bakery.cli.verify.compare": "printed (--json)",
     "bakery.launch.probe.main": "one line to the launcher from the serving Python",
     "bakery.verify.tiny_v41._run_child": "argv of the child that builds the model",
     "bakery.verify.tiny_v41._child": "one line to the parent from that child",

@@ -8,7 +8,6 @@ failure, 2 usage error or unreadable input).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import click
 
 from bakery.errors import UsageError
+from bakery.schema import encode_json
 from bakery.verify.calibrate import CalibrationPolicy, calibrate_bundles, write_calibration
 from bakery.verify.capture import CaptureSettings, ServerInfo, capture_bundle
 from bakery.verify.compare import ParityGates, compare_bundles, load_gates
@@ -246,18 +246,18 @@ def compare(
     to_stdout = json_path == Path("-")  # as everywhere in bakery: "-" is stdout
     if to_stdout:
         json_path = None
-        click.echo(json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False))
+        click.echo(encode_json(report, sort_keys=True, ascii_only=False).decode(), nl=False)
     write_reports(report, json_path=json_path, markdown_path=markdown_path)
-    for name, case in report["cases"].items():
+    for name, case in report.cases.items():
         click.echo(_summary_line(name, case), err=to_stdout)
-    failed = sorted(name for name, case in report["cases"].items() if not case["passed"])
+    failed = sorted(name for name, case in report.cases.items() if not case["passed"])
     if failed:
         where = markdown_path or json_path
         raise ParityFailure(
-            f"parity failed for {len(failed)} of {len(report['cases'])} cases: {', '.join(failed)}",
+            f"parity failed for {len(failed)} of {len(report.cases)} cases: {', '.join(failed)}",
             hint=f"see {where}" if where else "rerun with --markdown REPORT.md for details",
         )
-    click.echo(f"parity passed: {len(report['cases'])} cases", err=to_stdout)
+    click.echo(f"parity passed: {len(report.cases)} cases", err=to_stdout)
 
 
 @verify.command()

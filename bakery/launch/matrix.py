@@ -55,6 +55,7 @@ from bakery.verify import (
     load_suite,
     write_reports,
 )
+from bakery.verify.compare import ParityReport
 from bakery.verify.diagnose import tokenizer_decoder
 from bakery.verify.errors import ParityFailure
 
@@ -278,8 +279,8 @@ def _serve_and_capture(
     return {**run, "exercised": exercised} if exercised else run
 
 
-def _first_divergence(report: dict) -> dict | None:
-    for name, case in sorted(report["cases"].items()):
+def _first_divergence(report: ParityReport) -> dict | None:
+    for name, case in sorted(report.cases.items()):
         if not case["passed"]:
             return {
                 "case": name,
@@ -323,11 +324,11 @@ def _candidate_row(
     write_reports(report, json_path=json_path, markdown_path=md_path)
     return CandidateRow(
         **_entry_fields(entry),
-        passed=report["passed"],
-        as_expected=report["passed"] == (entry.expect == "pass"),
-        failing_cases=sorted(n for n, c in report["cases"].items() if not c["passed"]),
+        passed=report.passed,
+        as_expected=report.passed == (entry.expect == "pass"),
+        failing_cases=sorted(n for n, c in report.cases.items() if not c["passed"]),
         first_divergence=_first_divergence(report),
-        diagnosis=report["diagnosis"],
+        diagnosis=report.diagnosis,
         layout_boundaries=boundaries,
         report_json=str(json_path),
         report_markdown=str(md_path),

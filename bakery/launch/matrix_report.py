@@ -4,14 +4,16 @@ serving figures, diagnosis, the plots linked) and the PNG plots beside it (drawn
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from bakery import markdown
+from bakery.launch.errors import LaunchError
+from bakery.schema import decode, read_json
 from bakery.verify import plots
+from bakery.verify.compare import ParityReport
 from bakery.verify.diagnose import case_views
 from bakery.verify.report import format_value
 
@@ -101,14 +103,20 @@ def write_plots(summary: MatrixSummary, out: Path, say=print) -> list[str]:
     for row in summary.candidates:
         if isinstance(row.error, str) or row.report_json is None:  # nothing was compared
             continue
-        report = json.loads(Path(row.report_json).read_text())
+        report = decode(
+            read_json(Path(row.report_json), "parity report", LaunchError),
+            ParityReport,
+            where=row.report_json,
+            error=LaunchError,
+            hint="written by this matrix run; run the matrix again",
+        )
         rows = [
             plots.HeatRow(v.case, v.prompt_tokens, v.deltas, v.fork_step)
-            for v in case_views(report)
+            for v in case_views(report.cases)
         ]
         name = f"parity-{row.name}.png"
         title = f"{row.name} vs {names[0]}: {(row.diagnosis or {})['pattern']}"
-        bounds = report["diagnosis"].get("boundary")
+        bounds = report.diagnosis.get("boundary")
         plots.parity_heatmap(rows, out / name, title=title, boundaries=_bounds(row, bounds))
         written.append(name)
     return written

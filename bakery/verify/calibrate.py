@@ -11,9 +11,8 @@ apart from reading bundles and writing the gates file.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from bakery import markdown
 from bakery.errors import UsageError
@@ -24,6 +23,7 @@ from bakery.verify.compare import (
     Calibration,
     CalibrationPolicy,
     ParityGates,
+    ParityReport,
     compare_bundles,
     derive_threshold,
 )
@@ -39,14 +39,14 @@ __all__ = [
     "write_calibration",
 ]
 
-def noise_floor(reports: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+def noise_floor(reports: Sequence[ParityReport]) -> dict[str, float | None]:
     """Worst value of each bound gate's field over all cases of all reports (None: unseen)."""
     floor: dict[str, float | None] = {}
     for name, (key, kind) in BOUND_GATES.items():
         seen = [
             case[key]
             for report in reports
-            for case in report["cases"].values()
+            for case in report.cases.values()
             if case.get(key) is not None
         ]
         pick = max if kind == "max" else min
@@ -54,16 +54,16 @@ def noise_floor(reports: Sequence[Mapping[str, Any]]) -> dict[str, float | None]
     return floor
 
 
-def _high_margin(report: Mapping[str, Any]) -> list[str]:
+def _high_margin(report: ParityReport) -> list[str]:
     return [
-        f"{report['candidate']['path']}: {name} step {case['first_token_mismatch']['step']}"
-        for name, case in sorted(report["cases"].items())
+        f"{report.candidate.path}: {name} step {case['first_token_mismatch']['step']}"
+        for name, case in sorted(report.cases.items())
         if not case["tokens_match"] and not case["first_token_mismatch_low_margin"]
     ]
 
 
 def calibrate_from_reports(
-    reports: Sequence[Mapping[str, Any]], bundles: Sequence[str], policy: CalibrationPolicy
+    reports: Sequence[ParityReport], bundles: Sequence[str], policy: CalibrationPolicy
 ) -> Calibration:
     return Calibration(
         noise_floor=noise_floor(reports),

@@ -30,6 +30,7 @@ __all__ = [
     "CalibrationPolicy",
     "Calibration",
     "GatesFileDoc",
+    "ParityReport",
     "derive_threshold",
     "load_gates",
     "compare_bundles",
@@ -307,9 +308,39 @@ def _case_report(
     return case
 
 
-def _side(bundle: Bundle) -> dict[str, Any]:
+class ReportSettings(Document, frozen=True, kw_only=True):
+    top_n: int
+    low_margin: float
+    teacher_forced: bool
+
+
+class ReportSide(Document, frozen=True, kw_only=True):
+    """A compared bundle: its folder, its bundle.json as captured, the servers' fingerprints."""
+
+    path: str
+    meta: dict[str, Any]
+    system_fingerprints: tuple[str, ...]
+
+
+class ParityReport(Document, frozen=True, kw_only=True):
+    """The comparison report (``compare --json``, the matrix's reports/<entry>.json). Each
+    case's metrics (named by ``CASE_METRICS`` and the gates), the diagnosis and the gates
+    (name -> value and source) stay dicts inside it."""
+
+    cases: dict[str, dict[str, Any]]
+    diagnosis: dict[str, Any]
+    passed: bool
+    gates: dict[str, dict[str, Any]]
+    settings: ReportSettings
+    baseline: ReportSide
+    candidate: ReportSide
+
+
+def _side(bundle: Bundle) -> ReportSide:
     fingerprints = sorted({c.system_fingerprint for c in bundle.cases if c.system_fingerprint})
-    return {"path": str(bundle.path), "meta": bundle.meta, "system_fingerprints": fingerprints}
+    return ReportSide(
+        path=str(bundle.path), meta=bundle.meta, system_fingerprints=tuple(fingerprints)
+    )
 
 
 def compare_bundles(
@@ -322,11 +353,10 @@ def compare_bundles(
     teacher_forced: bool = False,
     boundaries: Sequence[int] = (),
     decode: Callable[[Sequence[int]], str] | None = None,
-) -> dict[str, Any]:
-    """The full comparison report: ``{"cases", "passed", "gates", "settings", "diagnosis",
-    ...}``. ``boundaries`` (page and shard lengths in tokens) let the diagnosis name a
-    layout failure; ``decode`` (ids -> text, the served model's tokenizer) adds each first
-    fork as text."""
+) -> ParityReport:
+    """The full comparison report (see ``ParityReport``). ``boundaries`` (page and shard
+    lengths in tokens) let the diagnosis name a layout failure; ``decode`` (ids -> text,
+    the served model's tokenizer) adds each first fork as text."""
     gates = gates or ParityGates()
     baseline, candidate = load_bundle(Path(baseline_dir)), load_bundle(Path(candidate_dir))
     _check_comparable(baseline, candidate)
@@ -335,13 +365,13 @@ def compare_bundles(
         b.name: _case_report(b, cand[b.name], gates, top_n, low_margin, teacher_forced, decode)
         for b in sorted(baseline.cases, key=lambda c: c.name)
     }
-    found = diagnose(case_views({"cases": cases}), boundaries)
-    return {
-        "cases": cases,
-        "diagnosis": found.as_dict(),
-        "passed": all(case["passed"] for case in cases.values()),
-        "gates": gates.as_dict(),
-        "settings": {"top_n": top_n, "low_margin": low_margin, "teacher_forced": teacher_forced},
-        "baseline": _side(baseline),
-        "candidate": _side(candidate),
-    }
+    found = diagnose(case_views(cases), boundaries)
+    return ParityReport(
+        cases=cases,
+        diagnosis=found.as_dict(),
+        passed=all(case["passed"] for case in cases.values()),
+        gates=gates.as_dict(),
+        settings=ReportSettings(top_n=top_n, low_margin=low_margin, teacher_forced=teacher_forced),
+        baseline=_side(baseline),
+        candidate=_side(candidate),
+    )

@@ -82,8 +82,9 @@ class Diagnosis:
         return asdict(self)
 
 
-def case_views(report: Mapping[str, Any]) -> list[CaseView]:
-    """One view per case of a compare report, shortest prompt first (ties by name)."""
+def case_views(cases: Mapping[str, Mapping[str, Any]]) -> list[CaseView]:
+    """One view per case of a compare report's ``cases``, shortest prompt first (ties by
+    name)."""
     views = [
         CaseView(
             case=name,
@@ -96,7 +97,7 @@ def case_views(report: Mapping[str, Any]) -> list[CaseView]:
             passed=bool(case["passed"]),
             max_chosen_error=case.get("trajectory_max_chosen_token_logprob_abs_error"),
         )
-        for name, case in report["cases"].items()
+        for name, case in cases.items()
     ]
     return sorted(views, key=lambda v: (v.prompt_tokens or 0, v.case))
 

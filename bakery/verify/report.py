@@ -16,6 +16,7 @@ from typing import Any
 from bakery import markdown
 from bakery.schema import write_json_atomic
 from bakery.tree import write_text_atomic
+from bakery.verify.compare import ParityReport
 
 __all__ = ["render_markdown", "write_reports", "format_value", "code"]
 
@@ -165,28 +166,28 @@ def _case_section(name: str, case: Mapping[str, Any]) -> list[str]:
     return lines + _divergence_section(case)
 
 
-def render_markdown(report: Mapping[str, Any]) -> str:
-    settings = report["settings"]
-    verdict = "PASSED" if report["passed"] else "FAILED"
+def render_markdown(report: ParityReport) -> str:
+    settings = report.settings
+    verdict = "PASSED" if report.passed else "FAILED"
     lines = [
         f"# Parity report: {verdict}",
         "",
-        f"- baseline: `{report['baseline']['path']}`",
-        f"- candidate: `{report['candidate']['path']}`",
-        f"- top-n {settings['top_n']}, low-margin threshold {settings['low_margin']}, "
-        f"teacher-forced {format_value(settings['teacher_forced'])}",
+        f"- baseline: `{report.baseline.path}`",
+        f"- candidate: `{report.candidate.path}`",
+        f"- top-n {settings.top_n}, low-margin threshold {settings.low_margin}, "
+        f"teacher-forced {format_value(settings.teacher_forced)}",
         "",
-        *_diagnosis_section(report.get("diagnosis")),
-        *_gates_section(report["gates"]),
-        *_summary_section(report["cases"]),
+        *_diagnosis_section(report.diagnosis),
+        *_gates_section(report.gates),
+        *_summary_section(report.cases),
     ]
-    for name, case in sorted(report["cases"].items()):
+    for name, case in sorted(report.cases.items()):
         lines.extend(_case_section(name, case))
     return "\n".join(lines).rstrip() + "\n"
 
 
 def write_reports(
-    report: Mapping[str, Any], *, json_path: Path | None, markdown_path: Path | None
+    report: ParityReport, *, json_path: Path | None, markdown_path: Path | None
 ) -> None:
     """Write the requested reports; each file appears whole or not at all."""
     if json_path is not None:

@@ -119,7 +119,8 @@ def test_summary_carries_the_serving_figures_ratios_and_plots(fake_servers, tmp_
     assert_bars(out / "bench.png", "throughput", [500.0, 750.0, 0.0][:2],
                 [plots.CANDIDATE_COLOR] * 2)  # fmt: skip
     report = json.loads(Path(rows["planted"]["report_json"]).read_text())
-    heat = [HeatRow(v.case, v.prompt_tokens, v.deltas, v.fork_step) for v in case_views(report)]
+    views = case_views(report["cases"])
+    heat = [HeatRow(v.case, v.prompt_tokens, v.deltas, v.fork_step) for v in views]
     assert_heatmap(out / "parity-planted.png", heat)
     lengths = [r.prompt_tokens for r in heat]
     assert lengths == sorted(lengths) and None not in lengths

@@ -46,7 +46,7 @@ def test_calibration_from_bundles_uses_the_worst_pair(tmp_path: Path) -> None:
     assert calibration.pairs == 3
     worst = max(
         c["trajectory_max_chosen_token_logprob_abs_error"]
-        for c in compare_bundles(NOMTP, MTP)["cases"].values()
+        for c in compare_bundles(NOMTP, MTP).cases.values()
     )
     assert calibration.noise_floor["max_chosen_token_logprob_abs_error"] == worst
     assert calibration.gates.max_chosen_token_logprob_abs_error == pytest.approx(2 * worst)

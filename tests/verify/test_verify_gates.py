@@ -155,6 +155,6 @@ def test_the_gpu_matrix_sets_gates_that_the_real_b200_data_passes():
     gates = ParityGates().with_values("matrix", **values)
     from _verify_support import MTP
 
-    assert compare_bundles(NOMTP, MTP, gates, top_n=matrix.top_n, low_margin=matrix.low_margin)[
-        "passed"
-    ]
+    assert compare_bundles(
+        NOMTP, MTP, gates, top_n=matrix.top_n, low_margin=matrix.low_margin
+    ).passed

@@ -13,6 +13,7 @@ import pytest
 from _verify_support import MTP, NOMTP, ORACLE, require_fixtures, run_cli
 
 from bakery.verify import compare_bundles
+from bakery.verify.compare import ParityReport
 
 # case: (tokens_match, matching_prefix, first mismatch (step, oracle, actual) or None,
 #        low_margin, top1_match_rate, topk_overlap_mean, max_chosen_token_logprob_abs_error)
@@ -71,19 +72,19 @@ EXACT_RATES = {
 
 
 @pytest.fixture(scope="module")
-def report() -> dict:
+def report() -> ParityReport:
     require_fixtures()
     return compare_bundles(NOMTP, MTP, top_n=20, low_margin=0.5)
 
 
-def test_report_covers_exactly_the_issue_cases(report: dict) -> None:
-    assert sorted(report["cases"]) == sorted(ISSUE_TABLE)
+def test_report_covers_exactly_the_issue_cases(report: ParityReport) -> None:
+    assert sorted(report.cases) == sorted(ISSUE_TABLE)
 
 
 @pytest.mark.parametrize("name", sorted(ISSUE_TABLE))
-def test_case_matches_issue_table(report: dict, name: str) -> None:
+def test_case_matches_issue_table(report: ParityReport, name: str) -> None:
     match, prefix, mismatch, low, top1, overlap, chosen = ISSUE_TABLE[name]
-    case = report["cases"][name]
+    case = report.cases[name]
     assert case["tokens_match"] is match
     assert case["matching_prefix_tokens"] == prefix
     if mismatch is None:
@@ -99,18 +100,18 @@ def test_case_matches_issue_table(report: dict, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(EXACT_RATES))
-def test_top1_rate_is_the_exact_fraction(report: dict, name: str) -> None:
-    assert report["cases"][name]["top1_match_rate"] == EXACT_RATES[name]
+def test_top1_rate_is_the_exact_fraction(report: ParityReport, name: str) -> None:
+    assert report.cases[name]["top1_match_rate"] == EXACT_RATES[name]
 
 
-def test_real_data_passes_default_gates(report: dict) -> None:
+def test_real_data_passes_default_gates(report: ParityReport) -> None:
     # Every fork in this data is low-margin and prompts tokenise identically.
-    assert report["passed"] is True
-    assert all(case["prompt_token_ids_match"] is True for case in report["cases"].values())
+    assert report.passed is True
+    assert all(case["prompt_token_ids_match"] is True for case in report.cases.values())
 
 
-def test_trajectory_stops_at_the_low_margin_fork(report: dict) -> None:
-    case = report["cases"]["completion_long_prefill_2048_logprobs20"]
+def test_trajectory_stops_at_the_low_margin_fork(report: ParityReport) -> None:
+    case = report.cases["completion_long_prefill_2048_logprobs20"]
     assert case["trajectory_stopped_at_low_margin_fork"] is True
     assert case["trajectory_stop_step"] == 7
     assert case["trajectory_compared_steps"] == 7
@@ -142,8 +143,8 @@ def test_anchor_table_is_not_trivial() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(ANCHOR["cases"]))
-def test_every_anchor_field_matches(report: dict, name: str) -> None:
-    ours = report["cases"][name]
+def test_every_anchor_field_matches(report: ParityReport, name: str) -> None:
+    ours = report.cases[name]
     for field, expected in ANCHOR["cases"][name].items():
         if isinstance(expected, float):
             # The anchor sums with sum(), we with math.fsum: equal to the last few ulps.
