@@ -30,8 +30,10 @@ it); a typed output is written from its type, with the bytes the dicts before it
 - Written only, as frozen types: rebase.json (``maintain.rebase.RebaseReport``),
   matrix.json (``maintain.rebase.MatrixTable``), `status --json`
   (``maintain.status.StatusReport``; each patch's header and the server rows stay dicts
-  inside it) and the parity matrix's summary.json (``launch.matrix_report.MatrixSummary``;
-  gates, serving figures and each candidate's diagnosis stay dicts inside it).
+  inside it), the parity matrix's summary.json (``launch.matrix_report.MatrixSummary``;
+  gates, serving figures and each candidate's diagnosis stay dicts inside it) and a
+  captured bundle's bundle.json (``verify.bundle.BundleMeta``; a bundle's metadata is
+  read back as it is, since bundles of other tools carry their own).
 - Still dicts: the rest (listed in tests/test_house.py with the reason each is one).
 """
 

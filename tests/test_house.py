@@ -398,14 +398,13 @@ TYPED_WRITERS = {
     "bakery.verify.calibrate.write_calibration": "GatesFileDoc",
     "bakery.verify.report.write_reports": "ParityReport",
     "bakery.cli.verify.compare": "ParityReport",
+    "bakery.verify.bundle.write_bundle_meta": "BundleMeta",
 }
 UNTYPED_WRITERS = {
     "bakery.launch.serving.write_figures": "serving.json, gathered as a dict by the matrix and "
     "read back as FiguresDoc; not yet written from it",
     "bakery.verify.bundle.write_case_file": "the server's answer kept verbatim (key order is "
     "meaningful, fields vLLM adds are kept); CaseDoc/TeacherDoc judge it before it is written",
-    "bakery.verify.bundle.write_bundle_meta": "holds the server's /version answer, spread as "
-    "it came",
 }
 # JSON made outside the encoder: none of it is an output file of bakery's own shape.
 OTHER_JSON = {

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -29,6 +29,11 @@ __all__ = [
     "TeacherScores",
     "CaseDoc",
     "TeacherDoc",
+    "BundleMeta",
+    "MetaTool",
+    "MetaSuite",
+    "MetaSettings",
+    "MetaTeacherForced",
     "load_bundle",
     "load_json_object",
     "logprob",
@@ -167,6 +172,49 @@ class TeacherDoc(Document, frozen=True):
     status: int | None = None
     scored_from: str | None = None  # "self" or the reference bundle's folder
     request: dict[str, Any] | None = None
+
+
+class MetaTool(Document, frozen=True):
+    name: str
+    version: str
+
+
+class MetaSuite(Document, frozen=True, kw_only=True):
+    name: str
+    sha256: str
+    cases: int
+
+
+class MetaSettings(Document, frozen=True, kw_only=True):
+    logprobs: int
+    repeat: int
+    token_keys: Literal["ids", "strings"]
+
+
+class MetaTeacherForced(Document, frozen=True, kw_only=True):
+    enabled: bool
+    reference: str | None  # the bundle whose token sequences were scored (None: its own)
+
+
+class BundleMeta(Document, frozen=True, kw_only=True):
+    """``bundle.json`` as capture writes it: the server, the suite and the settings.
+
+    Written only: ``load_bundle`` keeps any bundle's metadata as it is (the oracle
+    fixtures and bundles of other tools carry their own), for the report to show."""
+
+    tool: MetaTool
+    url: str
+    model: str
+    vllm_version: str | None  # None: /version gave no version string
+    vllm_version_note: str | msgspec.UnsetType = msgspec.UNSET  # why it is not PEP 440
+    system_fingerprints: tuple[str, ...]
+    server_command: str | None
+    dsv41_gates: dict[str, str]
+    baked_json_sha256: str | None
+    suite: MetaSuite
+    settings: MetaSettings
+    repeat_unique_sequences: dict[str, int]  # case -> distinct sequences over the repeats
+    teacher_forced: MetaTeacherForced
 
 
 def load_json_object(path: Path, what: str, error: type[BakeryError] = BundleError) -> Json:
@@ -393,7 +441,7 @@ def write_case_file(directory: Path, document: Json) -> Path:
     return path
 
 
-def write_bundle_meta(directory: Path, meta: Json) -> Path:
+def write_bundle_meta(directory: Path, meta: BundleMeta) -> Path:
     path = directory / META_NAME
     write_json_atomic(path, meta, sort_keys=True)
     return path

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import msgspec
 from packaging.version import InvalidVersion, Version
 
 from bakery import __version__
@@ -30,7 +31,12 @@ from bakery.verify.bundle import (
     CASE_PREFIX,
     COMPLETIONS_PATH,
     TEACHER_PREFIX,
+    BundleMeta,
     CaseRecord,
+    MetaSettings,
+    MetaSuite,
+    MetaTeacherForced,
+    MetaTool,
     case_from_document,
     load_bundle,
     teacher_from_document,
@@ -49,6 +55,8 @@ GATE_ENV_PREFIX = "DSV41_"
 
 T = TypeVar("T")
 Json = dict[str, Any]
+# The server's vLLM version (None: /version gave none) and, if it is odd, a note saying so.
+VersionFields = tuple[str | None, str | msgspec.UnsetType]
 
 
 @dataclass(frozen=True)
@@ -291,7 +299,9 @@ def _checked_record(document: Json, path: Path) -> CaseRecord:
         raise CaptureError(f"server answer is not a usable completion: {exc}") from exc
 
 
-async def _model_and_version(client: _Client, settings: CaptureSettings) -> tuple[str, Json]:
+async def _model_and_version(
+    client: _Client, settings: CaptureSettings
+) -> tuple[str, VersionFields]:
     model = settings.model
     if model is None:
         models = await client.call("GET", "/v1/models", "model list")
@@ -303,13 +313,14 @@ async def _model_and_version(client: _Client, settings: CaptureSettings) -> tupl
     return model, _version_fields(version.get("version"))
 
 
-def _version_fields(raw: Any) -> Json:
+def _version_fields(raw: Any) -> VersionFields:
+    """The server's vLLM version and, where it is none or not PEP 440, a note saying so."""
     if not isinstance(raw, str):
-        return {"vllm_version": None, "vllm_version_note": "/version gave no version string"}
+        return None, "/version gave no version string"
     try:
-        return {"vllm_version": str(Version(raw))}
+        return str(Version(raw)), msgspec.UNSET
     except InvalidVersion:
-        return {"vllm_version": raw, "vllm_version_note": "not a PEP 440 version"}
+        return raw, "not a PEP 440 version"
 
 
 async def _run(
@@ -319,7 +330,7 @@ async def _run(
     settings: CaptureSettings,
     reference: Mapping[str, CaseRecord] | None,
     teacher_forced: bool,
-) -> tuple[str, Json, list[_CaseResult]]:
+) -> tuple[str, VersionFields, list[_CaseResult]]:
     limits = httpx.Timeout(settings.timeout_s)
     async with httpx.AsyncClient(base_url=url, timeout=limits) as http:
         client = _Client(http, settings)
@@ -349,37 +360,37 @@ def _sha256(path: Path) -> str:
 def _meta(
     url: str,
     model: str,
-    version: Json,
+    version: VersionFields,
     suite: Suite,
     settings: CaptureSettings,
     server: ServerInfo,
     results: list[_CaseResult],
     reference: Path | None,
     teacher_forced: bool,
-) -> Json:
+) -> BundleMeta:
     env = server.env if server.env is not None else os.environ
     fingerprints = {r.record.system_fingerprint for r in results if r.record.system_fingerprint}
-    return {
-        "tool": {"name": "bakery", "version": __version__},
-        "url": url,
-        "model": model,
-        **version,
-        "system_fingerprints": sorted(fingerprints),
-        "server_command": server.command,
-        "dsv41_gates": {k: env[k] for k in sorted(env) if k.startswith(GATE_ENV_PREFIX)},
-        "baked_json_sha256": _sha256(server.baked_json) if server.baked_json else None,
-        "suite": {"name": suite.name, "sha256": suite.sha256, "cases": len(suite.cases)},
-        "settings": {
-            "logprobs": settings.logprobs,
-            "repeat": settings.repeat,
-            "token_keys": "ids" if settings.token_ids else "strings",
-        },
-        "repeat_unique_sequences": {r.record.name: r.unique_sequences for r in results},
-        "teacher_forced": {
-            "enabled": teacher_forced,
-            "reference": str(reference) if reference else None,
-        },
-    }
+    return BundleMeta(
+        tool=MetaTool("bakery", __version__),
+        url=url,
+        model=model,
+        vllm_version=version[0],
+        vllm_version_note=version[1],
+        system_fingerprints=tuple(sorted(fingerprints)),
+        server_command=server.command,
+        dsv41_gates={k: env[k] for k in sorted(env) if k.startswith(GATE_ENV_PREFIX)},
+        baked_json_sha256=_sha256(server.baked_json) if server.baked_json else None,
+        suite=MetaSuite(name=suite.name, sha256=suite.sha256, cases=len(suite.cases)),
+        settings=MetaSettings(
+            logprobs=settings.logprobs,
+            repeat=settings.repeat,
+            token_keys="ids" if settings.token_ids else "strings",
+        ),
+        repeat_unique_sequences={r.record.name: r.unique_sequences for r in results},
+        teacher_forced=MetaTeacherForced(
+            enabled=teacher_forced, reference=str(reference) if reference else None
+        ),
+    )
 
 
 def _check_inputs(

@@ -17,11 +17,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from _verify_support import MTP, NOMTP, require_fixtures, run_cli
 
 from bakery.errors import UsageError
 from bakery.verify import CaptureSettings, ServerInfo, capture_bundle, compare_bundles, load_suite
+from bakery.verify.bundle import BundleMeta
 from bakery.verify.errors import CaptureError
 
 FAST = {"backoff_s": 0.0, "timeout_s": 30.0, "progress": False}
@@ -228,6 +230,8 @@ def test_round_trip_reproduces_the_fixture_bundle(fixture_server, tmp_path: Path
     assert meta["dsv41_gates"] == {"DSV41_DCP_STAGE": "9"}
     assert meta["server_command"] == "vllm serve x"
     assert meta["model"] == "deepseek-ai/DeepSeek-V4-Flash"
+    typed = msgspec.convert(meta, BundleMeta, strict=True)  # written from its type, whole
+    assert typed.vllm_version_note is msgspec.UNSET and typed.settings.token_keys == "strings"
 
 
 def test_concurrency_is_bounded(fixture_server, tmp_path: Path) -> None:
