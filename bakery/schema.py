@@ -1,4 +1,4 @@
-"""Typed documents: every TOML and JSON file bakery reads is decoded here into msgspec Structs.
+"""Typed documents: the TOML and JSON files bakery reads are decoded here into msgspec Structs.
 
 Each loader declares its file's shape once as ``Document`` subclasses (unknown fields are
 refused, types are strict: ``true`` is no integer and ``"3"`` no number). ``decode`` turns
@@ -11,6 +11,8 @@ of bakery sees: one frozen type per document, no copy.
 
 Outputs: ``encode_json`` is the one JSON encoder (``write_json_atomic`` writes through
 it); a typed output is written from its type, with the bytes the dicts before it gave.
+One exception: the trust records (``bake.trust.Record``: verified.json, .baked.wheel.json)
+are a frozen type written and read by msgspec's own JSON, compact.
 
 - Typed both ways (written by ``encode_json``, decoded here like any input): BAKED.json
   (``bake.manifest.BakedManifest``), the cache's release index (``bake.fetch.ReleaseIndex``),
@@ -34,7 +36,11 @@ it); a typed output is written from its type, with the bytes the dicts before it
   gates, serving figures and each candidate's diagnosis stay dicts inside it) and a
   captured bundle's bundle.json (``verify.bundle.BundleMeta``; a bundle's metadata is
   read back as it is, since bundles of other tools carry their own).
-- Still dicts: the rest (listed in tests/test_house.py with the reason each is one).
+- Still dicts (each writer listed in tests/test_house.py with why): serving.json, the
+  bundle case and teacher files (the server's answers kept verbatim; ``CaseDoc`` and
+  ``TeacherDoc`` judge them) and the tiny test models' notes and config.json. Read as
+  dicts, not decoded: a model's config.json (Hugging Face's format, read leniently by
+  ``launch.model_config``), a tiny model's note and a bundle's bundle.json.
 """
 
 from __future__ import annotations
