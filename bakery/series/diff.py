@@ -59,6 +59,7 @@ _GIT_INDEX = re.compile(rb"^index [0-9a-f]+\.\.[0-9a-f]+ (?P<mode>\d+)$")
 _SOURCE = re.compile(rb'^--- (?P<name>"?[^\t\n]*"?)(?:\t[^\n]+)?')
 _TARGET = re.compile(rb'^\+\+\+ (?P<name>"?[^\t\n]*"?)(?:\t[^\n]+)?')
 _HUNK_HEADER = re.compile(rb"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")  # matched at a line start
+_HUNK_LINE = re.compile(_HUNK_HEADER.pattern + rb"[^\n]*\n")  # the whole ``@@`` line
 _NO_NEWLINE = re.compile(rb"^\\ No newline at end of file")
 _BINARY = re.compile(
     rb"^Binary files? (?P<source>[^\t]+?)(?:\t[\s0-9:\+-]+)?"
@@ -148,20 +149,6 @@ def _not_a_diff(name: str, message: str, line: bytes = b"") -> PatchParseError:
     return PatchParseError(f"{name}: not a unified diff ({message}{line.decode(*_CODEC)})")
 
 
-def _body_end(body: bytes, pos: int, old_len: int, new_len: int) -> int:
-    """Where a hunk body starting at ``pos`` ends, at C speed, or 0 to read it line by line:
-    when every line up to the next ``@@`` line (or the end) is " ", "-" or "+", and their
-    counts are the header's, the body is exactly those lines."""
-    following = body.find(b"\n@@ ", pos - 1)
-    stop = following + 1 if following >= 0 else len(body)
-    lines = body.count(b"\n", pos, stop)
-    removed = body.count(b"\n-", pos - 1, stop - 1)
-    added = body.count(b"\n+", pos - 1, stop - 1)
-    context = body.count(b"\n ", pos - 1, stop - 1)
-    fits = context + removed == old_len and context + added == new_len
-    return stop if lines and removed + added + context == lines and fits else 0
-
-
 def _read_body(body: bytes, pos: int, old_len: int, new_len: int, name: str) -> int:
     """unidiff's hunk rules, one line at a time: where the counted lines end."""
     old = new = 0
@@ -191,7 +178,7 @@ def _read_hunk(body: bytes, pos: int, header: re.Match[bytes], section: _Section
     """The hunk whose ``@@`` line ends at ``pos``, added to ``section``; where reading goes on."""
     numbers = tuple(map(int, header.groups(b"1")))  # an omitted length is 1
     old_start, old_len, new_start, new_len = numbers
-    end = _body_end(body, pos, old_len, new_len) or _read_body(body, pos, old_len, new_len, name)
+    end = _read_body(body, pos, old_len, new_len, name)
     # GNU's body also takes the marker lines that follow the counted ones; unidiff read them
     # as lines of their own, so the walk still does (see _walk).
     stop = end
@@ -212,6 +199,41 @@ def _read_hunk(body: bytes, pos: int, header: re.Match[bytes], section: _Section
     return end
 
 
+def _read_hunks(body: bytes, pos: int, section: _Section, name: str) -> int:
+    """The hunk whose ``@@`` line starts at ``pos`` and each one straight after it (most are),
+    added to ``section``; where reading goes on.
+
+    A body whose lines up to the next ``@@`` line (or the end) are all " ", "-" or "+", with
+    the header's counts, is exactly those lines: taken at C speed, no line read on its own
+    (these counts can only reach the header's at the body's last line). Any other hunk
+    ``_read_hunk`` reads by unidiff's rules."""
+    size = len(body)
+    rows = section.rows
+    # A header line always ends in a newline: parse_patch gives the body a final one.
+    while header := _HUNK_LINE.match(body, pos):
+        start = header.end()
+        stop = body.find(b"\n@@ ", start - 1) + 1 or size
+        lines = body.count(b"\n", start, stop)
+        context = body.count(b"\n ", start - 1, stop - 1)
+        removed = body.count(b"\n-", start - 1, stop - 1)
+        added = body.count(b"\n+", start - 1, stop - 1)
+        old_start, old_len, new_start, new_len = map(int, header.groups(b"1"))
+        if (
+            lines == context + removed + added
+            and context + removed == old_len
+            and context + added == new_len
+            and lines
+            and not (old_start | old_len | new_start | new_len | stop) >> 32  # fits any row
+        ):
+            number = len(rows) // Hunks.WIDTH + 1
+            rows.extend((number, old_start, old_len, new_start, new_len, start, stop))
+            pos = stop
+        else:
+            pos = _read_hunk(body, start, header, section, name)
+            rows = section.rows  # _read_hunk may have widened it
+    return pos
+
+
 def _walk(body: bytes, name: str) -> tuple[list[_Section], bool]:
     """Every file's section of ``body``, in one pass; and whether any is binary.
 
@@ -229,15 +251,11 @@ def _walk(body: bytes, name: str) -> tuple[list[_Section], bool]:
         line = body[pos:end]
         pos = end
         first = line[0]
-        if first == 0x40 and (match := _HUNK_HEADER.match(line)):  # "@"
+        if first == 0x40 and _HUNK_HEADER.match(line):  # "@"
             in_header = False
             if current is None:
                 raise _not_a_diff(name, "Unexpected hunk found: ", line)
-            pos = _read_hunk(body, pos, match, current, name)
-            # The next hunk's header straight after this one's lines: read it here (most do).
-            while body.startswith(b"@@ ", pos) and (match := _HUNK_HEADER.match(body, pos)):
-                pos = body.find(b"\n", pos) + 1 or size
-                pos = _read_hunk(body, pos, match, current, name)
+            pos = _read_hunks(body, pos - len(line), current, name)
             continue
         if first == 0x64:  # "d"
             for pattern in _GIT_HEADERS:

@@ -31,10 +31,8 @@ from bakery.series.locate import Matcher, Pattern, Shape, line_key, line_starts
 __all__ = ["Placement", "Placements", "FileResult", "apply_file_patch", "survey_file_patch"]
 
 _RUNS = re.compile(rb" +|-+|\++")  # runs of one kind, over a hunk's kinds
-# A body of one change: leading context, removed lines, added lines, trailing context (no CR).
-_ONE_CHANGE = re.compile(
-    rb"((?: [^\r\n]*\n)*)((?:-[^\r\n]*\n)*)((?:\+[^\r\n]*\n)*)(?: [^\r\n]*\n)*"
-)
+# A body of one change: leading context, removed lines, added lines, trailing context.
+_ONE_CHANGE = re.compile(rb"((?: .*\n)*)((?:-.*\n)*)((?:\+.*\n)*)(?: .*\n)*")  # ".*": C speed
 # Each line's kind (over a body from the newline before it).
 _KIND = re.compile(rb"\n[-+ ]")
 _ADDED, _REMOVED = b"+-"
@@ -185,15 +183,6 @@ def _refuse_if_reversed(
         )
 
 
-def _line_start(data: bytes, pos: int, lines: int) -> int:
-    """Where the line ``lines`` lines after the one starting at ``pos`` starts; -1 past the end."""
-    for _ in range(lines):
-        pos = data.find(b"\n", pos) + 1
-        if not pos:
-            return -1
-    return pos
-
-
 def _apply_hunks(
     patch_name: str, file_patch: FilePatch, before: bytes | None, max_fuzz: int, keep_going: bool
 ) -> tuple[bytes, Placements, list[HunkFailed]]:
@@ -201,12 +190,12 @@ def _apply_hunks(
     data = before or b""
     matcher = Matcher(data)
     view = memoryview(data)
-    crlf = _is_crlf(data)
+    exact = matcher.data is data  # no CRLF: a line's key is its bytes
+    crlf = not exact and _is_crlf(data)  # (a file without CRLF is not: skip two counts)
     out = io.BytesIO()
     open_end = False  # the last bytes written end without a newline
     frozen = 0  # input lines already copied or consumed (GNU last_frozen_line)
     written = 0  # where line ``frozen`` + 1 starts in ``data``; -1: not known (see starts)
-    exact = matcher.data is data  # no CRLF: a line's key is its bytes
     crlf_starts: list[array[int]] = []  # a CRLF file's own line starts, made once when needed
 
     def starts() -> array[int]:
@@ -247,41 +236,46 @@ def _apply_hunks(
     failures: list[HunkFailed] = []
     in_offset = 0
     table = file_patch.table
-    source = table.source
-    for index in range(len(table)):
-        number, old_start, old_len, _, new_len, start, stop = table.row(index)
+    source, rows = table.source, table.rows
+    # The one-change path reads a body's bytes as its lines: only where none holds a CR.
+    fast = exact and bool(rows) and source.find(b"\r", rows[5], rows[-1]) < 0
+    one_change, count, write = _ONE_CHANGE.fullmatch, source.count, out.write
+    place = placements.rows.extend  # (Placements.add without its call: 30k of them)
+    index_: array[int] | None = None  # starts(), once the one-change path needs it
+    for index, (number, old_start, old_len, _, new_len, start, stop) in enumerate(
+        zip(*[iter(rows)] * table.WIDTH, strict=True)  # one row at a time, as a tuple
+    ):
         guess = (old_start + 1 if old_len == 0 else old_start) + in_offset
-        one = _ONE_CHANGE.fullmatch(source, start, stop) if exact and old_len else None
-        if one and frozen < guess and not open_end and one.end(1) < one.end(3):
+        one = one_change(source, start, stop) if fast and old_len else None
+        if one and frozen < guess and not open_end:
             # Most hunks: one change between equal runs of context, found whole where the diff
             # (and the offset so far) puts it, which is where locate looks first. The body's
             # lines lose their kinds at C speed; the context written is the file's own.
-            prefix, suffix = (
-                source.count(b"\n", start, one.end(1)),
-                source.count(b"\n", one.end(3), stop),
-            )
-            if written < 0:
-                written = line_end(frozen)
-            at = _line_start(data, written, guess - 1 - frozen) if prefix == suffix else -1
-            removed = old_len - prefix - suffix
-            # Byte offsets in ``lines``: where the leading context, removed and added lines end.
-            lead_end = one.end(1) - start - prefix
-            removed_end = one.end(2) - start - prefix - removed
-            added_end = one.end(3) - start - removed - new_len + suffix
-            lines = memoryview(_KIND.sub(b"\n", source[start - 1 : stop]))[1:]
-            if (
-                at >= 0
-                and data.startswith(lines[:removed_end], at)
-                and data.startswith(lines[added_end:], at + removed_end)
-            ):
-                if at + lead_end > written:
-                    out.write(view[written : at + lead_end])
-                if added_end > removed_end:
-                    out.write(lines[removed_end:added_end])
-                written = at + removed_end
-                frozen = guess - 1 + old_len - suffix
-                placements.add(number, guess, in_offset, 0)
-                continue
+            (_, _), (_, lead), (_, cut), (_, end) = one.regs  # where each run ends
+            prefix, suffix = count(b"\n", start, lead), count(b"\n", end, stop)
+            if lead < end and prefix == suffix:
+                if written < 0:
+                    written = line_end(frozen)
+                if index_ is None:
+                    index_ = starts()  # the file's lines, indexed once at C speed
+                at = index_[guess - 1] if guess < len(index_) else len(data)
+                removed = old_len - prefix - suffix
+                # Byte offsets in ``lines``: where the leading context, removed and added lines end.
+                lead_end = lead - start - prefix
+                removed_end = cut - start - prefix - removed
+                added_end = end - start - removed - new_len + suffix
+                lines = memoryview(_KIND.sub(b"\n", source[start - 1 : stop]))[1:]
+                if data.startswith(lines[:removed_end], at) and data.startswith(
+                    lines[added_end:], at + removed_end
+                ):
+                    if at + lead_end > written:
+                        write(view[written : at + lead_end])
+                    if added_end > removed_end:
+                        write(lines[removed_end:added_end])
+                    written = at + removed_end
+                    frozen = guess - 1 + old_len - suffix
+                    place((number, guess, in_offset, 0))
+                    continue
         hunk = table[index]
         shape = _shape(hunk)
         max_here = min(max_fuzz, max(shape.prefix, shape.suffix))

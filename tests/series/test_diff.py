@@ -162,3 +162,12 @@ def test_a_blank_line_after_a_hunk_is_not_part_of_it():
     )
     first, second = parse_patch(diff, "p").files
     assert len(first.hunks[0].lines) == 3 and second.path == "g"
+
+
+@pytest.mark.parametrize("line", [b"\n", b"\r\n"])
+def test_a_hunk_ends_at_its_counts_though_body_lines_follow_up_to_the_next_hunk(line):
+    """An empty line is a context line, so this hunk's counts end before "-b": the parser,
+    which takes most bodies whole up to the next ``@@``, must not take this one whole."""
+    diff = b"--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n a\n" + line + b"-b\n+c\n@@ -5 +5 @@\n-x\n+y\n"
+    with pytest.raises(PatchParseError, match="Unexpected hunk found"):
+        parse_patch(diff, "p")  # "-b" and "+c" are no hunk's: the file's section ended
