@@ -360,9 +360,34 @@ def folded_reduce() -> None:
           lambda: run(reversed_fold))
 
 
+def listed_builtins() -> None:
+    """The builtins the interpreter wraps per launch, listed once, against its own
+    inspect.getmembers on every launch: the same (object, name, original) changes."""
+    interpreter = importlib.import_module("triton.runtime.interpreter")
+    listed = interpreter._patch_builtin
+
+    def one_short(pkg, builder, scope):  # the plant: a name lost from the list
+        listed(pkg, builder, scope)
+        if pkg is tl:
+            scope.restore()
+            listed.every_launch(pkg, builder, scope)
+            del scope._changes[-1]
+
+    def changes(patch_builtin):
+        scope = interpreter._LangPatchScope()
+        for pkg in (tl, tl.core, tl.tensor, tl.math, tl.core.tensor_descriptor_base):
+            patch_builtin(pkg, interpreter.interpreter_builder, scope)
+        made = [(id(obj), name, id(original)) for obj, name, original in scope._changes]
+        scope.restore()
+        return torch.tensor([hash(tuple(made)) % 2**62, len(made)])
+
+    check("listed_builtins", lambda: changes(listed.every_launch), lambda: changes(listed),
+          lambda: changes(one_short))
+
+
 def main() -> None:
     for step in (quantize_insert, correct_attn_out, a2a, inverse_rope, index_remap_check,
-                 qkv_rmsnorm, swa, zero_kv_blocks, folded_reduce):
+                 qkv_rmsnorm, swa, zero_kv_blocks, folded_reduce, listed_builtins):
         step()
     print(MARK + json.dumps(RESULTS), flush=True)
 

@@ -48,6 +48,7 @@ PORTS = (
     "swa_indices[image=True,offset=2]",
     "zero_kv_blocks",
     "folded_reduce",
+    "listed_builtins",
 )
 
 
