@@ -390,6 +390,14 @@ def logs_cmd(profile, follow, lines, artifacts) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Output folder (default: <artifacts>/matrix/<UTC timestamp>).",
 )
+@click.option(
+    "--case",
+    "cases",
+    multiple=True,
+    metavar="NAME",
+    help="Run only this case of the suite (repeat for more); a reused --baseline is "
+    "compared on these cases only.",
+)
 @click.option("--grace", type=SECONDS, default=30.0, show_default=True)
 @click.option("--model", help="Model folder or id every entry serves (overrides the profiles).")
 @click.option(
@@ -407,6 +415,7 @@ def matrix_cmd(
     baseline_dir,
     gates_file,
     out,
+    cases,
     grace,
     python,
     build,
@@ -435,6 +444,7 @@ def matrix_cmd(
         out=out,
         baseline_dir=baseline_dir,
         gates_file=gates_file,
+        cases=cases,
         say=_say,
     )
     click.echo(matrix_mod.summary_markdown(summary), nl=False)

@@ -303,6 +303,7 @@ def _candidate_row(
     gates: ParityGates,
     ctx: Context,
     say,
+    cases: tuple[str, ...] = (),
 ) -> CandidateRow:
     """Serve and capture one candidate, compare it with the baseline, write its reports."""
     plan = checked[0]
@@ -315,6 +316,7 @@ def _candidate_row(
         baseline_dir, bundle, gates, top_n=matrix.top_n, low_margin=matrix.low_margin,
         teacher_forced=matrix.teacher_forced, boundaries=boundaries,
         decode=tokenizer_decoder(serving.model_folder(plan)),
+        cases=cases,
     )  # fmt: skip
     json_path, md_path = (
         own_path(out / "reports", f"{entry.name}.json", "a matrix name"),
@@ -369,10 +371,12 @@ def run_matrix(
     out: Path | None = None,
     baseline_dir: Path | None = None,
     gates_file: Path | None = None,
+    cases: tuple[str, ...] = (),
     say=print,
 ) -> MatrixSummary:
-    """Preflight all, then boot/capture/stop each entry, compare, write the summary."""
-    suite = load_suite(matrix.suite)
+    """Preflight all, then boot/capture/stop each entry, compare, write the summary.
+    ``cases`` (none: all) runs only those cases of the suite."""
+    suite = load_suite(matrix.suite).only(cases)
     gates = _gates(matrix, gates_file)
     out = out or ctx.artifacts / "matrix" / utc_stamp(FOLDER)
     entries = ([] if baseline_dir else [matrix.baseline]) + list(matrix.candidates)
@@ -392,7 +396,7 @@ def run_matrix(
         try:
             row = _candidate_row(
                 entry, checked[entry.name], bundle, baseline_dir, out, matrix, suite, settings,
-                gates, ctx, say,
+                gates, ctx, say, cases,
             )  # fmt: skip
         except BakeryError as exc:  # one entry's boot, capture or compare: the rest still run
             say(f"{entry.name}: ERROR {exc}")
@@ -418,6 +422,7 @@ def run_matrix(
         candidates=rows,
         serving=serving.with_ratios(figures, matrix.baseline.name),
         passed=all(r.as_expected for r in rows),
+        cases=list(cases) if cases else msgspec.UNSET,
     )
     plotted = matrix_report.write_plots(summary, out, say)
     summary = msgspec.structs.replace(summary, plots=plotted)

@@ -79,6 +79,7 @@ class MatrixSummary(msgspec.Struct, frozen=True, kw_only=True):
     serving: dict[str, dict[str, Any]]
     passed: bool
     plots: list[str] | msgspec.UnsetType = msgspec.UNSET
+    cases: list[str] | msgspec.UnsetType = msgspec.UNSET  # `--case`: only these ran
 
 
 def _order(summary: MatrixSummary) -> list[str]:
@@ -217,8 +218,9 @@ def summary_markdown(summary: MatrixSummary) -> str:
     lines = [
         "# DCP parity matrix",
         "",
-        f"- matrix: `{summary.matrix}`, suite `{summary.suite}`, "
-        f"low margin {summary.low_margin}, top-n {summary.top_n}",
+        f"- matrix: `{summary.matrix}`, suite `{summary.suite}`"
+        + (f" (cases {', '.join(summary.cases)} only)" if summary.cases else "")
+        + f", low margin {summary.low_margin}, top-n {summary.top_n}",
         f"- baseline `{base.name}`: `{base.bundle}`"
         + (" (reused)" if base.reused else f" (booted in {_value(base.boot_s)} s)"),
         f"- result: **{'PASS' if summary.passed else 'FAIL'}**",

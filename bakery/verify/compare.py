@@ -8,7 +8,7 @@ same questions, compute each case's metrics, apply the gates. It writes nothing;
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -242,6 +242,15 @@ def _bound_failure(name: str, value: Any, bound: float | None, kind: str, key: s
     return [f"{key} {value:.6g} {relation} {name} {bound:.6g}"]
 
 
+def _only(bundle: Bundle, names: Collection[str]) -> Bundle:
+    missing = sorted(set(names) - bundle.by_name().keys())
+    if missing:
+        raise BundleError(f"{bundle.path} holds no case {', '.join(map(repr, missing))}")
+    if not names:
+        return bundle
+    return replace(bundle, cases=tuple(c for c in bundle.cases if c.name in names))
+
+
 def _check_comparable(baseline: Bundle, candidate: Bundle) -> None:
     base, cand = baseline.by_name(), candidate.by_name()
     missing, extra = sorted(base.keys() - cand.keys()), sorted(cand.keys() - base.keys())
@@ -353,12 +362,15 @@ def compare_bundles(
     teacher_forced: bool = False,
     boundaries: Sequence[int] = (),
     decode: Callable[[Sequence[int]], str] | None = None,
+    cases: Collection[str] = (),
 ) -> ParityReport:
     """The full comparison report (see ``ParityReport``). ``boundaries`` (page and shard
     lengths in tokens) let the diagnosis name a layout failure; ``decode`` (ids -> text,
-    the served model's tokenizer) adds each first fork as text."""
+    the served model's tokenizer) adds each first fork as text. ``cases`` (none: all)
+    compares only those cases of the baseline."""
     gates = gates or ParityGates()
     baseline, candidate = load_bundle(Path(baseline_dir)), load_bundle(Path(candidate_dir))
+    baseline = _only(baseline, cases)
     _check_comparable(baseline, candidate)
     cand = candidate.by_name()
     cases = {

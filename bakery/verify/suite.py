@@ -14,7 +14,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -36,6 +36,19 @@ class Suite:
     path: Path
     sha256: str
     cases: tuple[SuiteCase, ...]
+
+    def only(self, names: tuple[str, ...]) -> Suite:
+        """These cases of the suite, in its order (none named: all of them)."""
+        known = [c.case for c in self.cases]
+        unknown = sorted(set(names) - set(known))
+        if unknown:
+            raise SuiteError(
+                f"suite {self.name!r} has no case {', '.join(map(repr, unknown))}",
+                hint=f"its cases: {', '.join(known)}",
+            )
+        if not names:
+            return self
+        return replace(self, cases=tuple(c for c in self.cases if c.case in names))
 
 
 def available_suites() -> list[str]:

@@ -240,3 +240,55 @@ def test_matrix_bench_and_expect_are_checked(tmp_path):
                                     Path("m"))  # fmt: skip
     matrix = matrix_mod.matrix_from_data({**base, "bench": {"request_rate": 2.5}}, Path("m"))
     assert matrix.bench is not None and matrix.bench.request_rate == 2.5
+
+
+def test_case_runs_only_the_named_cases_and_a_fuller_baseline_is_compared_on_them(
+    fake_servers, tmp_path, monkeypatch
+):
+    """`run.sh matrix --case NAME`: the candidates capture only that case, and a reused
+    baseline holding every case is compared on it alone; an unknown name is refused
+    before any server starts."""
+    from bakery.verify.errors import SuiteError
+
+    # The oracle bundles name their cases after their files.
+    names = [f"completion_{n}_logprobs20" for n in ("short_math", "translation", "raw_intro")]
+    suite = tmp_path / "three.jsonl"
+    suite.write_text(
+        "".join(json.dumps({"case": n, "max_tokens": 1, "prompt": "x"}) + "\n" for n in names)
+    )
+    matrix, sources = make_matrix(MTP)
+    matrix = matrix_mod.Matrix(**{**matrix.__dict__, "suite": str(suite)})
+    fake_servers.update(sources)
+    served = matrix_mod._serve_and_capture
+
+    def captures_the_suite(entry, checked, out, suite, *args, **kwargs):
+        run = served(entry, checked, out, suite, *args, **kwargs)
+        wanted = {c.case for c in suite.cases}
+        for path in out.glob("completion_*.json"):
+            if json.loads(path.read_text())["name"] not in wanted:
+                path.unlink()
+        return run
+
+    monkeypatch.setattr(matrix_mod, "_serve_and_capture", captures_the_suite)
+    base = copy_bundle(NOMTP, tmp_path / "kept")  # all five cases
+    ctx = SimpleNamespace(artifacts=tmp_path / "art")
+    out = tmp_path / "out"
+    summary = matrix_mod.run_matrix(
+        matrix, ctx, out=out, baseline_dir=base, cases=(names[1],),
+        say=lambda *_: None,
+    )  # fmt: skip
+    assert summary.cases == [names[1]]
+    for entry in ("dcp2", "planted"):
+        report = json.loads((out / "reports" / f"{entry}.json").read_text())
+        assert sorted(report["cases"]) == [names[1]]
+        assert [p.name for p in (out / "bundles" / entry).glob("completion_*")] == [
+            "completion_translation_logprobs20.json"
+        ]
+    assert f"(cases {names[1]} only)" in (out / "summary.md").read_text()
+    with pytest.raises(SuiteError, match="has no case 'nope'") as refused:
+        matrix_mod.run_matrix(
+            matrix, ctx, out=tmp_path / "out2", baseline_dir=base, cases=("nope",),
+            say=lambda *_: None,
+        )  # fmt: skip
+    assert names[0] in refused.value.hint
+    assert not (tmp_path / "out2").exists()

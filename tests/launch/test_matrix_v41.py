@@ -7,8 +7,10 @@ emulation's counts, in the summary), or the pass proves nothing, and each must h
 tokens its config predicts over DCP 1 (the server's own figures, in the summary).
 
 Then each bug the issue names is planted in a copy of the series, baked, and served as the
-one candidate of the same matrix against the baseline bundle captured above: each must fail
-it and the summary must name its first divergence.
+one candidate of the same matrix against the baseline bundle captured above, on the one
+case that crosses the shard edge, the indexer's threshold and the candidate pool
+(``--case ctx_0257``, where the weakest plant shows): each must fail it and the summary
+must name its first divergence.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ PLANTS = {
         "return None",
     ),
 }
+PLANT_CASE = "ctx_0257"
 # The exchange's gather keeps this rank's copy only, as if it were every rank's.
 SKIPPED_GATHER = (
     "dist.all_gather_into_tensor(out, x.contiguous(), group=group)",
@@ -112,9 +115,11 @@ def test_a_planted_bug_fails_the_v41_matrix_and_names_the_first_divergence(
     baseline = out / "bundles" / "v41-dcp1"
     proc = _matrix(
         one, tree.parent, tmp_path / "out", tmp_path / "artifacts",
-        "--baseline", str(baseline), "--series", str(series),
+        "--baseline", str(baseline), "--series", str(series), "--case", PLANT_CASE,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (row,) = _summary(tmp_path / "out")["candidates"]
-    assert row["passed"] is False
+    summary = _summary(tmp_path / "out")
+    (row,) = summary["candidates"]
+    assert summary["cases"] == [PLANT_CASE]
+    assert row["passed"] is False and row["failing_cases"] == [PLANT_CASE], row
     assert row["first_divergence"], row
