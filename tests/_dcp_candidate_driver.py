@@ -34,7 +34,7 @@ from types import SimpleNamespace
 
 import _dcp_index_k as index_k
 import torch
-from _dcp_child import MARK, fork_ranks, rank_file, run_child
+from _dcp_child import MARK, faster_interpreter, fork_ranks, rank_file, run_child
 
 REPO = Path(__file__).resolve().parents[1]
 MODULE = "vllm.model_executor.layers.sparse_attn_indexer"
@@ -458,4 +458,5 @@ def main(tree: str) -> None:
 
 
 if __name__ == "__main__":
+    faster_interpreter()
     main(sys.argv[1])

@@ -6,6 +6,7 @@
   forked processes over one real gloo group; each rank saves its results to
   ``outdir/rank{r}.pt``. Fork, not spawn: the ranks inherit the (slow) vLLM import and
   their own copy of any class-level state. A rank that fails or hangs fails the run.
+- ``faster_interpreter()``: a driver's first call, before any kernel runs.
 """
 
 from __future__ import annotations
@@ -23,6 +24,22 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 MARK = "RESULT "  # a driver's last line: MARK + its JSON result
+
+
+def faster_interpreter() -> None:
+    """The emulation's Triton interpreter speed-ups (emulate/bakery_emulate/interpreter.py,
+    same results: tests/emulate holds them to it; a candidate driver runs 1.4x faster).
+    That one file is loaded, none of the emulation's stand-ins."""
+    import importlib.util
+
+    import triton.runtime.interpreter as interpreter
+
+    path = REPO / "emulate" / "bakery_emulate" / "interpreter.py"
+    spec = importlib.util.spec_from_file_location("_emulated_interpreter", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.speed_up(interpreter)
 
 
 def run_child(

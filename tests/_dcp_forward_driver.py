@@ -39,7 +39,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from _dcp_child import MARK, fork_ranks, rank_file, run_child
+from _dcp_child import MARK, faster_interpreter, fork_ranks, rank_file, run_child
 
 from bakery.dcp import reference as ref
 
@@ -518,4 +518,5 @@ def main(tree: str, quick: bool) -> None:
 
 
 if __name__ == "__main__":
+    faster_interpreter()
     main(sys.argv[1], "--quick" in sys.argv[2:])

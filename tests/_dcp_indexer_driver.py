@@ -36,7 +36,7 @@ from _dcp_candidate_driver import (
     reference_rows,
     same_up_to_ties,
 )
-from _dcp_child import MARK, fork_ranks, rank_file, run_child
+from _dcp_child import MARK, faster_interpreter, fork_ranks, rank_file, run_child
 
 RATIO = 4  # the indexer's compress_ratio: positions are compressed states
 PREFIX = "layers.0.indexer.k_cache"
@@ -321,4 +321,5 @@ def main(tree: str) -> None:
 
 
 if __name__ == "__main__":
+    faster_interpreter()
     main(sys.argv[1])

@@ -51,7 +51,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from _dcp_child import MARK, fork_ranks, rank_file, run_child
+from _dcp_child import MARK, faster_interpreter, fork_ranks, rank_file, run_child
 
 REPO = Path(__file__).resolve().parents[1]
 MODULE = "vllm.models.deepseek_v41.nvidia.flashinfer_sparse"
@@ -1099,4 +1099,5 @@ def main(tree: str) -> None:
 
 
 if __name__ == "__main__":
+    faster_interpreter()
     main(sys.argv[1])

@@ -42,6 +42,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.property)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_bytecode(tmp_path_factory):
+    """Every child Python (vLLM's servers and workers, the DCP drivers and their forked
+    ranks, the doors) keeps its bytecode in one folder of this session, outside the trees
+    it imports: a baked tree's vLLM is compiled once a session, not once a process. With
+    PYTHONDONTWRITEBYTECODE (set on this machine) each child compiled it again: most of a
+    DCP driver's time."""
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+        env.setenv("PYTHONPYCACHEPREFIX", str(tmp_path_factory.mktemp("bytecode")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def cache() -> Path:
     """The real bakery cache, so the pinned wheels download once per machine."""

@@ -55,6 +55,7 @@ from bakery.verify import (
     load_suite,
     write_reports,
 )
+from bakery.verify.bundle import record_name
 from bakery.verify.compare import ParityReport
 from bakery.verify.diagnose import tokenizer_decoder
 from bakery.verify.errors import ParityFailure
@@ -316,7 +317,7 @@ def _candidate_row(
         baseline_dir, bundle, gates, top_n=matrix.top_n, low_margin=matrix.low_margin,
         teacher_forced=matrix.teacher_forced, boundaries=boundaries,
         decode=tokenizer_decoder(serving.model_folder(plan)),
-        cases=cases,
+        cases=[record_name(case) for case in cases],
     )  # fmt: skip
     json_path, md_path = (
         own_path(out / "reports", f"{entry.name}.json", "a matrix name"),

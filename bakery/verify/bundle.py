@@ -43,11 +43,17 @@ __all__ = [
     "write_case_file",
     "write_bundle_meta",
     "CASE_PREFIX",
+    "record_name",
     "TEACHER_PREFIX",
     "META_NAME",
 ]
 
 CASE_PREFIX = "completion_"
+
+
+def record_name(case: str) -> str:
+    """A suite case's name in a bundle (its file's stem)."""
+    return f"{CASE_PREFIX}{case}"
 TEACHER_PREFIX = "teacher_"
 META_NAME = "bundle.json"
 COMPLETIONS_PATH = "/v1/completions"

@@ -28,7 +28,6 @@ from bakery.errors import UsageError
 from bakery.progress import step
 from bakery.tree import remove_tree, sha256_file, sweep_dead
 from bakery.verify.bundle import (
-    CASE_PREFIX,
     COMPLETIONS_PATH,
     TEACHER_PREFIX,
     BundleMeta,
@@ -39,6 +38,7 @@ from bakery.verify.bundle import (
     MetaTool,
     case_from_document,
     load_bundle,
+    record_name,
     teacher_from_document,
     write_bundle_meta,
     write_case_file,
@@ -221,7 +221,7 @@ class _Capture:
         started = time.monotonic()
         response = await self.client.call("POST", COMPLETIONS_PATH, what, request)
         document = {
-            "name": f"{CASE_PREFIX}{case.case}",
+            "name": record_name(case.case),
             "path": COMPLETIONS_PATH,
             "status": 200,
             "elapsed_seconds": round(time.monotonic() - started, 3),
@@ -423,9 +423,7 @@ def _check_inputs(
     if not teacher_forced:
         raise UsageError("--reference only makes sense with --teacher-forced")
     cases = load_bundle(reference).by_name()
-    missing = sorted(
-        f"{CASE_PREFIX}{c.case}" for c in suite.cases if f"{CASE_PREFIX}{c.case}" not in cases
-    )
+    missing = sorted(record_name(c.case) for c in suite.cases if record_name(c.case) not in cases)
     if missing:
         raise BundleError(f"reference bundle {reference} lacks suite cases: {missing}")
     return cases

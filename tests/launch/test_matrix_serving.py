@@ -250,8 +250,7 @@ def test_case_runs_only_the_named_cases_and_a_fuller_baseline_is_compared_on_the
     before any server starts."""
     from bakery.verify.errors import SuiteError
 
-    # The oracle bundles name their cases after their files.
-    names = [f"completion_{n}_logprobs20" for n in ("short_math", "translation", "raw_intro")]
+    names = ["short_math_logprobs20", "translation_logprobs20", "raw_intro_logprobs20"]
     suite = tmp_path / "three.jsonl"
     suite.write_text(
         "".join(json.dumps({"case": n, "max_tokens": 1, "prompt": "x"}) + "\n" for n in names)
@@ -263,7 +262,7 @@ def test_case_runs_only_the_named_cases_and_a_fuller_baseline_is_compared_on_the
 
     def captures_the_suite(entry, checked, out, suite, *args, **kwargs):
         run = served(entry, checked, out, suite, *args, **kwargs)
-        wanted = {c.case for c in suite.cases}
+        wanted = {f"completion_{c.case}" for c in suite.cases}  # as the oracle names them
         for path in out.glob("completion_*.json"):
             if json.loads(path.read_text())["name"] not in wanted:
                 path.unlink()
@@ -280,7 +279,7 @@ def test_case_runs_only_the_named_cases_and_a_fuller_baseline_is_compared_on_the
     assert summary.cases == [names[1]]
     for entry in ("dcp2", "planted"):
         report = json.loads((out / "reports" / f"{entry}.json").read_text())
-        assert sorted(report["cases"]) == [names[1]]
+        assert sorted(report["cases"]) == [f"completion_{names[1]}"]
         assert [p.name for p in (out / "bundles" / entry).glob("completion_*")] == [
             "completion_translation_logprobs20.json"
         ]
