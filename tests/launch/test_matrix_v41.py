@@ -27,6 +27,7 @@ from test_serving_v41 import check_measured
 from bakery.bake.bake import bake
 from bakery.series.series import load_series
 from bakery.verify import tiny_v41
+from bakery.verify.bundle import record_name
 
 pytestmark = pytest.mark.slow
 
@@ -121,5 +122,5 @@ def test_a_planted_bug_fails_the_v41_matrix_and_names_the_first_divergence(
     summary = _summary(tmp_path / "out")
     (row,) = summary["candidates"]
     assert summary["cases"] == [PLANT_CASE]
-    assert row["passed"] is False and row["failing_cases"] == [PLANT_CASE], row
+    assert row["passed"] is False and row["failing_cases"] == [record_name(PLANT_CASE)], row
     assert row["first_divergence"], row
