@@ -49,11 +49,6 @@ __all__ = [
 ]
 
 CASE_PREFIX = "completion_"
-
-
-def record_name(case: str) -> str:
-    """A suite case's name in a bundle (its file's stem)."""
-    return f"{CASE_PREFIX}{case}"
 TEACHER_PREFIX = "teacher_"
 META_NAME = "bundle.json"
 COMPLETIONS_PATH = "/v1/completions"
@@ -63,6 +58,11 @@ TOKEN_ID_PREFIX = "token_id:"
 LOGPROB_RANGE = (-1e30, 1e-3)
 
 Json = dict[str, Any]
+
+
+def record_name(case: str) -> str:
+    """A suite case's name in a bundle (its file's stem)."""
+    return f"{CASE_PREFIX}{case}"
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ __all__ = [
     "write_calibration",
 ]
 
+
 def noise_floor(reports: Sequence[ParityReport]) -> dict[str, float | None]:
     """Worst value of each bound gate's field over all cases of all reports (None: unseen)."""
     floor: dict[str, float | None] = {}

@@ -64,9 +64,7 @@ def forked(steps: list[tuple], at: int, margin: float = 2.0) -> list[tuple]:
     return out
 
 
-def run(
-    tmp_path: Path, plan: dict, gates: ParityGates | None = None, **kwargs
-) -> ParityReport:
+def run(tmp_path: Path, plan: dict, gates: ParityGates | None = None, **kwargs) -> ParityReport:
     """``plan``: case -> (baseline steps, candidate steps); the report over both bundles."""
     for case, (base, cand) in plan.items():
         prompt = [5 + i % 7 for i in range(LENGTHS[case])]
