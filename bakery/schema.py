@@ -69,6 +69,7 @@ __all__ = [
     "SHA256_PATTERN",
     "decode",
     "try_decode",
+    "try_decode_json",
     "refuse",
     "problems",
     "read_text",
@@ -229,6 +230,17 @@ def try_decode(data: Any, kind: type[T]) -> tuple[T | None, list[str]]:
         # The walker misses nothing msgspec checks today; the fallback keeps a schema
         # feature it does not know from losing msgspec's own message.
         return None, problems(data, kind) or [_reword(str(exc))]
+
+
+def try_decode_json(raw: bytes, kind: type[T]) -> tuple[T | None, str]:
+    """JSON bytes as ``kind``, or ``(None, why)`` in one short line: for readers that take
+    a damaged document as none (an old run folder's record, another version's manifest)."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        return None, f"not JSON ({type(exc).__name__})"
+    value, found = try_decode(data, kind)
+    return value, "; ".join(found)[:200]
 
 
 def load_toml(path: Path, kind: type[T], *, error: type[BakeryError], hint: str) -> T:

@@ -19,7 +19,7 @@ import msgspec
 from bakery import __version__
 from bakery.bake.record import parse_record, record_hash_file
 from bakery.errors import ManifestError, UnsafePathError
-from bakery.schema import Document, Sha256, encode_json, try_decode
+from bakery.schema import Document, Sha256, encode_json, try_decode, try_decode_json
 from bakery.series.apply import ApplyPlan
 from bakery.series.series import Pin, Series
 from bakery.tree import inside, relative, write_atomic
@@ -135,12 +135,7 @@ class ServedBake(msgspec.Struct, frozen=True):
 
 def served(raw: bytes) -> tuple[ServedBake | None, str]:
     """BAKED.json's bytes as a ``ServedBake``, or ``(None, why)`` in one short line."""
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        return None, f"not JSON ({type(exc).__name__})"
-    value, found = try_decode(data, ServedBake)
-    return value, "; ".join(found)[:200]
+    return try_decode_json(raw, ServedBake)
 
 
 def _sha(data: bytes | None) -> str | None:

@@ -34,7 +34,7 @@ from bakery.launch.plan import LaunchPlan
 from bakery.launch.preflight import Facts
 from bakery.launch.processes import carries_marker, cmdline, launched, start_ticks
 from bakery.launch.profiles import ENV_NAME
-from bakery.schema import Document, Sha256, try_decode, write_json_atomic
+from bakery.schema import Document, Sha256, try_decode, try_decode_json, write_json_atomic
 from bakery.tree import read_bounded, write_atomic
 
 __all__ = [
@@ -329,13 +329,10 @@ def read_environment(run_dir: Path) -> tuple[RunEnvironment | None, str]:
     """A run folder's run_environment.json, or ``(None, why)`` in one short line (a
     missing, unreadable, garbled or mistyped record)."""
     try:
-        data = json.loads(read_bounded(run_dir / "run_environment.json", 4 << 20))
+        raw = read_bounded(run_dir / "run_environment.json", 4 << 20)
     except OSError as exc:
         return None, exc.strerror or type(exc).__name__
-    except (ValueError, RecursionError) as exc:
-        return None, f"not JSON ({type(exc).__name__})"
-    value, found = try_decode(data, RunEnvironment)
-    return value, "; ".join(found)[:200]
+    return try_decode_json(raw, RunEnvironment)
 
 
 def launcher_argv(run_dir: Path) -> list[str]:
