@@ -373,15 +373,15 @@ def compare_bundles(
     baseline = _only(baseline, cases)
     _check_comparable(baseline, candidate)
     cand = candidate.by_name()
-    cases = {
+    compared = {
         b.name: _case_report(b, cand[b.name], gates, top_n, low_margin, teacher_forced, decode)
         for b in sorted(baseline.cases, key=lambda c: c.name)
     }
-    found = diagnose(case_views(cases), boundaries)
+    found = diagnose(case_views(compared), boundaries)
     return ParityReport(
-        cases=cases,
+        cases=compared,
         diagnosis=found.as_dict(),
-        passed=all(case["passed"] for case in cases.values()),
+        passed=all(case["passed"] for case in compared.values()),
         gates=gates.as_dict(),
         settings=ReportSettings(top_n=top_n, low_margin=low_margin, teacher_forced=teacher_forced),
         baseline=_side(baseline),
