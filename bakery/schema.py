@@ -11,8 +11,6 @@ of bakery sees: one frozen type per document, no copy.
 
 Outputs: ``encode_json`` is the one JSON encoder (``write_json_atomic`` writes through
 it); a typed output is written from its type, with the bytes the dicts before it gave.
-One exception: the trust records (``bake.trust.Record``: verified.json, .baked.wheel.json)
-are a frozen type written and read by msgspec's own JSON, compact.
 
 - Typed both ways (written by ``encode_json``, decoded here like any input): BAKED.json
   (``bake.manifest.BakedManifest``), the cache's release index (``bake.fetch.ReleaseIndex``),
@@ -22,10 +20,13 @@ are a frozen type written and read by msgspec's own JSON, compact.
   default, as it is read from run folders of any bakery version), the stamps of baked
   and pristine trees (``bake.pristine.TreeStamp``) and a pristine tree's RECORD errata
   (``bake.pristine.RecordErrata``), both one line (``one_line``; one that does not decode
-  is none), the gates file calibrate writes (``verify.compare.GatesFileDoc``, its
-  ``calibration`` a ``verify.compare.Calibration``) and the parity report (``compare
-  --json``, the matrix's reports/<entry>.json: ``verify.compare.ParityReport``; each
-  case's metrics, the diagnosis and the gates stay dicts inside it).
+  is none), the trust records verified.json and .baked.wheel.json (``bake.trust.Record``;
+  one line as well, read by msgspec's own JSON: a damaged one is no trust), a matrix
+  bundle's serving.json (``launch.serving.FiguresDoc``), the gates file calibrate writes
+  (``verify.compare.GatesFileDoc``, its ``calibration`` a ``verify.compare.Calibration``)
+  and the parity report (``compare --json``, the matrix's reports/<entry>.json:
+  ``verify.compare.ParityReport``; each case's metrics, the diagnosis and the gates stay
+  dicts inside it).
 - Read through a narrow view: the launcher reads BAKED.json as ``bake.manifest.ServedBake``
   (series and base only, other fields ignored), so a manifest of another bakery version
   still names what a run serves.
@@ -36,11 +37,11 @@ are a frozen type written and read by msgspec's own JSON, compact.
   gates, serving figures and each candidate's diagnosis stay dicts inside it) and a
   captured bundle's bundle.json (``verify.bundle.BundleMeta``; a bundle's metadata is
   read back as it is, since bundles of other tools carry their own).
-- Still dicts (each writer listed in tests/test_house.py with why): serving.json, the
-  bundle case and teacher files (the server's answers kept verbatim; ``CaseDoc`` and
-  ``TeacherDoc`` judge them) and the tiny test models' notes and config.json. Read as
-  dicts, not decoded: a model's config.json (Hugging Face's format, read leniently by
-  ``launch.model_config``), a tiny model's note and a bundle's bundle.json.
+- Still dicts (each writer listed in tests/test_house.py with why): the bundle case and
+  teacher files (the server's answers kept verbatim; ``CaseDoc`` and ``TeacherDoc`` judge
+  them) and the tiny test models' notes and config.json. Read as dicts, not decoded: a
+  model's config.json (Hugging Face's format, read leniently by ``launch.model_config``),
+  a tiny model's note and a bundle's bundle.json.
 """
 
 from __future__ import annotations
@@ -309,9 +310,11 @@ def _child(at: str, key: object) -> str:
 
 
 def _without_none(kind: Any) -> Any:
-    """``X | None`` as ``X`` (the data is not None), so the walk can go into ``X``."""
+    """``X | None`` (or ``X | UnsetType``, a field left out) as ``X``: the data is there and
+    not None, so the walk can go into ``X``."""
     if typing.get_origin(kind) in (typing.Union, types.UnionType):
-        rest = [arg for arg in typing.get_args(kind) if arg is not type(None)]
+        absent = (type(None), msgspec.UnsetType)
+        rest = [arg for arg in typing.get_args(kind) if arg not in absent]
         if len(rest) == 1:
             return rest[0]
     return kind

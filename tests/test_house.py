@@ -399,10 +399,10 @@ TYPED_WRITERS = {
     "bakery.verify.report.write_reports": "ParityReport",
     "bakery.cli.verify.compare": "ParityReport",
     "bakery.verify.bundle.write_bundle_meta": "BundleMeta",
+    "bakery.launch.serving.write_figures": "FiguresDoc",
+    "bakery.bake.trust.remember": "Record",
 }
 UNTYPED_WRITERS = {
-    "bakery.launch.serving.write_figures": "serving.json, gathered as a dict by the matrix and "
-    "read back as FiguresDoc; not yet written from it",
     "bakery.verify.bundle.write_case_file": "the server's answer kept verbatim (key order is "
     "meaningful, fields vLLM adds are kept); CaseDoc/TeacherDoc judge it before it is written",
 }
@@ -411,7 +411,6 @@ OTHER_JSON = {
     "bakery.bake.bake._wheel_inputs": "a digest's input",
     "bakery.series.series.sha256": "a digest's input",
     "bakery.verify.tiny_v41.recipe": "a digest's input",
-    "bakery.bake.trust.remember": "a trust record: its own Struct, msgspec's compact bytes",
     "bakery.cli.launch.start_cmd": "printed (--json)",
     "bakery.cli.launch.status_cmd": "printed (--json)",
     "bakery.cli.launch.doctor_cmd": "printed (--json)",
@@ -495,10 +494,21 @@ def test_an_untyped_or_unlisted_json_writer_is_seen(tmp_path):
         "\n\ndef planted_too(path):\n    path.write_text(json.dumps({'a': 1}))\n"
     )
     record.write_text(text)
+    # the two writers typed last: serving.json from a dict again, a trust record by msgspec
+    for module, typed, untyped in [
+        ("launch/serving.py", "FIGURES, figures,", "FIGURES, asdict(figures),"),
+        ("bake/trust.py", "encode_json(what, one_line=True)", "msgspec.json.encode(what)"),
+    ]:
+        source = copy / module
+        assert typed in source.read_text()
+        source.write_text(source.read_text().replace(typed, untyped))
     assert output_problems(copy) == [
+        "bakery.bake.trust.remember: msgspec.json.encode: write JSON through "
+        "bakery.schema.encode_json",
         "bakery.launch.run_record.planted: a new JSON writer: give it a frozen type "
         "(TYPED_WRITERS)",
         "bakery.launch.run_record.planted_too: json.dumps: write JSON through "
         "bakery.schema.encode_json",
         "bakery.launch.run_record.write_pid: writes a dict, not its PidRecord",
+        "bakery.launch.serving.write_figures: writes a dict, not its FiguresDoc",
     ]

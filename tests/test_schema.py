@@ -130,6 +130,21 @@ def test_every_constraint_in_a_type_is_named_at_once_with_its_value():
     assert long.startswith("$.sha256: must be 4 hex digits, not 'zzz") and len(long) < 130
 
 
+class _LeftOut(Document, frozen=True):
+    fuzz: Annotated[int, Meta(ge=0, le=3, description="0..3")] | msgspec.UnsetType = msgspec.UNSET
+    pins: list[_Pin] | None | msgspec.UnsetType = msgspec.UNSET
+
+
+def test_a_field_that_may_be_left_out_is_walked_into_when_given():
+    """``X | UnsetType``: a value given is judged as an ``X`` (constraint words, inner paths)."""
+    assert schema.problems({"fuzz": 5, "pins": [{"sha256": 1}]}, _LeftOut) == [
+        "$.fuzz: must be 0..3, not 5",
+        "$.pins[0].sha256: expected str, got int",
+    ]
+    assert schema.problems({"fuzz": None}, _LeftOut) == ["$.fuzz: expected int, got null"]
+    assert schema.problems({"pins": None}, _LeftOut) == schema.problems({}, _LeftOut) == []
+
+
 def test_a_good_document_decodes_to_its_values():
     doc = decode({"bases": {"d": {"sha256": "a"}}}, _Doc, where="x", error=SeriesError, hint="")
     assert doc == _Doc(bases={"d": _Pin("a")}) and doc.items == [] and doc.count == 0

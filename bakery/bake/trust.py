@@ -24,7 +24,7 @@ from pathlib import Path
 import msgspec
 
 from bakery.errors import UnsafePathError
-from bakery.schema import Document
+from bakery.schema import Document, encode_json
 from bakery.tree import own_path, read_bounded, stage_beside
 
 __all__ = ["Record", "RACY_NS", "seen", "trusted", "remember", "settle"]
@@ -68,9 +68,8 @@ def remember(record: Path, what: Record, root: Path, started_ns: int) -> None:
         return
     try:
         folder = own_path(root, os.path.relpath(record.parent, root), "trust record folder")
-        tmp = stage_beside(
-            folder / record.name, msgspec.json.encode(what), 0o644, f".tmp-{os.getpid()}"
-        )
+        data = encode_json(what, one_line=True)  # compact ones of older bakery read alike
+        tmp = stage_beside(folder / record.name, data, 0o644, f".tmp-{os.getpid()}")
     except (OSError, UnsafePathError):
         return
     try:

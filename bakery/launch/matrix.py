@@ -251,6 +251,7 @@ def _serve_and_capture(
     reference: Path | None = None,
 ) -> dict:
     plan, report = checked
+    benched: dict[str, float] | None = None  # no [bench], or it did not run
     record, boot_s = lifecycle.start(
         plan, report.facts, ["matrix", entry.name], grace_s=ctx.grace_s, say=say
     )
@@ -271,10 +272,7 @@ def _serve_and_capture(
                 benched = serving.bench_serve(bench, plan, record.run_dir / "bench")
     finally:
         lifecycle.stop_record(record, ctx.grace_s)
-    figures = serving.kv_capacity(record.log) or {}
-    if bench is not None:
-        figures["bench"] = benched
-    serving.write_figures(out, figures)
+    serving.write_figures(out, serving.served_figures(serving.kv_capacity(record.log), benched))
     run = {"boot_s": round(boot_s, 1), "record": str(record.run_dir)}
     exercised = serving.exercised_counts(record.run_dir)
     return {**run, "exercised": exercised} if exercised else run
@@ -391,7 +389,7 @@ def run_matrix(
             say, matrix.bench, matrix.teacher_forced,
         )  # fmt: skip
     rows: list[CandidateRow] = []
-    candidate_figures = {}
+    candidate_figures: dict[str, serving.FiguresDoc] = {}
     for entry in matrix.candidates:
         bundle = own_path(out / "bundles", entry.name, "a matrix name")
         try:

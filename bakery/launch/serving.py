@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
-from msgspec import Meta
+from msgspec import UNSET, Meta, UnsetType
 
 from bakery.launch.errors import LaunchError, ProfileError
 from bakery.launch.plan import LaunchPlan
@@ -36,6 +36,8 @@ __all__ = [
     "bench_serve",
     "bench_command",
     "with_ratios",
+    "FiguresDoc",
+    "served_figures",
     "write_figures",
     "read_figures",
     "layout_boundaries",
@@ -71,6 +73,10 @@ _BENCH_MAIN = (
 _UpTo1e6 = Annotated[int, Meta(ge=1, le=10**6, description="1..1000000")]
 _UpTo1e5 = Annotated[int, Meta(ge=1, le=10**5, description="1..100000")]
 _UpToADay = Annotated[int, Meta(ge=1, le=86400, description="1..86400")]
+# NaN and the infinities are no JSON: serving.json never holds them, nor is read with one.
+_Finite = Annotated[
+    float, Meta(ge=-sys.float_info.max, le=sys.float_info.max, description="a finite number")
+]
 
 
 class Bench(Document, frozen=True):
@@ -101,33 +107,40 @@ class BenchResult(msgspec.Struct):
 
 
 class FiguresDoc(Document, frozen=True):
-    """``serving.json``: one entry's figures, as ``_serve_and_capture`` wrote them."""
+    """``serving.json``: one entry's figures (``served_figures``); one vLLM did not print,
+    or a bench not run, is left out (UNSET), never null."""
 
-    kv_cache_tokens: int | None = None
-    max_concurrency: float | None = None
-    max_model_len: int | None = None
-    kv_pool: str | None = None
-    kv_group_block_tokens: list[int] | None = None
-    bench: dict[str, float] | None = None
+    kv_cache_tokens: int | UnsetType = UNSET
+    max_concurrency: _Finite | UnsetType = UNSET
+    max_model_len: int | UnsetType = UNSET
+    kv_pool: str | UnsetType = UNSET
+    kv_group_block_tokens: list[int] | UnsetType = UNSET
+    bench: dict[str, _Finite] | UnsetType = UNSET
 
 
-def write_figures(bundle: Path, figures: dict[str, Any]) -> None:
+def served_figures(kv: dict[str, Any] | None, bench: dict[str, float] | None) -> FiguresDoc:
+    """An entry's figures: ``kv_capacity``'s from its log and ``bench_serve``'s (None: the
+    log had none, or no ``[bench]`` ran)."""
+    return FiguresDoc(**(kv or {}), bench=UNSET if bench is None else bench)
+
+
+def write_figures(bundle: Path, figures: FiguresDoc) -> None:
+    """Keys sorted; a NaN or infinite figure is refused (ValueError), as JSON has none."""
     write_json_atomic(bundle / FIGURES, figures, sort_keys=True, strict=True)
 
 
-def read_figures(bundle: Path) -> dict[str, Any]:
-    """The figures saved beside a bundle ({} for a bundle captured without them)."""
+def read_figures(bundle: Path) -> FiguresDoc:
+    """The figures saved beside a bundle (none given for a bundle captured without them)."""
     path = bundle / FIGURES
     if not path.is_file():
-        return {}
-    doc = decode(
+        return FiguresDoc()
+    return decode(
         read_json(path, "serving figures", LaunchError),
         FiguresDoc,
         where=str(path),
         error=LaunchError,
         hint="written by the matrix beside the bundle; capture the bundle again",
     )
-    return {k: v for k, v in msgspec.structs.asdict(doc).items() if v is not None}
 
 
 def layout_boundaries(plan: LaunchPlan) -> list[int]:
@@ -247,13 +260,14 @@ def _flat(entry: dict[str, Any]) -> dict[str, Any]:
     return numbers | (entry.get("bench") or {})
 
 
-def with_ratios(figures: dict[str, dict[str, Any]], baseline: str) -> dict[str, dict[str, Any]]:
+def with_ratios(figures: dict[str, FiguresDoc], baseline: str) -> dict[str, dict[str, Any]]:
     """Each entry's figures plus ``vs_baseline``: every figure divided by the baseline's
     (None where either is missing, e.g. a reused baseline bundle without figures)."""
-    base = _flat(figures.get(baseline) or {})
+    given = {name: msgspec.to_builtins(doc) for name, doc in figures.items()}  # UNSET left out
+    base = _flat(given.get(baseline) or {})
     return {
         name: {**entry, "vs_baseline": {k: _ratio(v, base.get(k)) for k, v in _flat(entry).items()}}
-        for name, entry in figures.items()
+        for name, entry in given.items()
     }
 
 

@@ -13,12 +13,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 from packaging.requirements import Requirement
 
 from bakery.bake import fetch as fetch_mod
+from bakery.bake import trust
 from bakery.bake.fetch import fetch, fetch_release
 from bakery.errors import FetchError
+from bakery.schema import encode_json
 from bakery.series.series import Pin
 from tests._synthetic_release import OLD, wheel
 from tests.bake.test_offline import OFFLINE
@@ -158,6 +161,18 @@ def test_a_verified_wheel_is_trusted_until_its_stat_moves(tmp_path, hashes, down
     assert fetch(pin, cache=tmp_path) == path and hashes == [path] * 2
     assert fetch(pin, cache=tmp_path) == path and hashes == [path] * 2  # recorded anew
     assert downloads == []
+
+
+def test_a_record_is_one_line_of_the_one_encoder_and_older_compact_ones_still_vouch(
+    tmp_path, hashes
+):
+    pin, path = _cached(tmp_path)
+    fetch(pin, cache=tmp_path)
+    record = path.with_name("verified.json")
+    kept = msgspec.json.decode(record.read_bytes(), type=trust.Record)
+    assert record.read_bytes() == encode_json(kept, one_line=True)
+    record.write_bytes(msgspec.json.encode(kept))  # as bakery wrote records before
+    assert fetch(pin, cache=tmp_path) == path and hashes == [path]  # trusted: not hashed
 
 
 def test_a_wheel_touched_just_now_is_hashed_until_its_mtime_is_settled(tmp_path, hashes):

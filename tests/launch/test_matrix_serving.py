@@ -10,6 +10,7 @@ slow matrix test (tests/launch/test_launch_matrix.py) runs the same on real vllm
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -65,7 +66,7 @@ def fake_servers(monkeypatch):
 
     def serve(entry, checked, out, suite, settings, ctx, say, bench=None, *_teacher):
         copy_bundle(sources[entry.name], out)
-        serving.write_figures(out, FIGURES[entry.name])
+        serving.write_figures(out, serving.FiguresDoc(**FIGURES[entry.name]))
         return {"boot_s": 1.0, "record": "r"}
 
     monkeypatch.setattr(matrix_mod, "_serve_and_capture", serve)
@@ -176,7 +177,7 @@ def test_a_reused_baseline_keeps_its_figures(fake_servers, tmp_path):
     matrix, sources = make_matrix(MTP)
     fake_servers.update(sources)
     base = copy_bundle(NOMTP, tmp_path / "kept")
-    serving.write_figures(base, FIGURES["dcp1"])
+    serving.write_figures(base, serving.FiguresDoc(**FIGURES["dcp1"]))
     ctx = SimpleNamespace(artifacts=tmp_path / "art")
     summary = matrix_mod.run_matrix(
         matrix, ctx, out=tmp_path / "out", baseline_dir=base, say=lambda *_: None
@@ -189,6 +190,54 @@ def test_a_reused_baseline_keeps_its_figures(fake_servers, tmp_path):
         matrix, ctx, out=tmp_path / "out", baseline_dir=base, say=lambda *_: None
     )
     assert summary.serving["dcp2"]["vs_baseline"]["kv_cache_tokens"] is None
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_figures_are_written_from_their_type_with_the_bytes_of_the_dict(tmp_path, name):
+    """Sorted keys, indent 2: what serving.json held when the matrix wrote the dict."""
+    kv = {k: v for k, v in FIGURES[name].items() if k != "bench"}
+    figures = serving.served_figures(kv, FIGURES[name].get("bench"))
+    serving.write_figures(tmp_path, figures)
+    on_disk = (tmp_path / serving.FIGURES).read_text()
+    assert on_disk == json.dumps(FIGURES[name], indent=2, sort_keys=True) + "\n"
+    assert serving.read_figures(tmp_path) == figures
+
+
+def test_figures_of_a_log_without_the_kv_line_and_no_bench_are_empty(tmp_path):
+    serving.write_figures(tmp_path, serving.served_figures(None, None))
+    assert (tmp_path / serving.FIGURES).read_text() == "{}\n"
+    assert serving.read_figures(tmp_path) == serving.FiguresDoc() == serving.read_figures(
+        tmp_path / "no such bundle")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "figures",
+    [{"max_concurrency": math.nan}, {"bench": {**BENCH, "itl_ms_p99": math.inf}}],
+)
+def test_a_nan_or_infinite_figure_is_never_written(tmp_path, figures):
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        serving.write_figures(tmp_path, serving.FiguresDoc(**figures))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ('{"kv_pool": null}', "$.kv_pool: expected str, got null"),
+        ('{"kv_cache_tokens": "29133"}', "$.kv_cache_tokens: expected int, got str"),
+        ('{"bench": {"output_tok_s": NaN}}', "$.bench.output_tok_s: must be a finite number"),
+        ('{"max_concurrency": -Infinity}', "$.max_concurrency: must be a finite number"),
+        ('{"kv_tokens": 1}', "$.kv_tokens: unknown field"),
+    ],
+)
+def test_a_damaged_serving_json_is_one_clear_error(tmp_path, text, says):
+    from bakery.launch.errors import LaunchError
+
+    (tmp_path / serving.FIGURES).write_text(text)
+    with pytest.raises(LaunchError) as caught:
+        serving.read_figures(tmp_path)
+    assert str(tmp_path / serving.FIGURES) in str(caught.value)
+    assert says in str(caught.value)
 
 
 def test_bench_flags_are_read_by_vllms_own_parser(tmp_path):
