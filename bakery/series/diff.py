@@ -4,7 +4,9 @@
 bakery's frozen types (``bakery.series.hunks``: a file's hunks stay the diff's own bytes
 plus one row of numbers a hunk, so a large diff costs little more than its bytes). The header
 grammar and its error messages are unidiff's (the parser bakery used before), the body rules
-GNU patch's. ``render_file_diff`` writes the
+GNU patch's. One deliberate difference from GNU: a range that starts at line 0 yet has lines
+(``@@ -0,6 +0,7 @@``; only an empty side starts at 0) is refused, where GNU 2.7 takes 0 as a
+line number and applies the hunk. ``render_file_diff`` writes the
 canonical form the series stores (``--- baked-ours/P`` / ``+++ baked/P``, 3 lines of
 context, no timestamps, final newline).
 """
@@ -142,7 +144,7 @@ class _Section:
     mode: bytes | None = None  # from a git extended header
     # As in Hunks: 4 bytes a number until one does not fit (30k hunks: 0.8 MB less).
     rows: array[int] = field(default_factory=lambda: array("I"))
-    problem: str | None = None  # the first hunk refused after the walk (as GNU refuses it)
+    problem: str | None = None  # the first hunk refused, raised after the walk
 
 
 def _not_a_diff(name: str, message: str, line: bytes = b"") -> PatchParseError:
@@ -189,6 +191,12 @@ def _read_hunk(body: bytes, pos: int, header: re.Match[bytes], section: _Section
         if max(numbers) > MAX_LINE_NUMBER:
             too_large = next(v for v in numbers if v > MAX_LINE_NUMBER)
             section.problem = f"{name}: hunk #{number}: line number is too large: {too_large}"
+        elif (old_start == 0 < old_len) or (new_start == 0 < new_len):
+            written = header[0][: header[0].index(b" @@", 2) + 3].decode()
+            section.problem = (
+                f"{name}: hunk #{number}: malformed hunk header (a range that starts at line 0"
+                f" must be empty): {written}"
+            )
         elif stop > pos and body[pos] == _MARKER:
             section.problem = f"{name}: hunk #{number}: stray 'No newline' marker"
     fits = max(numbers) <= MAX_LINE_NUMBER  # else refused above; a row holds only what fits
@@ -224,6 +232,8 @@ def _read_hunks(body: bytes, pos: int, section: _Section, name: str) -> int:
             and context + added == new_len
             and lines
             and not (old_start | old_len | new_start | new_len | stop) >> 32  # fits any row
+            and (old_start or not old_len)  # else _read_hunk refuses the header
+            and (new_start or not new_len)
         ):
             number = len(rows) // Hunks.WIDTH + 1
             rows.extend((number, old_start, old_len, new_start, new_len, start, stop))

@@ -12,7 +12,8 @@ hunk fails at fuzz N but its reverse places at fuzz N, the patch is refused as r
 (or already applied) rather than forced in at fuzz N+1. A line that lost its
 newline gets one before anything follows it. Context lines come from the file, so the
 result matches GNU patch byte for byte. Beyond GNU: a CRLF file matches an LF
-diff, and added lines take the file's CRLF endings.
+diff, and added lines take the file's CRLF endings. Unlike GNU, no hunk whose range starts
+at line 0 yet has lines gets here: ``bakery.series.diff`` refuses its header.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import pytest
 
 from bakery.cli.root import main
 from bakery.series.diff import render_file_diff
-from tests.conftest import REPO, run_tool
+from tests.conftest import REPO, run_cli, run_tool
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -191,6 +191,26 @@ def test_malformed_headers_are_refused(data, says, tree, tmp_path):
     proc = run_apply(str(tree), str(diff))
     clean_error(proc, 2)
     assert says in proc.stderr and snapshot(tree) == before
+
+
+@pytest.mark.parametrize("dry_run", [["--dry-run"], []], ids=["dry-run", "apply"])
+def test_a_hunk_header_at_line_0_with_lines_is_refused_and_nothing_is_written(
+    dry_run, tree, tmp_path
+):
+    """GNU patch 2.7 applies ``@@ -0,2 +1,3 @@`` (0 read as a line number); we refuse it,
+    before the good patch ahead of it in the series touches anything."""
+    old, new = edit_a(tree)
+    good = write_diff(tmp_path, "01-a.diff", "pkg/a.py", old, new)
+    bad = tmp_path / "02-b.diff"
+    bad.write_bytes(b"--- a/pkg/b.py\n+++ b/pkg/b.py\n@@ -0,2 +1,3 @@\n one\n+1.5\n two\n")
+    before = snapshot(tree)
+    proc = run_cli("apply", *dry_run, str(tree), str(good), str(bad))
+    clean_error(proc, 2)
+    assert proc.stderr == (
+        "error: 02-b.diff: hunk #1: malformed hunk header"
+        " (a range that starts at line 0 must be empty): @@ -0,2 +1,3 @@\n"
+    )
+    assert snapshot(tree) == before
 
 
 def test_dev_zero_as_the_patch_is_refused_after_a_bounded_read(tree):

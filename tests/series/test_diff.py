@@ -171,3 +171,52 @@ def test_a_hunk_ends_at_its_counts_though_body_lines_follow_up_to_the_next_hunk(
     diff = b"--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n a\n" + line + b"-b\n+c\n@@ -5 +5 @@\n-x\n+y\n"
     with pytest.raises(PatchParseError, match="Unexpected hunk found"):
         parse_patch(diff, "p")  # "-b" and "+c" are no hunk's: the file's section ended
+
+
+# A range starts at line 0 only when it is empty (a created or deleted file, or an insertion
+# at the top). GNU 2.7 takes the 0 as a line number and applies such a hunk; we refuse it.
+LINE_0_HEADERS = {
+    "old side": b"@@ -0,2 +1,3 @@",
+    "new side": b"@@ -1,2 +0,3 @@",
+    "both sides": b"@@ -0,2 +0,3 @@",
+}
+LINE_0_MESSAGE = (
+    "p: hunk #{}: malformed hunk header (a range that starts at line 0 must be empty): {}"
+)
+
+
+@pytest.mark.parametrize("shape", sorted(LINE_0_HEADERS))
+@pytest.mark.parametrize(
+    "body",
+    [b" a\n+x\n b\n", b" a\n+x\n b\n\\ No newline at end of file\n"],
+    ids=["read whole", "read line by line"],  # the parser's two paths
+)
+def test_a_range_at_line_0_with_lines_is_refused(shape, body):
+    header = LINE_0_HEADERS[shape]
+    with pytest.raises(PatchParseError) as refused:
+        parse_patch(b"--- a/f\n+++ b/f\n" + header + b" f()\n" + body, "p")
+    assert str(refused.value) == LINE_0_MESSAGE.format(1, header.decode())
+
+
+def test_a_later_hunk_at_line_0_is_named_by_its_number():
+    diff = b"--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b\n@@ -0 +9 @@\n-c\n+d\n"  # "-0": length 1
+    with pytest.raises(PatchParseError) as refused:
+        parse_patch(diff, "p")
+    assert str(refused.value) == LINE_0_MESSAGE.format(2, "@@ -0 +9 @@")
+
+
+@pytest.mark.parametrize(
+    "header, body",
+    [
+        (b"@@ -0,0 +1,2 @@", b"+a\n+b\n"),  # a created file, or an insertion at the top
+        (b"@@ -1,2 +0,0 @@", b"-a\n-b\n"),  # a deleted file, or the top lines deleted
+        (b"@@ -3,0 +4,2 @@", b"+a\n+b\n"),  # an insertion after line 3
+    ],
+)
+def test_empty_ranges_may_start_at_line_0_and_stay_valid_reversed(header, body):
+    """``bakery rebase`` surveys reversed patches: a valid header's reverse is valid too."""
+    (hunk,) = parse_patch(b"--- a/f\n+++ b/f\n" + header + b"\n" + body, "p").files[0].hunks
+    back = hunk.reversed()
+    numbers = (back.old_start, back.old_len, back.new_start, back.new_len)
+    flipped = b"@@ -%d,%d +%d,%d @@\n" % numbers
+    assert parse_patch(b"--- a/f\n+++ b/f\n" + flipped + back.body, "p").files[0].hunks == [back]

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bakery.errors import PatchParseError
 from bakery.series import engine, locate
 from bakery.series.apply import ApplyStatus, plan
 from bakery.series.diff import parse_patch, render_file_diff, split_lines
@@ -272,6 +273,16 @@ def test_lf_diff_on_crlf_file_is_a_deliberate_difference():
     assert _gnu(target, diff, 0) == (None, {})
     assert ours(target, diff, 0) == (b"a\r\nB\r\nc\r\n", {})
     assert _crlf_file_lf_diff(target, diff)
+
+
+@pytest.mark.parametrize("header", [b"@@ -0,2 +1,3 @@", b"@@ -1,2 +0,3 @@", b"@@ -0,2 +0,3 @@"])
+def test_a_range_at_line_0_with_lines_is_a_deliberate_difference(header):
+    """GNU reads the 0 of a malformed range as a line number and applies the hunk; we refuse
+    its header (the case generators above never write one)."""
+    diff = b"--- a/f\n+++ b/f\n" + header + b"\n a\n+x\n b\n"
+    assert _gnu(b"a\nb\nc\n", diff, 0) == (b"a\nx\nb\nc\n", {1: (1, 0)} if b"-0" in diff else {})
+    with pytest.raises(PatchParseError, match="starts at line 0"):
+        parse_patch(diff, "p")
 
 
 def test_a_hunk_may_not_move_above_the_previous_one():
