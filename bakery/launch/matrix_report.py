@@ -151,7 +151,8 @@ def _value(field: Any) -> Any:
 def _exercised_text(counts: dict | None) -> str:
     if not counts:
         return "–"
-    return f"{counts['indexer_calls']} / {counts['candidate_masked_positions']}"
+    index_k = counts.get("index_k_publishes", 0)  # 0: a summary from before it was counted
+    return f"{counts['indexer_calls']} / {counts['candidate_masked_positions']} / {index_k}"
 
 
 def _result(row: CandidateRow) -> str:
@@ -228,7 +229,7 @@ def summary_markdown(summary: MatrixSummary) -> str:
     ]
     header = (
         "candidate", "profile", "flags", "result", "failing cases", "first divergence",
-        "indexer calls / masked positions", "report",
+        "indexer calls / masked positions / index-K publishes", "report",
     )  # fmt: skip
     rows = [
         (

@@ -280,6 +280,7 @@ class RankCounts(Document, frozen=True):
     indexer_calls: int
     candidate_publishes: int
     candidate_masked_positions: int
+    index_k_publishes: int = 0  # publishes by the index-K exchange (prefill); 0 in older runs
 
 
 def exercised_counts(run_dir: Path) -> dict[str, int] | None:
@@ -304,5 +305,6 @@ def exercised_counts(run_dir: Path) -> dict[str, int] | None:
     return {
         "indexer_calls": max(r.indexer_calls for r in every),
         "candidate_publishes": max(r.candidate_publishes for r in every),
+        "index_k_publishes": max(r.index_k_publishes for r in every),
         "candidate_masked_positions": sum(r.candidate_masked_positions for r in every),
     }

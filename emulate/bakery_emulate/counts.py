@@ -1,5 +1,6 @@
 """What the run exercised, per process: indexer scoring calls, candidate-block
-publishes, and the compressed positions candidate filtering removed.
+publishes (and how many took patch 06's index-K exchange), and the compressed positions
+candidate filtering removed.
 
 Written as ``emulate/<pid>.json`` under the launcher's run folder
 ($BAKERY_LAUNCH_DIR) after every update, so the parity matrix can show that a pass
@@ -8,13 +9,19 @@ ran the indexer and filtered candidates. Nothing is written outside a launcher r
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from pathlib import Path
 
 import torch
 
-COUNTS = {"indexer_calls": 0, "candidate_publishes": 0, "candidate_masked_positions": 0}
+COUNTS = {
+    "indexer_calls": 0,
+    "candidate_publishes": 0,
+    "index_k_publishes": 0,
+    "candidate_masked_positions": 0,
+}
 _RANKS: dict[str, int] = {}
 
 
@@ -56,11 +63,14 @@ def counted_scoring(fn):
 def counted_candidate_step(step):
     """``_candidate_step`` that also counts the positions its mask removed."""
 
+    signature = inspect.signature(step)
+
     def candidate_step(logits, *args, **kwargs):
-        write = args[4] if len(args) > 4 else kwargs["write"]
-        if write:
+        given = signature.bind(logits, *args, **kwargs).arguments  # by name, however passed
+        if given["write"]:
             step(logits, *args, **kwargs)
-            bump(candidate_publishes=1)
+            index_k = given.get("index_k")  # patch 06's index-K exchange (prefill)
+            bump(candidate_publishes=1, index_k_publishes=int(index_k is not None))
             return
         finite = torch.isfinite(logits).sum().item()
         step(logits, *args, **kwargs)

@@ -10,13 +10,15 @@ Then each bug the issue names is planted in a copy of the series, baked, and ser
 one candidate of the same matrix against the baseline bundle captured above, on the one
 case that crosses the shard edge, the indexer's threshold and the candidate pool
 (``--case ctx_0257``, where the weakest plant shows): each must fail it and the summary
-must name its first divergence.
+must name its first divergence. The index-K exchange's bug is served as the matrix's
+index-K entry, on the case that takes it (``ctx_0300`` prefilled in one chunk).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -35,7 +37,8 @@ MATRIX = REPO / "launcher" / "dcp2" / "matrix-cpu-v41.toml"
 P01 = "01-model_executor_kernels_attention_dsa_candidate_blocks.py.diff"
 P06 = "06-model_executor_layers_sparse_attn_indexer.py.diff"
 P09 = "09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff"
-# name -> (patch, the '+' line, what it becomes): the issue's three planted bugs.
+# name -> (patch, the '+' line, what it becomes): the issue's three planted bugs, and the
+# index-K exchange's keys left in the ranks' order instead of DCP1's (with its scales).
 PLANTS = {
     "owner": (
         P09, "dcp_rank=self.dcp_rank,", "dcp_rank=(self.dcp_rank + 1) % self.dcp_world_size,"
@@ -46,8 +49,24 @@ PLANTS = {
         "dist.all_reduce(x, op=dist.ReduceOp.MAX, group=get_dcp_group().device_group)",
         "return None",
     ),
+    "index-k-order": (
+        P06,
+        "keys = gathered(ik.k_quant)[order].view(ik.k_quant.dtype)",
+        "keys = gathered(ik.k_quant).view(ik.k_quant.dtype)",
+    ),
 }
 PLANT_CASE = "ctx_0257"
+# The matrix's entry whose prefill takes patch 06's index-K exchange, and its case.
+INDEX_K = "v41-dcp2-index-k"
+INDEX_K_CASE = "ctx_0300"
+# name -> (the matrix entry whose flags the plant is served with, the one case it runs)
+PLANT_RUNS = {name: ("v41-dcp2-ag_rs", PLANT_CASE) for name in PLANTS} | {
+    "index-k-order": (INDEX_K, INDEX_K_CASE)
+}
+UNORDERED_SCALES = (
+    "scales = gathered(ik.k_scale)[order].view(ik.k_scale.dtype)",
+    "scales = gathered(ik.k_scale).view(ik.k_scale.dtype)",
+)
 # The exchange's gather keeps this rank's copy only, as if it were every rank's.
 SKIPPED_GATHER = (
     "dist.all_gather_into_tensor(out, x.contiguous(), group=group)",
@@ -71,6 +90,13 @@ def v41_run(cpu_bake, tmp_path_factory):
     return proc, tmp / "out"
 
 
+def _flags(entry: str) -> str:
+    """The matrix entry's flags as an inline TOML table (JSON's lists, strings and
+    booleans are TOML's too)."""
+    (doc,) = [c for c in tomllib.loads(MATRIX.read_text())["candidates"] if c["name"] == entry]
+    return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in doc["flags"].items()) + " }"
+
+
 def _summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
@@ -80,16 +106,18 @@ def test_the_v41_matrix_passes_and_each_dcp2_entry_ran_the_indexer_and_filtering
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = _summary(out)
     rows = {row["name"]: row for row in summary["candidates"]}
-    assert set(rows) == {"v41-dcp2-ag_rs", "v41-dcp2-a2a", "v41-dcp2-s9-gather"}
+    assert set(rows) == {"v41-dcp2-ag_rs", "v41-dcp2-a2a", "v41-dcp2-s9-gather", INDEX_K}
     for name, row in rows.items():
         assert row["passed"] is True, (name, row)
         counts = row["exercised"]
         assert counts["indexer_calls"] > 0, (name, counts)
         assert counts["candidate_masked_positions"] > 0, (name, counts)
-    # DCP 2 holds the KV tokens the config predicts over DCP 1 (issue 25; test_serving_v41).
+    assert rows[INDEX_K]["exercised"]["index_k_publishes"] > 0, rows[INDEX_K]
+    # DCP 2 holds the KV tokens the config predicts over DCP 1 (issue 25; test_serving_v41),
+    # at the profiles' own 256-token chunks (512 in flight reserve more sliding-window pages).
     serving = summary["serving"]
     assert set(serving) == {"v41-dcp1", *rows}
-    for name in rows:
+    for name in rows.keys() - {INDEX_K}:
         check_measured(serving["v41-dcp1"], serving[name])
     # The gates held against the teacher-forced scores of every case, not only the trajectory.
     report = json.loads((out / "reports" / "v41-dcp2-ag_rs.json").read_text())
@@ -108,19 +136,24 @@ def test_a_planted_bug_fails_the_v41_matrix_and_names_the_first_divergence(
     plant(series, patch, old, new)
     if name == "exchange-skipped":  # the all-gather of the same exchanges goes too
         plant(series, patch, *SKIPPED_GATHER)
+    if name == "index-k-order":
+        plant(series, patch, *UNORDERED_SCALES)
+    entry, case = PLANT_RUNS[name]
     tree = bake(load_series(series), "cpu", build=tmp_path / "build", cache=cache).tree
     one = tmp_path / "matrix.toml"
     text = MATRIX.read_text()
-    planted = 'name = "planted"\nprofile = "cpu-v41-dcp2"\nflags = { combine = "ag_rs" }\n'
+    planted = f'name = "planted"\nprofile = "cpu-v41-dcp2"\nflags = {_flags(entry)}\n'
     one.write_text(text[: text.index("[[candidates]]")] + "[[candidates]]\n" + planted)
     baseline = out / "bundles" / "v41-dcp1"
     proc = _matrix(
         one, tree.parent, tmp_path / "out", tmp_path / "artifacts",
-        "--baseline", str(baseline), "--series", str(series), "--case", PLANT_CASE,
+        "--baseline", str(baseline), "--series", str(series), "--case", case,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = _summary(tmp_path / "out")
     (row,) = summary["candidates"]
-    assert summary["cases"] == [PLANT_CASE]
-    assert row["passed"] is False and row["failing_cases"] == [record_name(PLANT_CASE)], row
+    assert summary["cases"] == [case]
+    assert row["passed"] is False and row["failing_cases"] == [record_name(case)], row
     assert row["first_divergence"], row
+    if name == "index-k-order":  # it failed through the exchange it plants, not around it
+        assert row["exercised"]["index_k_publishes"] > 0, row
