@@ -40,6 +40,7 @@ bake-cpu: $(VENV)/.tool
 # exactly to the pin, in order, and is byte-identical to what `bakery refresh` writes.
 lint: $(VENV)/.test
 	$(PY) -m ruff check bakery tools tests emulate
+	$(PY) -m ruff format --check bakery tools tests emulate
 	$(PY) -m mypy
 	$(PY) -m bakery refresh --check
 

@@ -101,9 +101,7 @@ SHA256_PATTERN = r"^[0-9a-f]{64}\Z"  # as pins and BAKED.json spell a sha256
 Sha256 = Annotated[str, Meta(pattern=SHA256_PATTERN, description="64 lowercase hex digits")]
 # Strings that go into paths, argv, environments or one-line messages.
 Text = Annotated[str, Meta(pattern=r"^[^\0]*\Z", description="text without NUL")]
-NonEmptyText = Annotated[
-    str, Meta(pattern=r"^[^\0]+\Z", description="non-empty text without NUL")
-]
+NonEmptyText = Annotated[str, Meta(pattern=r"^[^\0]+\Z", description="non-empty text without NUL")]
 OneLine = Annotated[str, Meta(pattern=r"^[^\n\0]*\Z", description="one line")]
 
 

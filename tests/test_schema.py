@@ -506,8 +506,9 @@ def test_encode_json_writes_structs_as_json_dumps_writes_their_dicts():
     value = {"rows": [Row(1, (Row(2, ()),), "ü")], "x": 0.1}
     as_dicts = {"rows": [{"z": 1, "a": [{"z": 2, "a": [], "name": None}], "name": "ü"}], "x": 0.1}
     assert encode_json(value) == (json.dumps(as_dicts, indent=2) + "\n").encode()
-    assert encode_json(value, sort_keys=True, ascii_only=False) == (
-        json.dumps(as_dicts, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-    ).encode()
+    assert (
+        encode_json(value, sort_keys=True, ascii_only=False)
+        == (json.dumps(as_dicts, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+    )
     with pytest.raises(TypeError, match="not JSON serializable"):
         encode_json({"p": object()})

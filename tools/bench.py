@@ -263,8 +263,13 @@ def main(base_key: str, engine_only: bool) -> int:
                 lambda: bake(next(turns), base_key, build=work / "build", cache=cold_cache), 6
             )
             rows.append(
-                _row("rebake, series changed (wheel written anew)", changed_time, baseline,
-                     "unzip+patch", "report")  # fmt: skip
+                _row(
+                    "rebake, series changed (wheel written anew)",
+                    changed_time,
+                    baseline,
+                    "unzip+patch",
+                    "report",
+                )  # fmt: skip
             )
             first = _median(new_checkout, 3)
             rows.append(

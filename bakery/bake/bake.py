@@ -363,7 +363,15 @@ def bake(
             out = build / "dist" / wheel_name
             if write_wheel:
                 out = _write_wheel(
-                    base, pin.sha256, build, tree, wheel_name, version, changed, data, errata,
+                    base,
+                    pin.sha256,
+                    build,
+                    tree,
+                    wheel_name,
+                    version,
+                    changed,
+                    data,
+                    errata,
                     trash,
                 )
             swap_into_place(staging, tree, trash)

@@ -19,54 +19,81 @@ from bakery.errors import BakeryError
 # shown): `bakery --help` lists them from here, without importing vLLM-sized trees of
 # modules. Each line is the command's own short help (tests/cli/test_cli_root.py checks it).
 COMMANDS: dict[str, tuple[str, str]] = {
-    "apply": ("bakery.cli.series:apply_cmd",
-              "Apply PATCHES in order to TREE; nothing is written unless every hunk places."),
-    "bake": ("bakery.cli.bake:bake_cmd",
-             "Fetch the pinned wheel, apply the series, write tree + BAKED.json + wheel."),
-    "bisect": ("bakery.cli.bake:bisect_cmd",
-               "Find the first patch that makes COMMAND fail, as `git bisect run` does: bake "
-               "the patches up to N (tree only), run COMMAND, exit 0 is good, anything else "
-               "bad."),
-    "check": ("bakery.cli.bake:check_cmd",
-              "Re-hash a baked tree or patched site-packages: the touched files against its "
-              "BAKED.json, every other file against RECORD."),
-    "clean": ("bakery.cli.bake:clean_cmd",
-              "Remove superseded wheels, reports and trash from the build folder (and the "
-              "cache)."),
-    "doctor": ("bakery.cli.launch:doctor_cmd",
-               "Can this host serve the series? GPUs, driver, baked tree, where vllm imports "
-               "from."),
-    "export": ("bakery.cli.export:export_cmd",
-               "The pristine sources as a git repository, then one commit per patch (or "
-               "stage), messages from the patches' headers: git log, blame, rebase -i, "
-               "format-patch."),
-    "import": ("bakery.cli.export:import_cmd",
-               "The way back: HEAD's changes against the pristine tag become the series' "
-               "patches; each commit naming a patch (Bakery-Patch:) gives it its summary, "
-               "description, author."),
-    "importcheck": ("bakery.cli.check:importcheck_cmd",
-                    "Import every touched module from the baked tree in a fresh interpreter."),
-    "launch": ("bakery.cli.launch:launch",
-               "Serve the baked tree with validated DCP stage gates (launcher/dcp2/run.sh)."),
-    "linkcheck": ("bakery.cli.check:linkcheck_cmd",
-                  "Resolve every import, call and self.X of the patched files, statically."),
-    "rebase": ("bakery.cli.maintain:rebase_cmd",
-               "Try the series on another release: per-hunk report, refreshed series, "
-               "linkcheck."),
-    "rebase-matrix": ("bakery.cli.maintain:rebase_matrix_cmd",
-                      "Patch x release table of apply status and linkcheck findings (Markdown "
-                      "+ JSON)."),
-    "refresh": ("bakery.cli.maintain:refresh_cmd",
-                "Turn edits in the baked tree into the series' per-file patches."),
-    "stages": ("bakery.cli.series:stages_cmd",
-               "Print the stage table; exit 1 if stages.toml, PLAN.md and series.toml "
-               "disagree."),
-    "status": ("bakery.cli.maintain:status_cmd",
-               "What is baked (series, pins), whether it is stale, pending edits, rebase, "
-               "servers."),
-    "verify": ("bakery.cli.verify:verify",
-               "Check that a candidate server answers like a baseline server (parity "
-               "harness)."),
+    "apply": (
+        "bakery.cli.series:apply_cmd",
+        "Apply PATCHES in order to TREE; nothing is written unless every hunk places.",
+    ),
+    "bake": (
+        "bakery.cli.bake:bake_cmd",
+        "Fetch the pinned wheel, apply the series, write tree + BAKED.json + wheel.",
+    ),
+    "bisect": (
+        "bakery.cli.bake:bisect_cmd",
+        "Find the first patch that makes COMMAND fail, as `git bisect run` does: bake "
+        "the patches up to N (tree only), run COMMAND, exit 0 is good, anything else "
+        "bad.",
+    ),
+    "check": (
+        "bakery.cli.bake:check_cmd",
+        "Re-hash a baked tree or patched site-packages: the touched files against its "
+        "BAKED.json, every other file against RECORD.",
+    ),
+    "clean": (
+        "bakery.cli.bake:clean_cmd",
+        "Remove superseded wheels, reports and trash from the build folder (and the cache).",
+    ),
+    "doctor": (
+        "bakery.cli.launch:doctor_cmd",
+        "Can this host serve the series? GPUs, driver, baked tree, where vllm imports from.",
+    ),
+    "export": (
+        "bakery.cli.export:export_cmd",
+        "The pristine sources as a git repository, then one commit per patch (or "
+        "stage), messages from the patches' headers: git log, blame, rebase -i, "
+        "format-patch.",
+    ),
+    "import": (
+        "bakery.cli.export:import_cmd",
+        "The way back: HEAD's changes against the pristine tag become the series' "
+        "patches; each commit naming a patch (Bakery-Patch:) gives it its summary, "
+        "description, author.",
+    ),
+    "importcheck": (
+        "bakery.cli.check:importcheck_cmd",
+        "Import every touched module from the baked tree in a fresh interpreter.",
+    ),
+    "launch": (
+        "bakery.cli.launch:launch",
+        "Serve the baked tree with validated DCP stage gates (launcher/dcp2/run.sh).",
+    ),
+    "linkcheck": (
+        "bakery.cli.check:linkcheck_cmd",
+        "Resolve every import, call and self.X of the patched files, statically.",
+    ),
+    "rebase": (
+        "bakery.cli.maintain:rebase_cmd",
+        "Try the series on another release: per-hunk report, refreshed series, linkcheck.",
+    ),
+    "rebase-matrix": (
+        "bakery.cli.maintain:rebase_matrix_cmd",
+        "Patch x release table of apply status and linkcheck findings (Markdown + JSON).",
+    ),
+    "refresh": (
+        "bakery.cli.maintain:refresh_cmd",
+        "Turn edits in the baked tree into the series' per-file patches.",
+    ),
+    "stages": (
+        "bakery.cli.series:stages_cmd",
+        "Print the stage table; exit 1 if stages.toml, PLAN.md and series.toml disagree.",
+    ),
+    "status": (
+        "bakery.cli.maintain:status_cmd",
+        "What is baked (series, pins), whether it is stale, pending edits, rebase, servers.",
+    ),
+    "verify": (
+        "bakery.cli.verify:verify",
+        "Check that a candidate server answers like a baseline server (parity harness).",
+    ),
 }
 # Hidden alias: this command's old name, so existing scripts keep working.
 ALIASES = {"matrix": "rebase-matrix"}

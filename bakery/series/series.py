@@ -80,9 +80,7 @@ class PatchEntry(Document, frozen=True):
     stage: Annotated[
         int, Meta(ge=STAGES[0], le=STAGES[-1], description=f"{STAGES[0]}..{STAGES[-1]}")
     ]
-    summary: Annotated[
-        str, Meta(pattern=r"^[^\n\0]*\S[^\n\0]*\Z", description="a line of text")
-    ]
+    summary: Annotated[str, Meta(pattern=r"^[^\n\0]*\S[^\n\0]*\Z", description="a line of text")]
     # The patch's header (quilt's `header`, git's message): what it does and why, who
     # wrote it, where it stands upstream (e.g. "not submitted", a PR link, "merged in X").
     description: Text = ""

@@ -135,9 +135,7 @@ def _cell(items: tuple[str, ...] | str) -> str:
 
 def render_table(stages: tuple[Stage, ...]) -> str:
     """The markdown stage table (no trailing newline)."""
-    header = (
-        "Stage", "Name", "Status", "Enables", "Env gates", "Constraints", "Patches", "On CPU"
-    )
+    header = ("Stage", "Name", "Status", "Enables", "Env gates", "Constraints", "Patches", "On CPU")
     rows = [
         (
             s.number,

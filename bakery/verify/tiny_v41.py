@@ -280,7 +280,11 @@ def _run_child(
     argv = [sys.executable, "-c", code, str(folder), json.dumps(asdict(spec))]
     try:
         proc = subprocess.run(
-            argv, env=child_env(tree=tree), capture_output=True, text=True, timeout=timeout_s,
+            argv,
+            env=child_env(tree=tree),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
             check=False,
         )
     except subprocess.TimeoutExpired as exc:

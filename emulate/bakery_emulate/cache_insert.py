@@ -33,8 +33,9 @@ FP8_DIM, DATA_BYTES, SCALE_BYTES, QUANT_BLOCK = 448, 576, 8, 64
 FP8_MAX = 448.0
 
 
-def quantize_insert(k: torch.Tensor, cache_2d: torch.Tensor, slot_mapping: torch.Tensor,
-                    block_size: int) -> None:
+def quantize_insert(
+    k: torch.Tensor, cache_2d: torch.Tensor, slot_mapping: torch.Tensor, block_size: int
+) -> None:
     """``quantize_and_insert_k_cache`` for the V4 record: per 64-dim block of the first
     448 dims a UE8M0 scale 2^ceil(log2(max(amax, 1e-4) / 448)) stored as exponent + 127,
     e4m3 values; the last 64 dims as bf16; scale byte 7 is 0; slot -1 is skipped."""
@@ -68,8 +69,19 @@ def _insert(kv, cache, slot_mapping, positions, cos_sin_cache, block_size, kv_mx
 
 
 def qnorm_rope_kv_rope_quant_insert(
-    q, kv, cache_2d, slot_mapping, positions, cos_sin_cache, pad_to, eps, block_size,
-    apply_q_norm, kv_mxfp8, apply_q_rope, is_q_interleaved,
+    q,
+    kv,
+    cache_2d,
+    slot_mapping,
+    positions,
+    cos_sin_cache,
+    pad_to,
+    eps,
+    block_size,
+    apply_q_norm,
+    kv_mxfp8,
+    apply_q_rope,
+    is_q_interleaved,
 ):
     if is_q_interleaved:
         raise NotImplementedError("bakery_emulate: the interleaved Q layout has no stand-in")
@@ -88,8 +100,9 @@ def qnorm_rope_kv_rope_quant_insert(
     return out
 
 
-def kv_rope_insert(kv, cache, slot_mapping, positions, cos_sin_cache, block_size, fp8_scale,
-                   kv_mxfp8):
+def kv_rope_insert(
+    kv, cache, slot_mapping, positions, cos_sin_cache, block_size, fp8_scale, kv_mxfp8
+):
     if fp8_scale is not None:
         raise NotImplementedError("bakery_emulate: the per-tensor fp8 cache has no stand-in")
     _insert(kv, cache, slot_mapping, positions, cos_sin_cache, block_size, kv_mxfp8)

@@ -34,9 +34,11 @@ def _ranks() -> dict[str, int]:
     if not _RANKS:
         from vllm.distributed import get_dcp_group, get_tp_group
 
-        _RANKS.update(tp_rank=get_tp_group().rank_in_group,
-                      dcp_rank=get_dcp_group().rank_in_group,
-                      dcp_world_size=get_dcp_group().world_size)
+        _RANKS.update(
+            tp_rank=get_tp_group().rank_in_group,
+            dcp_rank=get_dcp_group().rank_in_group,
+            dcp_world_size=get_dcp_group().world_size,
+        )
     return _RANKS
 
 

@@ -54,8 +54,17 @@ def _empty_rows(num_rows, seq_lens, query_start_loc):
     return (rows >= query_start_loc[num_seqs]) | (seq_lens[seq] == 0)
 
 
-def pack_send(cp_attn_out, cp_attn_lse, send_buffer, world_size, h_per_rank, head_dim,
-              lse_pack_dim, seq_lens=None, query_start_loc=None):
+def pack_send(
+    cp_attn_out,
+    cp_attn_lse,
+    send_buffer,
+    world_size,
+    h_per_rank,
+    head_dim,
+    lse_pack_dim,
+    seq_lens=None,
+    query_start_loc=None,
+):
     """``_dcp_a2a_pack_send``: rank r's slice gets heads [r*Hr, (r+1)*Hr) and the fp32
     LSE, packed into one (fp32) or two (16-bit halves) trailing slots."""
     rows = cp_attn_out.shape[0]

@@ -12,11 +12,29 @@ import torch
 
 
 class RemapIndex:
-    def __call__(self, req_id, block_table, token_indices, out, valid_counts,
-                 prefill_request_ids, prefill_starts, *, workspace_rank_stride,
-                 max_num_blocks_per_req, BLOCK_SIZE, BLOCK_STRIDE_ROWS, BLOCK_N,
-                 NUM_TOPK_TOKENS, HAS_PREFILL_WORKSPACE, COUNT_VALID, COMPACT_TO_FRONT,
-                 DCP_SIZE, DCP_RANK, DCP_INTERLEAVE):
+    def __call__(
+        self,
+        req_id,
+        block_table,
+        token_indices,
+        out,
+        valid_counts,
+        prefill_request_ids,
+        prefill_starts,
+        *,
+        workspace_rank_stride,
+        max_num_blocks_per_req,
+        BLOCK_SIZE,
+        BLOCK_STRIDE_ROWS,
+        BLOCK_N,
+        NUM_TOPK_TOKENS,
+        HAS_PREFILL_WORKSPACE,
+        COUNT_VALID,
+        COMPACT_TO_FRONT,
+        DCP_SIZE,
+        DCP_RANK,
+        DCP_INTERLEAVE,
+    ):
         rows = req_id.shape[0]
         tok = token_indices[:rows, :NUM_TOPK_TOKENS].long()
         invalid = tok < 0

@@ -84,8 +84,15 @@ def fp8_fp4_mqa_logits(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits=
 
 
 def fp8_fp4_paged_mqa_logits(
-    q, kv_cache, weights, context_lens, block_table, schedule_metadata, max_model_len,
-    clean_logits=False, indices=None,
+    q,
+    kv_cache,
+    weights,
+    context_lens,
+    block_table,
+    schedule_metadata,
+    max_model_len,
+    clean_logits=False,
+    indices=None,
 ):
     """[B * next_n, max_model_len] logits over each request's paged keys; the query at
     step j of next_n sees positions < context_len - next_n + 1 + j."""
@@ -155,8 +162,9 @@ def make_merge_dcp_topk_global(get_dcp_group):
     candidate as (score, global id) as its Triton pack kernel does, all-gather over the
     DCP group, then the stable top-k."""
 
-    def merge(logits, topk_indices, topk_tokens, dcp_rank, dcp_world_size, cp_interleave,
-              row_starts=None):
+    def merge(
+        logits, topk_indices, topk_tokens, dcp_rank, dcp_world_size, cp_interleave, row_starts=None
+    ):
         if dcp_world_size <= 1:
             return
         local = topk_indices.long()

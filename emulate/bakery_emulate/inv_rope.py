@@ -13,16 +13,44 @@ class InvRope:
     def __init__(self, original):
         self.original = original
 
-    def __call__(self, o, positions, cos_sin_cache, out_buf, scale_buf, num_tokens, *,
-                 heads_per_group, quant_group_size, chunks_per_head, nope_dim, half_rope,
-                 tma_aligned_scales, quantize, fp8_max, launch_pdl, grid):
+    def __call__(
+        self,
+        o,
+        positions,
+        cos_sin_cache,
+        out_buf,
+        scale_buf,
+        num_tokens,
+        *,
+        heads_per_group,
+        quant_group_size,
+        chunks_per_head,
+        nope_dim,
+        half_rope,
+        tma_aligned_scales,
+        quantize,
+        fp8_max,
+        launch_pdl,
+        grid,
+    ):
         if quantize:
             return self.original(
-                o, positions, cos_sin_cache, out_buf, scale_buf, num_tokens,
-                heads_per_group=heads_per_group, quant_group_size=quant_group_size,
-                chunks_per_head=chunks_per_head, nope_dim=nope_dim, half_rope=half_rope,
-                tma_aligned_scales=tma_aligned_scales, quantize=quantize, fp8_max=fp8_max,
-                launch_pdl=launch_pdl, grid=grid,
+                o,
+                positions,
+                cos_sin_cache,
+                out_buf,
+                scale_buf,
+                num_tokens,
+                heads_per_group=heads_per_group,
+                quant_group_size=quant_group_size,
+                chunks_per_head=chunks_per_head,
+                nope_dim=nope_dim,
+                half_rope=half_rope,
+                tma_aligned_scales=tma_aligned_scales,
+                quantize=quantize,
+                fp8_max=fp8_max,
+                launch_pdl=launch_pdl,
+                grid=grid,
             )
         n_groups = out_buf.shape[0]
         x = o[:num_tokens].float()  # [T, H, D]

@@ -84,11 +84,16 @@ def _nearest_even(convert):
                 values = torch.from_numpy(bits.view(np.float32).copy())
             else:
                 values = torch.from_numpy(np.frombuffer(input.tobytes(), wide[input_dtype]).copy())
-            out = values.float().to(narrow[output_dtype]).view(torch.uint8 if output_dtype
-                                                                .primitive_bitwidth == 8
-                                                                else torch.int16)
-            return out.numpy().view(np.uint8 if output_dtype.primitive_bitwidth == 8
-                                    else np.uint16).reshape(input.shape)
+            out = (
+                values.float()
+                .to(narrow[output_dtype])
+                .view(torch.uint8 if output_dtype.primitive_bitwidth == 8 else torch.int16)
+            )
+            return (
+                out.numpy()
+                .view(np.uint8 if output_dtype.primitive_bitwidth == 8 else np.uint16)
+                .reshape(input.shape)
+            )
         return convert(input, input_dtype, output_dtype, rounding_mode)
 
     return convert_float

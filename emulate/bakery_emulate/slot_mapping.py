@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 
-def compute_slot_mappings(self, idx_mapping, query_start_loc, positions, num_tokens_padded,
-                          out=None):
+def compute_slot_mappings(
+    self, idx_mapping, query_start_loc, positions, num_tokens_padded, out=None
+):
     slot_mappings = self.slot_mappings if out is None else out
     if self.num_kv_cache_groups == 0:
         return slot_mappings[:, :num_tokens_padded]

@@ -52,8 +52,18 @@ def _keys(cache, indices, lens, rows: slice):
 
 
 def attention_with_lse(
-    query, swa_kv_cache, workspace, swa_indices, swa_lens, compressed_kv_cache,
-    extra_indices, extra_lens, out, sm_scale, sinks, lse,
+    query,
+    swa_kv_cache,
+    workspace,
+    swa_indices,
+    swa_lens,
+    compressed_kv_cache,
+    extra_indices,
+    extra_lens,
+    out,
+    sm_scale,
+    sinks,
+    lse,
 ) -> None:
     t, h = query.shape[0], query.shape[1]
     for start in range(0, t, ROWS_PER_CHUNK):
@@ -77,9 +87,20 @@ def attention_with_lse(
 
 
 def trtllm_batch_decode_sparse_mla_dsv4(
-    *, query, swa_kv_cache, workspace_buffer, sparse_indices, compressed_kv_cache, out,
-    bmm1_scale, sinks, kv_layout, swa_topk_lens, extra_sparse_indices,
-    extra_sparse_topk_lens, **unused,
+    *,
+    query,
+    swa_kv_cache,
+    workspace_buffer,
+    sparse_indices,
+    compressed_kv_cache,
+    out,
+    bmm1_scale,
+    sinks,
+    kv_layout,
+    swa_topk_lens,
+    extra_sparse_indices,
+    extra_sparse_topk_lens,
+    **unused,
 ) -> None:
     """The DCP1 entry point: the same attention, no LSE out."""
     if kv_layout != "NHD" or unused.get("bmm2_scale", 1.0) not in (None, 1.0):
@@ -88,6 +109,16 @@ def trtllm_batch_decode_sparse_mla_dsv4(
     o = out.view(q.shape[0], q.shape[1], -1)
     lse = torch.empty(q.shape[:2], dtype=torch.float32)
     attention_with_lse(
-        q, swa_kv_cache, workspace_buffer, sparse_indices, swa_topk_lens, compressed_kv_cache,
-        extra_sparse_indices, extra_sparse_topk_lens, o, bmm1_scale, sinks, lse,
+        q,
+        swa_kv_cache,
+        workspace_buffer,
+        sparse_indices,
+        swa_topk_lens,
+        compressed_kv_cache,
+        extra_sparse_indices,
+        extra_sparse_topk_lens,
+        o,
+        bmm1_scale,
+        sinks,
+        lse,
     )

@@ -10,10 +10,26 @@ import torch
 
 
 class SWAIndicesAndLens:
-    def __call__(self, swa_indices, swa_lens, window_size, index_width, left_visible,
-                 right_visible, query_start_loc, seq_lens, token_to_req_indices,
-                 is_valid_token, block_table, block_size, replay_start, *, num_tokens,
-                 token_offset, has_image=False):
+    def __call__(
+        self,
+        swa_indices,
+        swa_lens,
+        window_size,
+        index_width,
+        left_visible,
+        right_visible,
+        query_start_loc,
+        seq_lens,
+        token_to_req_indices,
+        is_valid_token,
+        block_table,
+        block_size,
+        replay_start,
+        *,
+        num_tokens,
+        token_offset,
+        has_image=False,
+    ):
         tokens = torch.arange(num_tokens) + token_offset
         valid = is_valid_token[tokens].bool()
         req = token_to_req_indices[tokens].long()

@@ -72,13 +72,18 @@ def test_a_changed_wheel_is_written_again(loop, change):
 
 
 RECORDS = {
-    **{field: lambda r, o, f=field: r.write_text(json.dumps(
-        {**json.loads(r.read_text()), f: 1 if f != "sha256" else "0" * 64}))  # fmt: skip
-       for field in ("sha256", "st_dev", "st_ino", "st_size", "st_mtime_ns")},
+    **{
+        field: lambda r, o, f=field: r.write_text(
+            json.dumps({**json.loads(r.read_text()), f: 1 if f != "sha256" else "0" * 64})
+        )  # fmt: skip
+        for field in ("sha256", "st_dev", "st_ino", "st_size", "st_mtime_ns")
+    },
     "not json": lambda r, o: r.write_text("{"),
     "a folder": lambda r, o: (r.unlink(), r.mkdir()),
     "a link out of the build folder": lambda r, o: (
-        o.write_bytes(r.read_bytes()), r.unlink(), r.symlink_to(o)
+        o.write_bytes(r.read_bytes()),
+        r.unlink(),
+        r.symlink_to(o),
     ),
 }
 

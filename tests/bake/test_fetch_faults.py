@@ -217,8 +217,8 @@ def test_a_record_that_differs_in_any_field_is_no_trust(tmp_path, hashes, field)
     fetch(pin, cache=tmp_path)
     record = path.with_name("verified.json")
     kept = json.loads(record.read_text())
-    kept[field] = hashlib.sha256(b"another wheel").hexdigest() if field == "sha256" else (
-        kept[field] + 1
+    kept[field] = (
+        hashlib.sha256(b"another wheel").hexdigest() if field == "sha256" else (kept[field] + 1)
     )
     record.write_text(json.dumps(kept))
     assert fetch(pin, cache=tmp_path) == path and hashes == [path] * 2
@@ -229,16 +229,20 @@ def test_a_record_that_differs_in_any_field_is_no_trust(tmp_path, hashes, field)
 HOSTILE_RECORDS = {
     "not json": lambda p, o: p.write_text("{"),
     "a list": lambda p, o: p.write_text("[]"),
-    "true for an int": lambda p, o: p.write_text(json.dumps({**json.loads(p.read_text()),
-                                                             "st_dev": True})),  # fmt: skip
-    "an unknown field": lambda p, o: p.write_text(json.dumps({**json.loads(p.read_text()),
-                                                              "trusted": True})),  # fmt: skip
+    "true for an int": lambda p, o: p.write_text(
+        json.dumps({**json.loads(p.read_text()), "st_dev": True})
+    ),  # fmt: skip
+    "an unknown field": lambda p, o: p.write_text(
+        json.dumps({**json.loads(p.read_text()), "trusted": True})
+    ),  # fmt: skip
     "huge": lambda p, o: p.write_bytes(p.read_bytes()[:-1] + b" " * (1 << 20) + b"}"),
     "a folder": lambda p, o: (p.unlink(), p.mkdir()),
     "a fifo": lambda p, o: (p.unlink(), os.mkfifo(p)),
     "a link to /dev/zero": lambda p, o: (p.unlink(), p.symlink_to("/dev/zero")),
     "a link out of the cache": lambda p, o: (
-        o.write_bytes(p.read_bytes()), p.unlink(), p.symlink_to(o)
+        o.write_bytes(p.read_bytes()),
+        p.unlink(),
+        p.symlink_to(o),
     ),
 }
 

@@ -113,9 +113,7 @@ def test_status_reports_an_append_as_this_trees_edit_and_the_cache_keeps_none(tm
     assert json.loads(cli("status", "--json").stdout)["bases"]["default"]["stale"] == []
 
 
-def test_a_copy_that_fails_midway_leaves_no_copy_and_starts_no_more_files(
-    tmp_path, monkeypatch
-):
+def test_a_copy_that_fails_midway_leaves_no_copy_and_starts_no_more_files(tmp_path, monkeypatch):
     """The build folder's copy is made by several threads: a full disk at one file is
     raised, the files not yet started are not copied, and no partial copy stays behind
     (the next command copies again)."""

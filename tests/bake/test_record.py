@@ -148,9 +148,10 @@ UNTOUCHED = "vllm/d.py"
 
 
 def _real_hash(path: Path) -> str:
-    return "sha256=" + urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest()).rstrip(
-        b"="
-    ).decode()
+    return (
+        "sha256="
+        + urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest()).rstrip(b"=").decode()
+    )
 
 
 def _bake(tmp_path: Path) -> tuple[subprocess.CompletedProcess, Path, dict]:

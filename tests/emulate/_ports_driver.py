@@ -48,6 +48,7 @@ def pristine(name: str):
     loader.exec_module(module)
     return module
 
+
 RESULTS: dict[str, dict[str, bool]] = {}
 
 
@@ -154,8 +155,12 @@ def _a2a_case(dtype) -> None:
         dcp_combine.pack_send(o, l_, buf, *args)
 
     name = str(dtype).removeprefix("torch.")
-    check(f"a2a_pack[{name}]", lambda: packed(dcp._dcp_a2a_pack_send),
-          lambda: packed(dcp_combine.pack_send), lambda: packed(planted_pack))
+    check(
+        f"a2a_pack[{name}]",
+        lambda: packed(dcp._dcp_a2a_pack_send),
+        lambda: packed(dcp_combine.pack_send),
+        lambda: packed(planted_pack),
+    )
     buf = torch.zeros(n, b, h // n, d + pack, dtype=dtype)
     dcp._dcp_a2a_pack_send(out, lse, buf, n, h // n, d, pack)
     check(
@@ -188,18 +193,30 @@ def inverse_rope() -> None:
     t, g, hpg = 6, 2, 2
     o = torch.randn(t, g * hpg, 512, generator=gen).to(torch.bfloat16)
     pos, cs = torch.arange(t) * 7, torch.randn(100, 64, generator=gen)
-    kw = dict(heads_per_group=hpg, quant_group_size=128, chunks_per_head=4, nope_dim=448,
-              half_rope=32, tma_aligned_scales=False, quantize=False, fp8_max=448.0,
-              launch_pdl=False, grid=(t, g * hpg))
+    kw = dict(
+        heads_per_group=hpg,
+        quant_group_size=128,
+        chunks_per_head=4,
+        nope_dim=448,
+        half_rope=32,
+        tma_aligned_scales=False,
+        quantize=False,
+        fp8_max=448.0,
+        launch_pdl=False,
+        grid=(t, g * hpg),
+    )
 
     def run(kernel, positions=pos):
         buf = torch.empty(g, t, hpg * 512, dtype=torch.bfloat16)
         kernel(o, positions, cs, buf, torch.empty(0), t, **kw)
         return buf
 
-    check("inverse_rope", lambda: run(m.FusedInvRopeFP8QuantKernel()),
-          lambda: run(inv_rope.InvRope(None)),
-          lambda: run(inv_rope.InvRope(None), pos + 1))  # planted: off-by-one position
+    check(
+        "inverse_rope",
+        lambda: run(m.FusedInvRopeFP8QuantKernel()),
+        lambda: run(inv_rope.InvRope(None)),
+        lambda: run(inv_rope.InvRope(None), pos + 1),
+    )  # planted: off-by-one position
 
 
 def index_remap_check() -> None:
@@ -215,19 +232,24 @@ def index_remap_check() -> None:
             super().__call__(*args, **{**kwargs, "DCP_SIZE": 1})
 
     for w, rank, il in ((1, 0, 1), (2, 0, 2), (2, 1, 2), (4, 3, 1)):
+
         def run(kernel, w=w, rank=rank, il=il):
             su._CONVERT_REQ_INDEX_TO_GLOBAL_INDEX_KERNEL = kernel
             if w == 1:
                 return su.triton_convert_req_index_to_global_index(
-                    req, bt, ti, BLOCK_SIZE=bs, NUM_TOPK_TOKENS=k, return_valid_counts=True)
+                    req, bt, ti, BLOCK_SIZE=bs, NUM_TOPK_TOKENS=k, return_valid_counts=True
+                )
             return su.triton_filter_and_convert_dcp_index(
-                req, bt, ti, w, rank, il, BLOCK_SIZE=bs, NUM_TOPK_TOKENS=k,
-                return_valid_counts=True)
+                req, bt, ti, w, rank, il, BLOCK_SIZE=bs, NUM_TOPK_TOKENS=k, return_valid_counts=True
+            )
 
         planted = (lambda: run(Planted())) if w > 1 else (lambda: run(_OffByOne()))
-        check(f"index_remap[w{w}r{rank}i{il}]",
-              lambda: run(su.ConvertReqIndexToGlobalIndexKernel()),
-              lambda: run(index_remap.RemapIndex()), planted)
+        check(
+            f"index_remap[w{w}r{rank}i{il}]",
+            lambda: run(su.ConvertReqIndexToGlobalIndexKernel()),
+            lambda: run(index_remap.RemapIndex()),
+            planted,
+        )
 
 
 class _OffByOne(index_remap.RemapIndex):  # the in-block offset shifted by one
@@ -250,8 +272,12 @@ def qkv_rmsnorm() -> None:
         kernel(q, kv, qo, ko, qw, kw_, eps)
         return qo, ko
 
-    check("qkv_rmsnorm", lambda: run(m.FusedQKVRMSNormKernel()),
-          lambda: run(rmsnorm.FusedQKVRMSNorm()), lambda: run(rmsnorm.FusedQKVRMSNorm(), 1.0))
+    check(
+        "qkv_rmsnorm",
+        lambda: run(m.FusedQKVRMSNormKernel()),
+        lambda: run(rmsnorm.FusedQKVRMSNorm()),
+        lambda: run(rmsnorm.FusedQKVRMSNorm(), 1.0),
+    )
 
 
 def swa() -> None:
@@ -269,17 +295,36 @@ def swa() -> None:
     right = torch.randint(0, 3, (24,), dtype=torch.int32, generator=gen)
     for image in (False, True):
         for offset in (0, 2):
+
             def run(kernel, rs=replay, image=image, offset=offset):
                 ind = torch.full((18, window + 6), 7, dtype=torch.int32)
                 lens = torch.full((18,), 7, dtype=torch.int32)
-                kernel(ind, lens, window, window + 6, left, right, qsl, seq, t2r, valid, bt, bs,
-                       rs, num_tokens=18, token_offset=offset, has_image=image)
+                kernel(
+                    ind,
+                    lens,
+                    window,
+                    window + 6,
+                    left,
+                    right,
+                    qsl,
+                    seq,
+                    t2r,
+                    valid,
+                    bt,
+                    bs,
+                    rs,
+                    num_tokens=18,
+                    token_offset=offset,
+                    has_image=image,
+                )
                 return ind, lens
 
-            check(f"swa_indices[image={image},offset={offset}]",
-                  lambda: run(s.ComputeSWAIndicesAndLensKernel()),
-                  lambda: run(swa_indices.SWAIndicesAndLens()),
-                  lambda: run(swa_indices.SWAIndicesAndLens(), torch.zeros_like(replay)))
+            check(
+                f"swa_indices[image={image},offset={offset}]",
+                lambda: run(s.ComputeSWAIndicesAndLensKernel()),
+                lambda: run(swa_indices.SWAIndicesAndLens()),
+                lambda: run(swa_indices.SWAIndicesAndLens(), torch.zeros_like(replay)),
+            )
 
 
 def zero_kv_blocks() -> None:
@@ -298,8 +343,12 @@ def zero_kv_blocks() -> None:
         zero[(3, 2, 3)](addrs, strides, pages, ids, BLOCK_SIZE=16)
         return x, y
 
-    check("zero_kv_blocks", lambda: run(kernel), lambda: run(zero_blocks.ZeroKVBlocks()),
-          lambda: run(zero_blocks.ZeroKVBlocks(), short=1))
+    check(
+        "zero_kv_blocks",
+        lambda: run(kernel),
+        lambda: run(zero_blocks.ZeroKVBlocks()),
+        lambda: run(zero_blocks.ZeroKVBlocks(), short=1),
+    )
 
 
 @triton.jit
@@ -349,15 +398,25 @@ def folded_reduce() -> None:
     def run(reduce):
         interpreter.ReduceOps.generic_reduce = reduce
         try:
-            out = (torch.empty(8), torch.empty(16), torch.empty(1), torch.empty(8),
-                   torch.empty(8), torch.empty(8, dtype=torch.int32))
+            out = (
+                torch.empty(8),
+                torch.empty(16),
+                torch.empty(1),
+                torch.empty(8),
+                torch.empty(8),
+                torch.empty(8, dtype=torch.int32),
+            )
             _reductions[(1,)](x, *out, R=8, C=16)
             return tuple(o.view(torch.int32) for o in out)  # bits: same() allows fp32 ulps
         finally:
             interpreter.ReduceOps.generic_reduce = folded
 
-    check("folded_reduce", lambda: run(folded.elementwise), lambda: run(folded),
-          lambda: run(reversed_fold))
+    check(
+        "folded_reduce",
+        lambda: run(folded.elementwise),
+        lambda: run(folded),
+        lambda: run(reversed_fold),
+    )
 
 
 def listed_builtins() -> None:
@@ -381,13 +440,27 @@ def listed_builtins() -> None:
         scope.restore()
         return torch.tensor([hash(tuple(made)) % 2**62, len(made)])
 
-    check("listed_builtins", lambda: changes(listed.every_launch), lambda: changes(listed),
-          lambda: changes(one_short))
+    check(
+        "listed_builtins",
+        lambda: changes(listed.every_launch),
+        lambda: changes(listed),
+        lambda: changes(one_short),
+    )
 
 
 def main() -> None:
-    for step in (quantize_insert, correct_attn_out, a2a, inverse_rope, index_remap_check,
-                 qkv_rmsnorm, swa, zero_kv_blocks, folded_reduce, listed_builtins):
+    for step in (
+        quantize_insert,
+        correct_attn_out,
+        a2a,
+        inverse_rope,
+        index_remap_check,
+        qkv_rmsnorm,
+        swa,
+        zero_kv_blocks,
+        folded_reduce,
+        listed_builtins,
+    ):
         step()
     print(MARK + json.dumps(RESULTS), flush=True)
 

@@ -24,8 +24,20 @@ def counts(monkeypatch):
 def test_a_publish_by_the_index_k_exchange_is_counted(counts):
     calls = []
 
-    def step_06(logits, row_ks, row_ke, candidates, block_size, write, global_width=0,
-                dcp_rank=0, dcp_world_size=1, cp_interleave=1, row_repeat=1, index_k=None):
+    def step_06(
+        logits,
+        row_ks,
+        row_ke,
+        candidates,
+        block_size,
+        write,
+        global_width=0,
+        dcp_rank=0,
+        dcp_world_size=1,
+        cp_interleave=1,
+        row_repeat=1,
+        index_k=None,
+    ):
         calls.append(index_k)  # _candidate_step's signature in patch 06
 
     step = counts.counted_candidate_step(step_06)

@@ -27,8 +27,21 @@ P09 = "09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff"
 def _start(build: Path, art: Path, port: int, *more: str):
     model = tiny_v41.ensure(REPO / tiny_v41.DEFAULT_DIRS["fast"], tree=build / "baked-cpu")
     return run_sh(
-        "start", "--profile", "cpu-v41-dcp2", "--build", str(build), "--model", str(model),
-        "--port", str(port), "--grace", "15", "--artifacts", str(art), *more, timeout=1200,
+        "start",
+        "--profile",
+        "cpu-v41-dcp2",
+        "--build",
+        str(build),
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--grace",
+        "15",
+        "--artifacts",
+        str(art),
+        *more,
+        timeout=1200,
     )
 
 
@@ -37,8 +50,12 @@ def test_the_series_before_the_run_found_its_tile_bug_does_not_serve(cache, tmp_
     the model's index_topk of 64 under DCP. Planted back, the server never gets ready."""
     series = tmp_path / "dcp2"
     shutil.copytree(REPO / "patches" / "dcp2", series)
-    plant(series, P09, "BLOCK_N=min(128, topk_indices.shape[1] & -topk_indices.shape[1]),",
-          "BLOCK_N=128,")
+    plant(
+        series,
+        P09,
+        "BLOCK_N=min(128, topk_indices.shape[1] & -topk_indices.shape[1]),",
+        "BLOCK_N=128,",
+    )
     tree = bake(load_series(series), "cpu", build=tmp_path / "build", cache=cache).tree
     art = tmp_path / "artifacts"
     start = _start(tree.parent, art, free_port(), "--series", str(series))

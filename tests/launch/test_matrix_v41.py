@@ -41,7 +41,9 @@ P09 = "09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff"
 # index-K exchange's keys left in the ranks' order instead of DCP1's (with its scales).
 PLANTS = {
     "owner": (
-        P09, "dcp_rank=self.dcp_rank,", "dcp_rank=(self.dcp_rank + 1) % self.dcp_world_size,"
+        P09,
+        "dcp_rank=self.dcp_rank,",
+        "dcp_rank=(self.dcp_rank + 1) % self.dcp_world_size,",
     ),
     "local-block-id": (P01, "block = pos // BLOCK_SIZE", "block = (cols - start) // BLOCK_SIZE"),
     "exchange-skipped": (

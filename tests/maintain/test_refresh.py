@@ -635,7 +635,10 @@ def test_a_refresh_killed_at_any_step_leaves_the_old_or_the_new_series(loop, tmp
             break
         assert proc.returncode == -signal.SIGKILL, proc.stderr
         assert now == old or sorted(p.name for p in series.iterdir()) == [
-            "01-a.py.diff", "02-b.py.diff", "04-new.py.diff", "series.toml",
+            "01-a.py.diff",
+            "02-b.py.diff",
+            "04-new.py.diff",
+            "series.toml",
         ], f"step {step}: a half-written series: {sorted(p.name for p in series.iterdir())}"
         seen.add(now == old)
         if now != old:  # the new series is whole: put the old back for the next step

@@ -22,8 +22,7 @@ def all_different(doc: dict) -> None:
     lp["tokens"] = [f"<other {i}>" for i in range(n)]
     lp["token_logprobs"] = [-0.6] * n
     lp["top_logprobs"] = [
-        {f"<other {i}>": -0.6, **{f"<alt {i}.{k}>": -0.7 - k for k in range(19)}}
-        for i in range(n)
+        {f"<other {i}>": -0.6, **{f"<alt {i}.{k}>": -0.7 - k for k in range(19)}} for i in range(n)
     ]
 
 
