@@ -63,7 +63,8 @@ def counted_scoring(fn):
 
 
 def counted_candidate_step(step):
-    """``_candidate_step`` that also counts the positions its mask removed."""
+    """``_candidate_step`` that also counts its publishes (and those by the index-K
+    exchange) and the positions its mask removed."""
 
     signature = inspect.signature(step)
 
