@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomlkit
 from _launch_support import REPO, run_sh
 from _planting import plant
 from test_serving_v41 import check_measured
@@ -92,11 +92,14 @@ def v41_run(cpu_bake, tmp_path_factory):
     return proc, tmp / "out"
 
 
-def _flags(entry: str) -> str:
-    """The matrix entry's flags as an inline TOML table (JSON's lists, strings and
-    booleans are TOML's too)."""
-    (doc,) = [c for c in tomllib.loads(MATRIX.read_text())["candidates"] if c["name"] == entry]
-    return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in doc["flags"].items()) + " }"
+def _only_candidate(entry: str, out: Path) -> None:
+    """The matrix at ``out`` with ``entry`` (renamed "planted") as its one candidate."""
+    doc = tomlkit.parse(MATRIX.read_text())
+    (kept,) = [c for c in doc["candidates"] if c["name"] == entry]
+    kept["name"] = "planted"
+    doc["candidates"] = tomlkit.aot()
+    doc["candidates"].append(kept)
+    out.write_text(tomlkit.dumps(doc))
 
 
 def _summary(out: Path) -> dict:
@@ -143,9 +146,7 @@ def test_a_planted_bug_fails_the_v41_matrix_and_names_the_first_divergence(
     entry, case = PLANT_RUNS[name]
     tree = bake(load_series(series), "cpu", build=tmp_path / "build", cache=cache).tree
     one = tmp_path / "matrix.toml"
-    text = MATRIX.read_text()
-    planted = f'name = "planted"\nprofile = "cpu-v41-dcp2"\nflags = {_flags(entry)}\n'
-    one.write_text(text[: text.index("[[candidates]]")] + "[[candidates]]\n" + planted)
+    _only_candidate(entry, one)
     baseline = out / "bundles" / "v41-dcp1"
     proc = _matrix(
         one, tree.parent, tmp_path / "out", tmp_path / "artifacts",
