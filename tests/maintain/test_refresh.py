@@ -603,7 +603,8 @@ count = [0]
 def counted(real):
     def wrapper(*args, **kwargs):
         count[0] += 1
-        if count[0] == int(sys.argv[1]):
+        at = sys.argv[1]  # the n-th call, or the first whose target ends so
+        if (count[0] == int(at)) if at.isdigit() else str(args[-1]).endswith(at):
             os.kill(os.getpid(), signal.SIGKILL)
         return real(*args, **kwargs)
     return wrapper
@@ -622,6 +623,10 @@ def test_a_refresh_killed_at_any_step_leaves_the_old_or_the_new_series(loop, tmp
     (package / "c.py").write_bytes(b"C = 1\nD = 2\nE = 3\n")
     (package / "new.py").write_bytes(b"N = 1\n")
     old = snapshot(series)
+    # The record refresh --no-bake writes after the series: a kill may fall between them.
+    records = [build / "baked" / "BAKED.json", build / ".baked.stamp.json"]
+    old_records = {path: path.read_bytes() for path in records}
+    old_sha = json.loads(old_records[records[0]])["series"]["sha256"]
     seen = set()
     for step in range(1, 40):
         proc = subprocess.run(
@@ -641,11 +646,15 @@ def test_a_refresh_killed_at_any_step_leaves_the_old_or_the_new_series(loop, tmp
             "series.toml",
         ], f"step {step}: a half-written series: {sorted(p.name for p in series.iterdir())}"
         seen.add(now == old)
-        if now != old:  # the new series is whole: put the old back for the next step
+        recorded = json.loads(records[0].read_bytes())["series"]["sha256"]
+        assert recorded == old_sha or now != old, f"step {step}: recorded a series not on disk"
+        if now != old:  # the new series is whole: put the old one and its record back
             for path in series.iterdir():
                 path.unlink()
             for name, (data, _) in old.items():
                 Path(name).write_bytes(data)
+            for path, data in old_records.items():
+                path.write_bytes(data)
     else:
         raise AssertionError("refresh never finished")
     assert seen == {True, False}, seen  # kills fell on both sides of the exchange
@@ -653,3 +662,22 @@ def test_a_refresh_killed_at_any_step_leaves_the_old_or_the_new_series(loop, tmp
     assert not [p.name for p in series.iterdir() if p.name.startswith(".")]
     proc = cli("refresh", "--no-bake", "--yes")  # a later run sweeps the killed clones
     assert not [p.name for p in tmp_path.iterdir() if ".new-" in p.name], proc.stderr
+
+
+def test_a_refresh_killed_between_its_record_and_its_stamp_refreshes_again(loop, tmp_path):
+    # CI found this kill point by chance (the loop above now restores the record too).
+    series, build, cli, _, _ = loop
+    (build / "baked" / "vllm" / "a.py").write_bytes(b"A = 3\n")
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED, ".baked.stamp.json", "refresh", "--no-bake", "--yes",
+         "--series", str(series), "--build", str(build)],
+        capture_output=True, text=True, cwd=REPO,
+        env={**os.environ, "BAKERY_CACHE": str(tmp_path / "cache")},
+    )  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    recorded = json.loads((build / "baked" / "BAKED.json").read_bytes())["series"]["sha256"]
+    assert recorded == load_series(series).sha256  # the record names the series on disk
+    assert b"+A = 3" in (series / "01-a.py.diff").read_bytes()
+    proc = cli("refresh", "--no-bake", "--yes")
+    assert proc.returncode == 0, proc.stderr
+    assert cli("refresh", "--check").returncode == 0
