@@ -36,6 +36,7 @@ WRITERS = {
 
 _CHILD = """
 import os, resource, signal, sys
+sys.dont_write_bytecode = True  # a .pyc cut at the limit would break later imports
 from pathlib import Path
 path = Path(sys.argv[1])
 manifest = {{"pad": "x" * 65536}}

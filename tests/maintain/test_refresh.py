@@ -564,6 +564,7 @@ def test_a_fifo_in_the_tree_neither_hangs_nor_becomes_a_patch(loop):
 # a real write fault wherever it falls, as a full disk would.
 _UNDER_LIMIT = """
 import resource, signal, sys
+sys.dont_write_bytecode = True  # a .pyc cut at the limit would break later imports
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, resource.RLIM_INFINITY))
 from bakery.cli.root import main

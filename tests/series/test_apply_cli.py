@@ -323,7 +323,8 @@ def test_full_disk_on_the_second_file_changes_nothing_and_a_rerun_recovers(tree,
     def small_files_only():
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
 
-    proc = run_apply(str(tree), *patches, preexec_fn=small_files_only)
+    no_pyc = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}  # a .pyc cut short breaks imports
+    proc = run_apply(str(tree), *patches, preexec_fn=small_files_only, env=no_pyc)
     clean_error(proc, 1)
     assert "every file was put back" in proc.stderr
     assert snapshot(tree) == before  # no file changed, no temp file left (rglob sees dot files)
