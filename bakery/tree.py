@@ -185,9 +185,10 @@ def sha256_file(path: Path) -> str:
 def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
     """Write via a temp file in the same folder and rename: always a new inode,
     so a hard link to the old content (the pristine cache) is never written through.
-    A failure leaves the old file as it was and no temp file behind."""
+    A failure leaves the old file as it was and no temp file behind; a kill leaves one
+    named for its pid, which ``sweep_dead`` clears."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = stage_beside(path, data, mode)
+    tmp = stage_beside(path, data, mode, f".tmp-{os.getpid()}")  # a killed run's: swept
     try:
         os.replace(tmp, path)
     except BaseException:

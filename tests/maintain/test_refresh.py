@@ -682,3 +682,7 @@ def test_a_refresh_killed_between_its_record_and_its_stamp_refreshes_again(loop,
     proc = cli("refresh", "--no-bake", "--yes")
     assert proc.returncode == 0, proc.stderr
     assert cli("refresh", "--check").returncode == 0
+    # The killed write's temp file is named for its pid: the next bake sweeps it.
+    assert [p.name for p in build.iterdir() if p.name.startswith("..baked.stamp.json.")]
+    assert cli("bake").returncode == 0
+    assert not [p.name for p in build.iterdir() if p.name.startswith("..baked.stamp.json.")]
