@@ -84,16 +84,30 @@ def _dir_option(name: str, dest: str, default: Path, **kwargs):
     )
 
 
+_SERIES_HELP = "Series folder (holds series.toml and stages.toml)."
+
+
 def _paths(f):
     return _dir_option(
         "--artifacts", "artifacts", project.ARTIFACTS, help="Where runs are recorded."
     )(f)
 
 
+_grace = click.option(
+    "--grace",
+    type=SECONDS,
+    default=30.0,
+    show_default=True,
+    help="Seconds between a server's SIGTERM and its SIGKILL.",
+)
+
+
 def _sources(f):
     """Where the baked trees, the profiles and the series are (start and matrix)."""
-    f = _dir_option("--series", "series_dir", project.SERIES)(f)
-    f = _dir_option("--profiles", "profiles_dir", project.PROFILES)(f)
+    f = _dir_option("--series", "series_dir", project.SERIES, help=_SERIES_HELP)(f)
+    f = _dir_option(
+        "--profiles", "profiles_dir", project.PROFILES, help="Folder of the serving profiles."
+    )(f)
     return _dir_option(
         "--build", "build", project.BUILD, help="Build folder holding the baked trees."
     )(f)
@@ -172,13 +186,7 @@ def launch() -> None:
     type=SECONDS,
     help="Seconds to wait for /health and the probe (profile default 1800).",
 )
-@click.option(
-    "--grace",
-    type=SECONDS,
-    default=30.0,
-    show_default=True,
-    help="Seconds between SIGTERM and SIGKILL when tearing down.",
-)
+@_grace
 @_python_option("The Python that runs vLLM.")
 @_sources
 @_paths
@@ -227,13 +235,7 @@ def start_cmd(
 
 @launch.command("stop")
 @click.option("--profile", "profile", help="Only this profile's servers (default: all).")
-@click.option(
-    "--grace",
-    type=SECONDS,
-    default=30.0,
-    show_default=True,
-    help="Seconds between SIGTERM and SIGKILL.",
-)
+@_grace
 @_paths
 def stop_cmd(profile, grace, artifacts) -> None:
     """Stop recorded servers: SIGTERM their process group, SIGKILL after --grace."""
@@ -273,13 +275,7 @@ def status_cmd(profile, as_json, artifacts) -> None:
 @click.option(
     "--profile", "profile", help="The profile whose server to restart (default: the one running)."
 )
-@click.option(
-    "--grace",
-    type=SECONDS,
-    default=30.0,
-    show_default=True,
-    help="Seconds between SIGTERM and SIGKILL.",
-)
+@_grace
 @_paths
 def restart_cmd(profile, grace, artifacts) -> None:
     """Stop a running server and start it again with the same `start` arguments (read
@@ -327,7 +323,7 @@ def profiles_cmd(build, profiles_dir, series_dir) -> None:
 @click.option("--base", default="default", show_default=True, help="Series base: default or cpu.")
 @_python_option("The Python that would run vLLM.")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
-@_dir_option("--series", "series_dir", project.SERIES)
+@_dir_option("--series", "series_dir", project.SERIES, help=_SERIES_HELP)
 @_dir_option("--build", "build", project.BUILD, help="Build folder (baked trees).")
 def doctor_cmd(base, python, as_json, build, series_dir) -> None:
     """Can this host serve the series? GPUs, driver, baked tree, where vllm imports from."""
@@ -351,7 +347,12 @@ launch.add_command(doctor_cmd)
 @click.option("--profile", "profile", help="Only this profile's runs (default: all).")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing while the run lives.")
 @click.option(
-    "-n", "--lines", type=click.IntRange(0), default=run_record.TAIL_LINES, show_default=True
+    "-n",
+    "--lines",
+    type=click.IntRange(0),
+    default=run_record.TAIL_LINES,
+    show_default=True,
+    help="How many of the log's last lines to print.",
 )
 @_paths
 def logs_cmd(profile, follow, lines, artifacts) -> None:
@@ -398,15 +399,9 @@ def logs_cmd(profile, follow, lines, artifacts) -> None:
     help="Run only this case of the suite (repeat for more); a reused --baseline is "
     "compared on these cases only.",
 )
-@click.option("--grace", type=SECONDS, default=30.0, show_default=True)
+@_grace
 @click.option("--model", help="Model folder or id every entry serves (overrides the profiles).")
-@click.option(
-    "--python",
-    "python",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=Path(sys.executable),
-    show_default=True,
-)
+@_python_option("The Python that runs vLLM for every entry.")
 @_sources
 @_paths
 def matrix_cmd(

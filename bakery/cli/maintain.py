@@ -105,7 +105,13 @@ def _ask_to_remove(removed: list[str]) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Folder for the refreshed series and report (default build/rebase/<release>).",
 )
-@click.option("--fuzz", type=click.IntRange(0, 3), default=3, show_default=True)
+@click.option(
+    "--fuzz",
+    type=click.IntRange(0, 3),
+    default=3,
+    show_default=True,
+    help="Context lines a hunk may drop from each end to find its place in the release.",
+)
 @click.option(
     "--in-place",
     is_flag=True,
@@ -321,8 +327,15 @@ def _release_version(target: str, project: str, option: str = "--to") -> str:
     type=click.Path(file_okay=False, path_type=Path),
     callback=under_root(project.BUILD / "matrix"),
     show_default="build/matrix in the repo root",
+    help="Folder for each release's refreshed series and the matrix report.",
 )
-@click.option("--fuzz", type=click.IntRange(0, 3), default=3, show_default=True)
+@click.option(
+    "--fuzz",
+    type=click.IntRange(0, 3),
+    default=3,
+    show_default=True,
+    help="Context lines a hunk may drop from each end to find its place in the release.",
+)
 @click.option("--no-linkcheck", is_flag=True, help="Skip linkcheck (text status only).")
 @click.option(
     "--strict",

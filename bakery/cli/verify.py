@@ -41,7 +41,13 @@ def _capture_options(func: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
             help="Suite name under bakery/verify/suites/ or a .jsonl path.",
         ),
-        click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True),
+        click.option(
+            "--concurrency",
+            type=click.IntRange(min=1),
+            default=4,
+            show_default=True,
+            help="Requests in flight at once.",
+        ),
         click.option(
             "--timeout",
             "timeout_s",
@@ -193,7 +199,13 @@ def _summary_line(name: str, case: Mapping[str, Any]) -> str:
 @click.option(
     "--markdown", "markdown_path", type=PathType, default=None, help="Write the Markdown report."
 )
-@click.option("--top-n", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option(
+    "--top-n",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    help="Top logprobs compared per step (the first N the server returned).",
+)
 @click.option(
     "--low-margin",
     type=click.FloatRange(min=0),
@@ -269,7 +281,13 @@ def compare(
     help="Directory for run_NN bundles, gates.json and calibration.md.",
 )
 @click.option("--url", default=None, help="Capture --runs baseline bundles from this server.")
-@click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option(
+    "--runs",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Baseline bundles to capture from --url.",
+)
 @click.option(
     "--bundle",
     "bundles",
@@ -284,8 +302,20 @@ def compare(
     show_default=True,
     help="Threshold = noise floor widened by this factor.",
 )
-@click.option("--top-n", type=click.IntRange(min=1), default=20, show_default=True)
-@click.option("--low-margin", type=click.FloatRange(min=0), default=0.5, show_default=True)
+@click.option(
+    "--top-n",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    help="Top logprobs compared per step (the first N the server returned).",
+)
+@click.option(
+    "--low-margin",
+    type=click.FloatRange(min=0),
+    default=0.5,
+    show_default=True,
+    help="A fork is low-margin when the smaller top-1 margin is <= this.",
+)
 @click.option("--teacher-forced", is_flag=True, help="Capture and calibrate teacher-forced KL too.")
 @_capture_options
 def calibrate(

@@ -147,3 +147,34 @@ def test_the_checker_catches_the_hints_issue_11_names():
     assert not problems("put it in the cache with `bakery bake --wheel PATH`", None)
     assert not problems("allow fuzz with --fuzz N", cli.commands["apply"])
     assert not problems("`bakery verify compare --markdown R.md`", None)
+
+
+def every_command(command: click.Command, path: str):
+    yield path, command
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from every_command(sub, f"{path} {name}")
+
+
+def undocumented(program: str, command: click.Command) -> list[str]:
+    """``program``'s options and flags that `--help` lists with no text."""
+    return [
+        f"{path} {param.opts[0]}"
+        for path, cmd in every_command(command, program)
+        for param in cmd.params
+        if isinstance(param, click.Option) and not param.hidden and not (param.help or "").strip()
+    ]
+
+
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+def test_every_option_says_what_it_does(program):
+    assert undocumented(program, PROGRAMS[program]) == []
+
+
+def test_an_option_without_help_is_caught():
+    @click.command()
+    @click.option("--grace", default=30.0)  # as `run.sh matrix --grace` had it
+    def planted(grace):
+        pass
+
+    assert undocumented("run.sh", planted) == ["run.sh --grace"]
