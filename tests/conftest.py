@@ -79,7 +79,10 @@ def cpu_bake(tmp_path_factory, series, cache):
 
 @pytest.fixture(scope="session")
 def pristine_cpu(cpu_bake, series, cache) -> Path:
-    return cache / "pristine" / series.base("cpu").sha256
+    """The session bake's own pristine tree (its untouched files are the tree's)."""
+    from bakery.bake.pristine import own_copy
+
+    return own_copy(cpu_bake.tree.parent, series.base("cpu").sha256)
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None):

@@ -196,7 +196,7 @@ def test_a_corrupt_pristine_stamp_is_extracted_again(tmp_path, damage):
     from tests._synthetic_release import make_loop
 
     series, build, cli_, _, _ = make_loop(tmp_path)
-    stamps = list((tmp_path / "cache" / "pristine").glob("*.stamp.json"))
+    stamps = list((build / ".pristine").glob("*.stamp.json"))
     assert stamps
     for stamp in stamps:
         stamp.write_text(damage)

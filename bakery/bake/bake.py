@@ -26,7 +26,7 @@ from bakery.bake import manifest, trust, zipwriter
 from bakery.bake import record as record_mod
 from bakery.bake import wheel as wheel_mod
 from bakery.bake.fetch import cache_dir, fetch
-from bakery.bake.pristine import own_pristine, pristine, read_stamp, record_errata_of, stamp_bytes
+from bakery.bake.pristine import own_pristine, read_stamp, record_errata_of, stamp_bytes
 from bakery.bake.record import record_hash
 from bakery.bake.wheel import (
     WheelInfo,
@@ -130,7 +130,8 @@ def _check_preimage(root: Path, wheel: WheelInfo, series: Series) -> None:
     if bad:
         raise PreimageMismatch(
             f"base is not what the series expects ({len(bad)} file(s)): " + ", ".join(bad),
-            hint="the pristine cache may be damaged: delete it under $BAKERY_CACHE/pristine",
+            hint=f"the pristine tree may be damaged: delete {str(root)!r} and the cache's copy, "
+            f"$BAKERY_CACHE/pristine/{root.name}",
         )
 
 
@@ -325,24 +326,7 @@ def bake(
     with step(f"fetching {pin.wheel}"):
         wheel_path = fetch(pin, wheel=wheel, cache=cache, verbose=interactive())
     base = read_wheel(wheel_path)
-    root = pristine(base, pin.sha256, cache)
-    _check_preimage(root, base, series)
-    errata = record_errata_of(base, root) if write_wheel else {}
-    if errata:
-        first = next(iter(errata))
-        warn(
-            f"{base.path.name}: its RECORD has a wrong hash for {len(errata)} member(s) "
-            f"(first {first!r}); the patched wheel records their real hashes"
-        )
-    with step(f"applying {len(series.entries)} patch(es) of {series.name}"):
-        plan = apply.plan(inside(root, series.package), series.patches, max_fuzz=series.max_fuzz)
-    version = patched_version(series, pin.version)
-    wheel_name = patched_wheel_name(base, version)
-    data = manifest.build(series, pin, plan, wheel_name)
-
     tree = tree_dir(build, base_key)
-    changed = {f"{series.package}/{p}": plan.after[p] for p in plan.changed}
-    modes = {f"{series.package}/{p}": mode for p, mode in plan.modes.items()}
     with build_lock(build):
         # Partial trees and wheels of killed bakes (only those whose process is gone);
         # the cache may sit on another filesystem than the trash.
@@ -350,9 +334,25 @@ def bake(
         for folder in (build, build / "dist"):
             sweep_dead(folder, trash)
         sweep_dead(cache / "pristine")
+        own = own_pristine(base, pin.sha256, cache, build)  # never the shared cache's
+        _check_preimage(own, base, series)
+        errata = record_errata_of(base, own) if write_wheel else {}
+        if errata:
+            first = next(iter(errata))
+            warn(
+                f"{base.path.name}: its RECORD has a wrong hash for {len(errata)} member(s) "
+                f"(first {first!r}); the patched wheel records their real hashes"
+            )
+        with step(f"applying {len(series.entries)} patch(es) of {series.name}"):
+            package = inside(own, series.package)
+            plan = apply.plan(package, series.patches, max_fuzz=series.max_fuzz)
+        version = patched_version(series, pin.version)
+        wheel_name = patched_wheel_name(base, version)
+        data = manifest.build(series, pin, plan, wheel_name)
+        changed = {f"{series.package}/{p}": plan.after[p] for p in plan.changed}
+        modes = {f"{series.package}/{p}": mode for p, mode in plan.modes.items()}
         staging = build / f".{tree.name}.new-{os.getpid()}"
         try:
-            own = own_pristine(root, build)  # never the shared cache: others use it
             with step(f"writing {tree}"):
                 clone_tree(own, staging, skip=frozenset(changed))
                 for member, content in changed.items():

@@ -30,7 +30,7 @@ from bakery.tree import sweep_dead
 
 __all__ = ["Removal", "build_garbage", "cache_garbage", "wanted_hashes", "remove"]
 
-_SHA = re.compile(r"^[0-9a-f]{64}(\.stamp\.json|\.record\.json)?$")
+_SHA = re.compile(r"^[0-9a-f]{64}(\.stamp\.json|\.record\.json|\.asked)?$")
 _REPORTS = ("rebase", "matrix")  # `rebase --out` and `rebase-matrix --out` defaults
 _LOCK = ".bake.lock"
 

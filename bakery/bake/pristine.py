@@ -1,12 +1,17 @@
-"""Pristine trees: each pinned wheel extracted once into the shared cache, and each build
-folder's own copy of it, which that folder's baked trees hard-link to.
+"""Pristine trees: each build folder's own copy of a pinned wheel's tree, which that
+folder's baked trees hard-link to, and the shared cache's copy it is made from.
 
 The cache (``$BAKERY_CACHE/pristine/<sha256>``) may be shared by other checkouts, so no
 baked tree links to it: an edit written in place (``echo >>``, an editor that keeps the
 inode) to an untouched file of ``build/baked`` would reach every other checkout. The link
-goes to ``build/.pristine/<sha256>`` instead, copied once per build folder; an edit that
+goes to ``build/.pristine/<sha256>`` instead, made once per build folder; an edit that
 reaches that copy is seen by its stamp and the file copied again from the cache. Every
 tree carries a stamp (size and mtime of every file) taken as it is written.
+
+The first build folder to ask extracts the wheel straight into its own copy and leaves a
+note in the cache (``<sha256>.asked``): a first bake writes the tree once. The next one
+to ask fills the cache, and from then on each new build folder copies from it, which is
+faster than extracting. A repair or a command without a build folder fills it too.
 """
 
 from __future__ import annotations
@@ -74,6 +79,10 @@ def _stamp_path(root: Path) -> Path:
 
 def _errata_path(root: Path) -> Path:
     return root.with_name(f"{root.name}.record.json")
+
+
+def _asked_path(root: Path) -> Path:
+    return root.with_name(f"{root.name}.asked")
 
 
 def _write_errata(root: Path, errata: RecordErrata) -> None:
@@ -164,8 +173,23 @@ def unpacked(
     cache = cache or cache_dir()
     with step(f"fetching {pin.wheel}"):
         path = fetch(pin, wheel=wheel, cache=cache, verbose=interactive())
-    root = pristine(read_wheel(path), pin.sha256, cache)
-    return root if build is None else own_pristine(root, build)
+    if build is None:
+        return pristine(read_wheel(path), pin.sha256, cache)
+    return own_pristine(read_wheel(path), pin.sha256, cache, build)
+
+
+def _shared_source(wheel: WheelInfo, sha256: str, cache: Path) -> Path | None:
+    """The cache's pristine tree to copy a build folder's own from; None the first time
+    any build folder asks (it extracts straight from the wheel, and the note it leaves
+    makes the next asker fill the cache)."""
+    root = cache / "pristine" / sha256
+    if _moved_since_extraction(root) == []:
+        return root
+    note = _asked_path(root)
+    if not note.is_file():
+        write_atomic(note, b"")
+        return None
+    return pristine(wheel, sha256, cache)
 
 
 def own_copy(build: Path, sha256: str) -> Path:
@@ -228,11 +252,11 @@ def _recopy(source: Path, root: Path, moved: list[str]) -> None:
     write_atomic(_stamp_path(root), stamp_bytes(root))
 
 
-def own_pristine(source: Path, build: Path) -> Path:
-    """``build``'s own copy of the cached pristine tree ``source`` (``pristine``'s answer),
-    made once: a real copy, never a link into the shared cache; each file moved since its
-    stamp is copied again first."""
-    sha256 = source.name
+def own_pristine(wheel: WheelInfo, sha256: str, cache: Path, build: Path) -> Path:
+    """``build``'s own copy of the pristine tree of ``wheel`` (pinned by ``sha256``), made
+    once: copied from the cache, or extracted straight from the wheel by the first build
+    folder to ask (module docstring); never a link into the shared cache. Each file moved
+    since its stamp is copied again from the cache first."""
     root = own_copy(build, sha256)
     moved = _moved_since_extraction(root)
     if moved == []:
@@ -242,7 +266,7 @@ def own_pristine(source: Path, build: Path) -> Path:
             f"{len(moved)} file(s) of {root} changed through a hard link from a baked tree "
             f"(first {moved[0]}); copied again from the cache, which the edit never reached"
         )
-        _recopy(source, root, moved)
+        _recopy(pristine(wheel, sha256, cache), root, moved)
         return root
     folder = own_folder(root.parent)
     sweep_dead(folder)  # a killed copy's leftovers
@@ -250,9 +274,16 @@ def own_pristine(source: Path, build: Path) -> Path:
     _stamp_path(root).unlink(missing_ok=True)
     tmp = folder / f".{sha256[:16]}.tmp-{os.getpid()}"
     remove_tree(tmp)
+    source = _shared_source(wheel, sha256, cache)
     try:
-        with step(f"copying the pristine tree into {folder}"):
-            _copy_tree(source, tmp)
+        if source is None:
+            with step(f"extracting {wheel.path.name} into {folder}"):
+                _write_errata(root, extract(wheel, tmp))
+        else:
+            with step(f"copying the pristine tree into {folder}"):
+                _copy_tree(source, tmp)
+            if _errata_path(source).is_file():  # else record_errata_of reads the wheel
+                write_atomic(_errata_path(root), _errata_path(source).read_bytes())
         stamp_tmp = stage_beside(
             _stamp_path(root),
             stamp_bytes(tmp),
@@ -271,9 +302,12 @@ def own_pristine(source: Path, build: Path) -> Path:
     return root
 
 
-def compared_pristine(sha256: str, cache: Path, build: Path) -> Path:
+def compared_pristine(sha256: str, cache: Path, build: Path) -> Path | None:
     """The pristine tree to compare ``build``'s trees with, offline and read-only: its own
     copy while the copy's stamp holds (its files are the trees' untouched files, so they
-    compare by inode), else the cache's (which may not be there)."""
-    root = own_copy(build, sha256)
-    return root if _moved_since_extraction(root) == [] else cache / "pristine" / sha256
+    compare by inode), else the cache's while its stamp holds; None if neither does (the
+    next bake copies the own one again)."""
+    for root in (own_copy(build, sha256), cache / "pristine" / sha256):
+        if _moved_since_extraction(root) == []:
+            return root
+    return None

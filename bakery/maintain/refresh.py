@@ -27,7 +27,7 @@ from bakery import project
 from bakery.bake import manifest
 from bakery.bake.bake import bake, patched_version, restamp, tree_dir
 from bakery.bake.fetch import cache_dir, fetch
-from bakery.bake.pristine import own_pristine, pristine, unpacked
+from bakery.bake.pristine import own_pristine, unpacked
 from bakery.bake.wheel import patched_wheel_name, read_wheel
 from bakery.errors import BakeryError, HunkFailed, SeriesError
 from bakery.maintain.edits import check_reproduced, differing_files
@@ -337,7 +337,7 @@ def record(series: Series, base_key: str, tree: Path, cache: Path | None = None)
     pin = series.base(base_key)
     cache = cache or cache_dir()
     base = read_wheel(fetch(pin, cache=cache))
-    package = own_pristine(pristine(base, pin.sha256, cache), tree.parent) / series.package
+    package = own_pristine(base, pin.sha256, cache, tree.parent) / series.package
     result = apply.plan(package, series.patches, max_fuzz=series.max_fuzz)
     edited = differing_files(package, tree / series.package)
     # An edited file the series leaves alone must read as the pristine: it does not.

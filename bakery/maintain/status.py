@@ -2,8 +2,8 @@
 stale, which edits `refresh` would pick up, a rebase in progress, running servers (listed
 by the command line, which may read the launcher's records).
 
-Read-only and offline: it reads BAKED.json, the trees and the pristine cache as
-they are, and never fetches (a pristine tree not in the cache makes the pending
+Read-only and offline: it reads BAKED.json, the trees and the pristine trees as
+they are, and never fetches or extracts (no intact pristine tree makes the pending
 edits "unknown", not a download).
 """
 
@@ -95,11 +95,12 @@ class StatusReport(msgspec.Struct, frozen=True):
 
 def _pending(series: Series, key: str, tree: Path, cache: Path) -> dict:
     """The edits refresh would write, or why they cannot be told."""
-    pristine = compared_pristine(series.base(key).sha256, cache, tree.parent) / series.package
-    if not pristine.is_dir():
-        return {"pending": None, "why": f"pristine tree not cached ({pristine})", "strays": []}
+    root = compared_pristine(series.base(key).sha256, cache, tree.parent)
+    if root is None:
+        why = "no intact pristine tree to compare with (`bakery bake` copies it again)"
+        return {"pending": None, "why": why, "strays": []}
     strays: list[str] = []
-    edited = differing_files(pristine, tree / series.package, strays)
+    edited = differing_files(root / series.package, tree / series.package, strays)
     changes = refresh.plan_refresh(series, edited)
     pending = [PendingEdit(c.action, c.file) for c in changes]
     return {"pending": pending, "why": None, "strays": strays}

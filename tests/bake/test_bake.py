@@ -20,6 +20,7 @@ import pytest
 from bakery.bake.bake import bake, tree_dir
 from bakery.bake.fetch import fetch
 from bakery.bake.manifest import MANIFEST
+from bakery.bake.pristine import unpacked
 from bakery.bake.record import record_hash
 from bakery.series.series import load_series
 from bakery.tree import clone_tree
@@ -191,11 +192,12 @@ def _add_pristine(fake, pin, cache) -> None:
     """A hard-linked copy of the real pristine tree (the file the series patches and the
     file a test edits in place copied)."""
     own = frozenset({PATCHED, EDITED})
-    clone_tree(cache / "pristine" / pin.sha256, fake / "pristine" / pin.sha256, skip=own)
+    real = unpacked(pin, cache)  # the real cache's tree (filled now if a bake never asked)
+    clone_tree(real, fake / "pristine" / pin.sha256, skip=own)
     for rel in own:
-        shutil.copy2(cache / "pristine" / pin.sha256 / rel, fake / "pristine" / pin.sha256 / rel)
+        shutil.copy2(real / rel, fake / "pristine" / pin.sha256 / rel)
     stamp = f"{pin.sha256}.stamp.json"
-    shutil.copyfile(cache / "pristine" / stamp, fake / "pristine" / stamp)
+    shutil.copyfile(real.with_name(stamp), fake / "pristine" / stamp)
 
 
 def _fake_cache(tmp_path, pin, cache) -> Path:
@@ -258,7 +260,7 @@ def test_bake_killed_at_random_points_never_leaves_a_half_tree(tmp_path, cpu_bak
     bake(series, "cpu", build=build, cache=cache)
     known = {series.sha256, empty.sha256}
     pristine_files = sum(
-        1 for p in (cache / "pristine" / series.base("cpu").sha256).rglob("*") if p.is_file()
+        1 for p in (build / ".pristine" / series.base("cpu").sha256).rglob("*") if p.is_file()
     )
     rng = random.Random(7)
     for attempt in range(6):
@@ -377,6 +379,8 @@ def test_partial_wheel_of_a_killed_bake_is_swept_by_the_next(tmp_path, cpu_bake)
 def test_partial_extraction_of_a_killed_bake_is_swept_by_the_next(tmp_path, series, cache):
     pin = series.base("cpu")
     fake = _wheel_only_cache(tmp_path, pin, cache)
+    (fake / "pristine").mkdir()
+    (fake / "pristine" / f"{pin.sha256}.asked").write_bytes(b"")  # this bake fills the cache
     env = {"BAKERY_CACHE": str(fake)}
     build = tmp_path / "build"
     partial = _kill_once_it_writes(_start_bake(build, env), fake / "pristine", ".*.tmp-*")

@@ -191,7 +191,7 @@ def test_the_errata_are_found_once_and_kept_the_wheel_stays_byte_identical(tmp_p
     assert proc.returncode == 0, proc.stderr
     (out,) = (build / "dist").glob("*.whl")
     first = out.read_bytes()
-    kept = tmp_path / "cache" / "pristine" / f"{pin['sha256']}.record.json"
+    kept = build / ".pristine" / f"{pin['sha256']}.record.json"  # beside the tree they are of
     assert kept.is_file()
     kept.unlink()  # as a tree an older bakery extracted: found again from the wheel
     series, env = tmp_path / "series", {"BAKERY_CACHE": str(tmp_path / "cache")}
