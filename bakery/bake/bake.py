@@ -44,6 +44,7 @@ from bakery.tree import (
     inside,
     open_own,
     own_folder,
+    relative,
     remove_tree,
     stamp,
     swap_into_place,
@@ -327,6 +328,8 @@ def bake(
         wheel_path = fetch(pin, wheel=wheel, cache=cache, verbose=interactive())
     base = read_wheel(wheel_path)
     tree = tree_dir(build, base_key)
+    for touched in series.touched:  # a path leaving the tree is refused before any write
+        relative(f"{series.package}/{touched}")
     with build_lock(build):
         # Partial trees and wheels of killed bakes (only those whose process is gone);
         # the cache may sit on another filesystem than the trash.
