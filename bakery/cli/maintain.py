@@ -24,6 +24,15 @@ from bakery.schema import encode_json
 from bakery.series.series import load_series
 from bakery.tree import write_atomic
 
+# rebase and rebase-matrix: how far a hunk may stray in another release.
+_release_fuzz = click.option(
+    "--fuzz",
+    type=click.IntRange(0, 3),
+    default=3,
+    show_default=True,
+    help="Context lines a hunk may drop from each end to find its place in the release.",
+)
+
 
 @click.command("refresh")
 @series_option
@@ -105,13 +114,7 @@ def _ask_to_remove(removed: list[str]) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Folder for the refreshed series and report (default build/rebase/<release>).",
 )
-@click.option(
-    "--fuzz",
-    type=click.IntRange(0, 3),
-    default=3,
-    show_default=True,
-    help="Context lines a hunk may drop from each end to find its place in the release.",
-)
+@_release_fuzz
 @click.option(
     "--in-place",
     is_flag=True,
@@ -329,13 +332,7 @@ def _release_version(target: str, project: str, option: str = "--to") -> str:
     show_default="build/matrix in the repo root",
     help="Folder for each release's refreshed series and the matrix report.",
 )
-@click.option(
-    "--fuzz",
-    type=click.IntRange(0, 3),
-    default=3,
-    show_default=True,
-    help="Context lines a hunk may drop from each end to find its place in the release.",
-)
+@_release_fuzz
 @click.option("--no-linkcheck", is_flag=True, help="Skip linkcheck (text status only).")
 @click.option(
     "--strict",

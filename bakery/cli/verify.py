@@ -33,6 +33,24 @@ def verify() -> None:
     """Check that a candidate server answers like a baseline server (parity harness)."""
 
 
+def _comparison_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--top-n and --low-margin: how compare (and calibrate, through it) reads two bundles."""
+    func = click.option(
+        "--low-margin",
+        type=click.FloatRange(min=0),
+        default=0.5,
+        show_default=True,
+        help="A fork is low-margin when the smaller top-1 margin is <= this.",
+    )(func)
+    return click.option(
+        "--top-n",
+        type=click.IntRange(min=1),
+        default=20,
+        show_default=True,
+        help="Top logprobs compared per step (the first N the server returned).",
+    )(func)
+
+
 def _capture_options(func: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option(
@@ -199,20 +217,7 @@ def _summary_line(name: str, case: Mapping[str, Any]) -> str:
 @click.option(
     "--markdown", "markdown_path", type=PathType, default=None, help="Write the Markdown report."
 )
-@click.option(
-    "--top-n",
-    type=click.IntRange(min=1),
-    default=20,
-    show_default=True,
-    help="Top logprobs compared per step (the first N the server returned).",
-)
-@click.option(
-    "--low-margin",
-    type=click.FloatRange(min=0),
-    default=0.5,
-    show_default=True,
-    help="A fork is low-margin when the smaller top-1 margin is <= this.",
-)
+@_comparison_options
 @click.option("--teacher-forced", is_flag=True, help="Also compare teacher-forced scores.")
 @click.option(
     "--gates",
@@ -302,20 +307,7 @@ def compare(
     show_default=True,
     help="Threshold = noise floor widened by this factor.",
 )
-@click.option(
-    "--top-n",
-    type=click.IntRange(min=1),
-    default=20,
-    show_default=True,
-    help="Top logprobs compared per step (the first N the server returned).",
-)
-@click.option(
-    "--low-margin",
-    type=click.FloatRange(min=0),
-    default=0.5,
-    show_default=True,
-    help="A fork is low-margin when the smaller top-1 margin is <= this.",
-)
+@_comparison_options
 @click.option("--teacher-forced", is_flag=True, help="Capture and calibrate teacher-forced KL too.")
 @_capture_options
 def calibrate(
