@@ -35,11 +35,17 @@ settings.register_profile("fresh", derandomize=False, **_STEADY)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if _CI else "default"))
 
 
+SLOW_TIMEOUT_S = 1800  # a `slow` test's bound unless it names its own (pyproject: 600 s)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every hypothesis test is a property test (`-m property`, `make test-props`)."""
+    """Every hypothesis test is a property test (`-m property`, `make test-props`); a
+    `slow` test gets the longer bound."""
     for item in items:
         if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
             item.add_marker(pytest.mark.property)
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session", autouse=True)

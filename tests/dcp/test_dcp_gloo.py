@@ -1,20 +1,17 @@
 """The DCP reference over real torch.distributed gloo groups (W processes).
 
 Same per-rank code as the in-process emulation, but the collectives are gloo's
-all_gather / reduce_scatter / all_to_all_single between separate processes on
-127.0.0.1. Each rank saves its results; the test compares them with DCP1 and
+all_gather / reduce_scatter / all_to_all_single between W forked processes
+(``_dcp_child.fork_ranks``). Each rank saves its results; the test compares them with DCP1 and
 with the emulation.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from _dcp_child import fork_ranks, rank_file
 
 from bakery.dcp import reference as ref
 
@@ -57,38 +54,31 @@ def run_case(group: ref.TorchGroup, w: int) -> dict:
     return results
 
 
-def worker(rank: int, port: int, outdir: str) -> None:
+def worker(rank: int, store: str, outdir: str) -> None:
     torch.set_num_threads(1)  # 4 processes share 2 cores in CI
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=max(WORLDS))
+    world = max(WORLDS)
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     try:
-        # one spawn serves every W: W=2 runs on a subgroup of ranks 0 and 1
+        # one fork serves every W: W=2 runs on a subgroup of ranks 0 and 1
+        results = {}
         for w in WORLDS:
             pg = dist.new_group(list(range(w)))  # collective: every rank calls it
             if rank < w:
-                results = run_case(ref.TorchGroup(pg), w)
-                torch.save(results, os.path.join(outdir, f"w{w}_rank{rank}.pt"))
+                results[w] = run_case(ref.TorchGroup(pg), w)
+        torch.save(results, rank_file(outdir, rank))
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def gloo_results(tmp_path_factory):
-    outdir = tmp_path_factory.mktemp("gloo")
-    mp.spawn(worker, args=(free_port(), str(outdir)), nprocs=max(WORLDS), join=True)
-    return outdir
+def gloo_results():
+    return fork_ranks(worker, max(WORLDS), 300)
 
 
 @pytest.mark.parametrize("w", WORLDS)
 def test_gloo_matches_dcp1_and_emulation(gloo_results, w):
-    ranks = [torch.load(gloo_results / f"w{w}_rank{r}.pt", weights_only=False) for r in range(w)]
+    ranks = [gloo_results[r][w] for r in range(w)]
     for dtype in (torch.float32, torch.bfloat16):
         step, layout, caches = make_case(w, dtype)
         dcp1_cache = ref.build_caches(step.states, ref.ShardLayout(1, 1, 4), torch.Generator())[0]

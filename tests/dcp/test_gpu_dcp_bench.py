@@ -9,14 +9,13 @@ means anything: ``CollectiveGroup`` must hand the baked combine the layout vLLM'
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from _dcp_child import fork_ranks, rank_file
 
 from bakery.dcp import reference as ref
 
@@ -44,23 +43,15 @@ def _rank(rank: int, store: str, outdir: str) -> None:
             "scatter_dim1": (mine.reduce_scatter(x, dim=1), theirs.reduce_scatter(x, dim=1)),
             "a2a": (mine.all_to_all(x), theirs.all_to_all(x)),
         }
-        torch.save(res, os.path.join(outdir, f"{rank}.pt"))
+        torch.save(res, rank_file(outdir, rank))
     finally:
         dist.destroy_process_group()
 
 
 def test_collective_group_has_the_reference_layout():
-    ctx = torch.multiprocessing.get_context("fork")
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_rank, args=(r, f"{tmp}/store", tmp)) for r in range(2)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(60)
-        assert [p.exitcode for p in procs] == [0, 0]
-        for r in range(2):
-            for name, (mine, theirs) in torch.load(f"{tmp}/{r}.pt").items():
-                assert torch.equal(mine, theirs), f"rank {r}: {name}"
+    for r, results in enumerate(fork_ranks(_rank, 2, 120)):
+        for name, (mine, theirs) in results.items():
+            assert torch.equal(mine, theirs), f"rank {r}: {name}"
 
 
 def _result(parity_ok: bool = True, verbatim: bool = True) -> dict:
