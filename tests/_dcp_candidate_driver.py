@@ -423,6 +423,30 @@ def check_case(report: Report, mod, case: Case, outs: list[dict]) -> None:
             )
 
 
+# (rows, blocks, topk blocks, index-K rows) per W: decode at 128k and 1M, prefill chunks
+WIRE_SHAPES = ((1, 1024, 64, 0), (32, 8192, 64, 0), (2048, 16384, 2048, 3000), (8, 3, 16, 5))
+
+
+def check_wire_rule(report: Report) -> None:
+    """Patch 01's byte rule counts what each rank receives on the wire, from the shapes of
+    the collectives: a ring all-reduce 2 (W-1)/W of its buffer, an all-gather (W-1)/W of
+    its output (dense: an int32 key row of nblocks + 1 a row; sparse: W x (local top + 1)
+    packed int64 a row; index K: W x the largest rank's 132-byte keys, plus two int32
+    bounds a row all-reduced)."""
+    size_of = sys.modules[KERNELS].dcp_candidate_exchange_bytes
+    for w in (2, 4, 8):
+        for rows, nb, topk, keys in WIRE_SHAPES:
+            want = {
+                "dense": 2 * (w - 1) * rows * (nb + 1) * 4 // w,
+                "sparse": (w - 1) * rows * (min(topk + 1, nb) + 1) * 8,
+            }
+            if keys:
+                want["index_k"] = (w - 1) * keys * 132 + 2 * (w - 1) * rows * 8 // w
+            got = size_of(rows, nb, topk, w, keys, 132)
+            label = f"W{w}R{rows}N{nb}T{topk}K{keys}"
+            report.check("byte_rule_counts_wire_bytes", label, got == want, f"{got} vs {want}")
+
+
 def check_refusals(report: Report, mod) -> None:
     """``_dcp_candidate_refusal``: what stays refused is refused by name, the rest runs."""
     real = mod.current_platform
@@ -445,13 +469,14 @@ def main(tree: str) -> None:
     for w in CASES:
         try:
             per_case = run_gloo(mod, w)
-        except Exception:
-            report.check("gloo_run", f"W{w}", False, traceback.format_exc(-2))
+        except RuntimeError as exc:  # fork_ranks names each rank that failed or hung
+            report.check("gloo_run", f"W{w}", False, str(exc))
             continue
         for case, outs in zip(CASES[w], per_case, strict=False):
             check_case(report, mod, case, outs)
         for kcase, outs in zip(index_k.CASES[w], per_case[len(CASES[w]) :], strict=True):
             index_k.check(report, sys.modules[KERNELS], kcase, outs)
+    check_wire_rule(report)
     check_refusals(report, mod)
     result = {"vllm_file": str(Path(mod.__file__).resolve()), "checks": report.checks}
     print(MARK + json.dumps(result), flush=True)

@@ -11,9 +11,13 @@ bounds; patch 06's ``_candidate_step`` with ``index_k`` must publish DCP1's cand
 exactly (the same kernel on the same logits: ties included, also on CPU). Values are
 small integers and halves, so every logit is exact in any summation order.
 
-The size rule is checked against bytes counted here, not by the baked formula: the
+The size rule is checked against wire bytes counted here, not by the baked formula: the
 index-K path when its all-gather of W x (largest rank's keys) x 132 B plus the row
-bounds moves fewer bytes than the dense and the sparse exchange.
+bounds' all-reduce moves fewer bytes on the wire than the dense exchange's all-reduce and
+the sparse exchange's all-gather (a ring all-reduce receives 2 (W-1)/W of its buffer, an
+all-gather (W-1)/W of its output). The keyless cases leave ranks without a key of the
+chunk and make the rule pick index K; each case also runs split into sub-chunks sharing
+its keys, through the exchange's own choice, and must gather them once.
 """
 
 from __future__ import annotations
@@ -25,7 +29,14 @@ from types import SimpleNamespace
 import torch
 
 HEADS, DIM = 2, 128
-CHECKS = ("index_k_eq_dcp1_kernel", "index_k_same_on_every_rank", "index_k_rule")
+CHECKS = (
+    "index_k_eq_dcp1_kernel",
+    "index_k_same_on_every_rank",
+    "index_k_rule",
+    "index_k_sub_chunks_eq_dcp1_kernel",
+    "index_k_one_gather_per_chunk",
+)
+SUB_CHUNKS = 3  # the rows split as vLLM splits a scheduler chunk by its logits budget
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,16 @@ CASES = {
     4: [KCase(4, 2, 4, 3, (50, 2, 19), 2, 33)],
     8: [KCase(8, 1, 2, 4, (70, 5), 2, 34)],
 }
+# Many short requests, every one shorter than the first position some ranks own: those
+# ranks hold no key of the chunk, and the rule picks index K (issue 33's crash; the
+# released config's W=4 interleave-2 case at 61+ prompts of <= 6 tokens, shrunk).
+KEYLESS = {
+    2: KCase(2, 8, 1, 20, (8,) * 6 + (5, 7), 8, 35),  # rank 1: none
+    4: KCase(4, 2, 1, 20, (4,) * 12 + (3, 2), 4, 36),  # ranks 2 and 3: none
+    8: KCase(8, 1, 1, 20, (3,) * 20 + (2, 1), 3, 37),  # ranks 3 to 7: none
+}
+for _w, _case in KEYLESS.items():
+    CASES[_w].append(_case)
 
 
 def owner(p: int, w: int, k: int) -> int:
@@ -123,64 +144,98 @@ def local_view(case: KCase, rank: int):
     return kq, ksc, ks, ke, local_cu[-1], max_rows
 
 
-def run(mod, case: KCase, rank: int) -> dict:
-    """Patch 06's source step with the index-K exchange, and its size rule's pick."""
-    _, _, q, weights, rows = global_inputs(case)
-    kq, ksc, ks, ke, local_rows, max_rows = local_view(case, rank)
+def _chunk(case: KCase, rank: int, start: int, end: int, skip: bool) -> SimpleNamespace:
+    """Prefill chunk metadata as vLLM's indexer builder gives it (rows start..end)."""
+    _, _, _, _, local_rows, max_rows = local_view(case, rank)
     cu = torch.tensor([0, *torch.tensor(case.lens).cumsum(0).tolist()], dtype=torch.int32)
-    ik = mod._DCPIndexK((q, None), weights, kq, ksc, local_rows, max_rows, cu, False)
-    cands = torch.full((len(rows), case.topk_blocks), 99, dtype=torch.int32)
-    total = sum(case.lens)
-    mod._candidate_step(
-        torch.empty(len(rows), 0),
-        ks,
-        ke,
-        cands,
-        case.bs,
-        True,
-        total,
-        rank,
-        case.w,
-        case.k,
-        index_k=ik,
+    return SimpleNamespace(
+        total_seq_lens=sum(case.lens),
+        max_local_total_seq_lens=max_rows,
+        local_total_seq_lens=local_rows,
+        cu_seq_lens=cu,
+        token_start=start,
+        token_end=end,
+        skip_kv_gather=skip,
     )
+
+
+def _source(mod, case: KCase, chunks):
+    return mod._DCPIndexKSource(chunks, case.topk_blocks, case.bs, case.w, case.k, False)
+
+
+class _CountGathers:
+    """Counts ``all_gather_into_tensor`` calls of the rank's torch.distributed."""
+
+    def __init__(self, dist) -> None:
+        self.dist, self.calls, self.real = dist, 0, dist.all_gather_into_tensor
+
+    def __enter__(self) -> _CountGathers:
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return self.real(*args, **kwargs)
+
+        self.dist.all_gather_into_tensor = counted
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.dist.all_gather_into_tensor = self.real
+
+
+def run(mod, case: KCase, rank: int) -> dict:
+    """Patch 06's source step with the index-K exchange forced; the chunk split into
+    sub-chunks that share its keys, through the exchange's own choice and gather; and
+    the size rule's pick around the crossovers."""
+    _, _, q, weights, rows = global_inputs(case)
+    kq, ksc, ks, ke, _, _ = local_view(case, rank)
+    total = sum(case.lens)
+    whole = _chunk(case, rank, 0, len(rows), False)
+    keys = mod._dcp_index_k_keys(kq, ksc, whole, case.w, case.k)
+    ik = mod._DCPIndexK((q, None), weights, *keys, False)
+    cands = torch.full((len(rows), case.topk_blocks), 99, dtype=torch.int32)
+    step = (case.bs, True, total, rank, case.w, case.k)
+    mod._candidate_step(torch.empty(len(rows), 0), ks, ke, cands, *step, index_k=ik)
+    cuts = [len(rows) * i // SUB_CHUNKS for i in range(SUB_CHUNKS + 1)]
+    spans = zip(cuts, cuts[1:], strict=False)
+    subs = [_chunk(case, rank, a, b, i > 0) for i, (a, b) in enumerate(spans)]
+    source = _source(mod, case, subs)
+    split = torch.full_like(cands, 99)
+    with _CountGathers(mod.dist) as gathers:
+        for sub in subs:
+            rows_ = slice(sub.token_start, sub.token_end)
+            got = source.take(sub, q[rows_], None, weights[rows_], kq, ksc)
+            if got is None:
+                break
+            empty = torch.empty(rows_.stop - rows_.start, 0)
+            mod._candidate_step(empty, ks[rows_], ke[rows_], split[rows_], *step, index_k=got)
     picks = {}
     for n_rows in (1, len(rows), 64, 128, 256, 4096):  # around the crossovers
-        chunk = SimpleNamespace(
-            total_seq_lens=total,
-            max_local_total_seq_lens=max_rows,
-            local_total_seq_lens=local_rows,
-            cu_seq_lens=cu,
-        )
-        qn = q[:1].expand(n_rows, -1, -1)
-        got = mod._dcp_index_k(
-            qn,
-            None,
-            weights[:1].expand(n_rows, -1),
-            kq,
-            ksc,
-            chunk,
-            case.topk_blocks,
-            case.bs,
-            case.w,
-            False,
-        )
-        picks[n_rows] = got is not None
-    return {"cands": cands, "picks": picks}
+        alone = _chunk(case, rank, 0, n_rows, False)
+        picks[n_rows] = _source(mod, case, [alone]).wins(alone, kq, ksc)
+    return {"cands": cands, "split": split, "gathers": gathers.calls, "picks": picks}
+
+
+def _all_reduce_wire(buffer: int, w: int) -> float:
+    return 2 * (w - 1) / w * buffer  # ring: reduce-scatter, then all-gather
+
+
+def _all_gather_wire(output: int, w: int) -> float:
+    return (w - 1) / w * output
 
 
 def expected_pick(case: KCase, n_rows: int, max_rows: int) -> bool:
-    """Index K when it moves the fewest bytes (ties to dense, then sparse)."""
+    """Index K when it moves the fewest wire bytes (ties to dense, then sparse)."""
     nb = -(-sum(case.lens) // case.bs)
-    dense = n_rows * (nb + 1) * 4
-    sparse = n_rows * (min(case.topk_blocks + 1, nb) + 1) * 8 * case.w
-    index_k = case.w * max_rows * (DIM + 4) + n_rows * 8
+    dense = _all_reduce_wire(n_rows * (nb + 1) * 4, case.w)
+    sparse = _all_gather_wire(case.w * n_rows * (min(case.topk_blocks + 1, nb) + 1) * 8, case.w)
+    index_k = _all_gather_wire(case.w * max_rows * (DIM + 4), case.w)
+    index_k += _all_reduce_wire(n_rows * 8, case.w)
     return index_k < min(dense, sparse)
 
 
 def check(report, kernels, case: KCase, outs: list[dict]) -> None:
     want = dcp1(kernels, case)
     max_rows = local_view(case, 0)[5]
+    chosen = expected_pick(case, len(global_inputs(case)[4]), max_rows)
     for rank, out in enumerate(outs):
         label = f"{case.name}:r{rank}"
         got = out["cands"]
@@ -195,3 +250,20 @@ def check(report, kernels, case: KCase, outs: list[dict]) -> None:
         )
         expect = {n: expected_pick(case, n, max_rows) for n in out["picks"]}
         report.check("index_k_rule", label, out["picks"] == expect, f"{out['picks']} vs {expect}")
+        if case in KEYLESS.values():  # the case exists to take the exchange by the rule
+            report.check("index_k_rule", f"{label}:keyless", chosen, "the rule did not pick it")
+        if chosen:
+            split = out["split"]
+            report.check(
+                "index_k_sub_chunks_eq_dcp1_kernel",
+                label,
+                torch.equal(split, want),
+                f"{split.tolist()} vs DCP1 {want.tolist()}",
+            )
+            # keys and scales: one all-gather each for the whole chunk
+            report.check(
+                "index_k_one_gather_per_chunk",
+                label,
+                out["gathers"] == 2,
+                f"{out['gathers']} gathers",
+            )

@@ -11,6 +11,7 @@ driver; the unplanted series goes through the same steps and must pass.
 
 from __future__ import annotations
 
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -92,9 +93,30 @@ BUGS = {
     ),
     # index K: the size rule counts one rank's keys, not W of them
     "index_k_rule_one_rank": (
-        'size["index_k"] = world * index_k_rows * index_k_row_bytes + rows * 2 * 4',
-        'size["index_k"] = index_k_rows * index_k_row_bytes + rows * 2 * 4',
-        {"index_k_rule"},
+        "keys = _all_gather_wire(world * index_k_rows * index_k_row_bytes, world)",
+        "keys = _all_gather_wire(index_k_rows * index_k_row_bytes, world)",
+        {"index_k_rule", "byte_rule_counts_wire_bytes"},
+    ),
+    # the byte rule counts the all-reduce's buffer, not what the ring moves
+    "byte_rule_dense_buffer": (
+        '"dense": _all_reduce_wire(rows * (nblocks + 1) * 4, world),',
+        '"dense": rows * (nblocks + 1) * 4,',
+        {"byte_rule_counts_wire_bytes", "index_k_rule"},
+    ),
+    # index K: the keys of a rank that holds none reshaped to [0, -1] (issue 33's crash):
+    # that rank raises, the others would wait in the all-gather; the run fails at once
+    "index_k_keyless_reshape": (
+        "local = x[:local_rows].flatten(1).view(torch.uint8)  # 0 rows: [0, bytes]",
+        "local = x[:local_rows].reshape(local_rows, -1).view(torch.uint8)",
+        {"gloo_run"},
+        INDEXER,
+    ),
+    # index K: the keys gathered again for every sub-chunk of a scheduler chunk
+    "index_k_gather_every_sub_chunk": (
+        "if self.keys is None or not chunk.skip_kv_gather:",
+        "if True:",
+        {"index_k_one_gather_per_chunk"},
+        INDEXER,
     ),
     # the mask writes -inf past the row's end (up to its last tile), as DCP1's fill does
     "mask_writes_past_row_end": (
@@ -131,13 +153,19 @@ def test_candidate_baked_code_and_planted_bugs(candidate_variants, name):
     bad = failed(result)
     bug = BUGS[name]
     if bug is None:
-        ran = {c["name"] for c in result["checks"]}
-        assert ran == {*CHECKS, *INDEX_K_CHECKS, "refusal"}, ran
-        # W=2: 8 cases x 2 ranks, W=4: 4 x 4, W=8: 2 x 8, for each check; index K: 2 x 2,
-        # 1 x 4, 1 x 8; the gate cases
-        assert len(result["checks"]) == (
-            len(CHECKS) * (8 * 2 + 4 * 4 + 2 * 8) + len(INDEX_K_CHECKS) * 16 + len(REFUSALS)
-        )
+        ran = Counter(c["name"] for c in result["checks"])
+        # per W (2, 4, 8): 8, 4 and 2 cases x W ranks; index K: 3, 2 and 2 cases x W ranks
+        # (the keyless ones, 1 a W, also check that the rule picked index K, then run it
+        # in sub-chunks); the byte rule's 4 shapes a W; the gate cases
+        per_rank, index_k_runs, keyless = 8 * 2 + 4 * 4 + 2 * 8, 3 * 2 + 2 * 4 + 2 * 8, 2 + 4 + 8
+        assert ran == {
+            **dict.fromkeys(CHECKS, per_rank),
+            **dict.fromkeys(INDEX_K_CHECKS[:3], index_k_runs),
+            "index_k_rule": index_k_runs + keyless,
+            **dict.fromkeys(INDEX_K_CHECKS[3:], keyless),
+            "byte_rule_counts_wire_bytes": 3 * 4,
+            "refusal": len(REFUSALS),
+        }, ran
         # both exchanges were picked by the size rule somewhere
         picked = {
             c["case"].rsplit(":", 1)[1]
@@ -154,6 +182,9 @@ def test_candidate_baked_code_and_planted_bugs(candidate_variants, name):
         baked = (Path(tree) / INDEXER_TARGET).read_text()
     assert new in baked and old not in baked, "the bug did not reach the baked tree"
     assert must_fail <= bad.keys(), f"planted {new!r} but only {bad} failed"
+    if "gloo_run" in must_fail:  # a crashed rank fails the run at once, by name: no hang
+        details = [c["detail"] for c in result["checks"] if c["name"] == "gloo_run"]
+        assert all("exited with" in d and "did not finish" not in d for d in details), details
 
 
 def test_candidate_gpu_tool_dry_run(cpu_bake, tmp_path):
