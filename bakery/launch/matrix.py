@@ -121,6 +121,9 @@ class MatrixDoc(Document, frozen=True):
     ] = 0.5
     top_n: Annotated[int, Meta(ge=1, le=1000, description="1..1000")] = 20
     concurrency: Annotated[int, Meta(ge=1, le=256, description="1..256")] = 4
+    # The bound on one request: a server stuck in a collective fails its entry then, and
+    # the matrix stops it and goes on (capture's own default: 600 s).
+    request_timeout_s: Annotated[int, Meta(ge=1, le=86400, description="1..86400")] = 600
     # Each candidate also scores the baseline's prompt + completion (prompt_logprobs), so a
     # fork in the trajectory cannot hide what the candidate does with the same text.
     teacher_forced: bool = False
@@ -144,6 +147,7 @@ class Matrix:
     concurrency: int
     bench: Bench | None = None
     teacher_forced: bool = False
+    request_timeout_s: int = 600
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,7 @@ def matrix_from_data(data: object, path: Path) -> Matrix:
         low_margin=doc.low_margin,
         top_n=doc.top_n,
         concurrency=doc.concurrency,
+        request_timeout_s=doc.request_timeout_s,
         bench=doc.bench,
         teacher_forced=doc.teacher_forced,
     )
@@ -315,7 +320,7 @@ def _candidate_row(
         baseline_dir, bundle, gates, top_n=matrix.top_n, low_margin=matrix.low_margin,
         teacher_forced=matrix.teacher_forced, boundaries=boundaries,
         decode=tokenizer_decoder(serving.model_folder(plan)),
-        cases=[record_name(case) for case in cases],
+        cases=[record_name(m) for case in suite.cases if case.case in cases for m in case.members],
     )  # fmt: skip
     json_path, md_path = (
         own_path(out / "reports", f"{entry.name}.json", "a matrix name"),
@@ -380,7 +385,9 @@ def run_matrix(
     out = out or ctx.artifacts / "matrix" / utc_stamp(FOLDER)
     entries = ([] if baseline_dir else [matrix.baseline]) + list(matrix.candidates)
     checked = _preflight_all(entries, ctx, say)
-    settings = CaptureSettings(concurrency=matrix.concurrency)
+    settings = CaptureSettings(
+        concurrency=matrix.concurrency, timeout_s=float(matrix.request_timeout_s)
+    )
     runs: dict[str, dict] = {}
     if baseline_dir is None:
         baseline_dir = own_path(out / "bundles", matrix.baseline.name, "a matrix name")

@@ -151,8 +151,13 @@ def _value(field: Any) -> Any:
 def _exercised_text(counts: dict | None) -> str:
     if not counts:
         return "–"
-    index_k = counts.get("index_k_publishes", 0)  # 0: a summary from before it was counted
-    return f"{counts['indexer_calls']} / {counts['candidate_masked_positions']} / {index_k}"
+    # 0: a summary from before they were counted
+    index_k, keyless = counts.get("index_k_publishes", 0), counts.get("index_k_keyless_gathers", 0)
+    steps = counts.get("multi_request_steps", 0)
+    return (
+        f"{counts['indexer_calls']} / {counts['candidate_masked_positions']} / {index_k} "
+        f"/ {keyless} / {steps}"
+    )
 
 
 def _result(row: CandidateRow) -> str:
@@ -229,7 +234,8 @@ def summary_markdown(summary: MatrixSummary) -> str:
     ]
     header = (
         "candidate", "profile", "flags", "result", "failing cases", "first divergence",
-        "indexer calls / masked positions / index-K publishes", "report",
+        "indexer calls / masked positions / index-K publishes / keyless index-K gathers "
+        "/ steps of 2+ requests", "report",
     )  # fmt: skip
     rows = [
         (

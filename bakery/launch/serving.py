@@ -281,13 +281,16 @@ class RankCounts(Document, frozen=True):
     candidate_publishes: int
     candidate_masked_positions: int
     index_k_publishes: int = 0  # publishes by the index-K exchange (prefill); 0 in older runs
+    index_k_keyless_gathers: int = 0  # index-K gathers joined holding no key of the chunk
+    multi_request_steps: int = 0  # model steps that scheduled more than one request
 
 
 def exercised_counts(run_dir: Path) -> dict[str, int] | None:
     """What a CPU-emulated run exercised (``emulate/<pid>.json``, one per rank, written
-    by emulate/bakery_emulate/counts.py): scoring calls and publishes as the busiest
-    rank saw them, masked positions summed over the DCP ranks (each masks only its
-    own columns). None for a run without the emulation."""
+    by emulate/bakery_emulate/counts.py): scoring calls, publishes and steps of more than
+    one request as the busiest rank saw them; masked positions and keyless index-K
+    gathers summed over the DCP ranks (each counts only its own). None for a run without
+    the emulation."""
     files = sorted((run_dir / "emulate").glob("*.json"))
     if not files:
         return None
@@ -307,4 +310,6 @@ def exercised_counts(run_dir: Path) -> dict[str, int] | None:
         "candidate_publishes": max(r.candidate_publishes for r in every),
         "index_k_publishes": max(r.index_k_publishes for r in every),
         "candidate_masked_positions": sum(r.candidate_masked_positions for r in every),
+        "index_k_keyless_gathers": sum(r.index_k_keyless_gathers for r in every),
+        "multi_request_steps": max(r.multi_request_steps for r in every),
     }

@@ -153,8 +153,17 @@ class ResponseDoc(_ServerDoc):
     system_fingerprint: Any = None
 
 
+class BatchDoc(Document, frozen=True):
+    """Where a record's prompt was sent: prompt ``index`` of one request of ``size``."""
+
+    case: str
+    index: int
+    size: int
+
+
 class CaseDoc(Document, frozen=True):
-    """``completion_<case>.json``: one question and the server's answer."""
+    """``completion_<case>.json``: one question and the server's answer (for a prompt
+    of a batch: its own prompt as ``request.prompt``, its choice, and ``batch``)."""
 
     name: str
     path: str
@@ -164,6 +173,7 @@ class CaseDoc(Document, frozen=True):
     elapsed_seconds: float | None = None
     tokenize_request: Any = None  # what /tokenize was asked, if anything
     tokenize_response: Any = None
+    batch: BatchDoc | None = None
 
 
 class TeacherDoc(Document, frozen=True):

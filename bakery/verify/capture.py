@@ -97,7 +97,10 @@ class ServerInfo:
 
 
 def completion_request(
-    model: str, prompt: str | list[int], max_tokens: int, settings: CaptureSettings
+    model: str,
+    prompt: str | list[int] | list[list[int]],
+    max_tokens: int,
+    settings: CaptureSettings,
 ) -> Json:
     request: Json = {
         "model": model,
@@ -174,6 +177,21 @@ async def _tokenize(client: _Client, model: str, text: str, what: str) -> tuple[
     return request, response
 
 
+async def _filler_ids(
+    client: _Client, model: str, filler: str, need: int, what: str
+) -> tuple[list[int], Json, Json]:
+    """At least ``need`` ids of the filler text repeated, with the ``/tokenize`` exchange."""
+    request, response = await _tokenize(client, model, filler, what)
+    count = len(response["tokens"])
+    if 0 < count < need:
+        times = need // count + 2
+        request, response = await _tokenize(client, model, "\n\n".join([filler] * times), what)
+    ids = response["tokens"]
+    if len(ids) < need:
+        raise CaptureError(f"{what}: filler gives {len(ids)} tokens, need {need}")
+    return ids, request, response
+
+
 async def _resolve_prompt(
     client: _Client, model: str, case: SuiteCase
 ) -> tuple[str | list[int], Json, Json]:
@@ -183,15 +201,25 @@ async def _resolve_prompt(
         request, response = await _tokenize(client, model, case.prompt, what)
         return case.prompt, request, response
     assert case.filler is not None and case.prompt_tokens is not None  # suite guarantees
-    request, response = await _tokenize(client, model, case.filler, what)
-    count = len(response["tokens"])
-    if 0 < count < case.prompt_tokens:
-        times = case.prompt_tokens // count + 2
-        request, response = await _tokenize(client, model, "\n\n".join([case.filler] * times), what)
-    ids = response["tokens"][: case.prompt_tokens]
-    if len(ids) != case.prompt_tokens:
-        raise CaptureError(f"{what}: filler gives {len(ids)} tokens, need {case.prompt_tokens}")
-    return ids, request, response
+    ids, request, response = await _filler_ids(client, model, case.filler, case.prompt_tokens, what)
+    return ids[: case.prompt_tokens], request, response
+
+
+BATCH_STRIDE = 7  # prompt i of a batch starts at the filler's id 7 i: no two are equal
+
+
+async def _batch_prompts(
+    client: _Client, model: str, case: SuiteCase
+) -> tuple[list[list[int]], Json, Json]:
+    """A batch case's prompts (token ids), plus the ``/tokenize`` exchange behind them."""
+    assert case.filler is not None and case.batch_prompt_tokens is not None  # suite guarantees
+    lengths = case.batch_prompt_tokens
+    need = max(BATCH_STRIDE * i + n for i, n in enumerate(lengths))
+    ids, request, response = await _filler_ids(
+        client, model, case.filler, need, f"case {case.case}"
+    )
+    prompts = [ids[BATCH_STRIDE * i : BATCH_STRIDE * i + n] for i, n in enumerate(lengths)]
+    return prompts, request, response
 
 
 @dataclass(frozen=True)
@@ -214,7 +242,13 @@ class _Capture:
         self.client, self.out_dir, self.model = client, out_dir, model
         self.reference, self.teacher_forced = reference, teacher_forced
 
-    async def case(self, case: SuiteCase) -> _CaseResult:
+    async def case(self, case: SuiteCase) -> list[_CaseResult]:
+        """The case's records: one, or one per prompt of a batch."""
+        if case.batch_prompt_tokens is not None:
+            return await self._batch(case)
+        return [await self._single(case)]
+
+    async def _single(self, case: SuiteCase) -> _CaseResult:
         prompt, tok_request, tok_response = await _resolve_prompt(self.client, self.model, case)
         request = completion_request(self.model, prompt, case.max_tokens, self.client.settings)
         what = f"case {case.case}"
@@ -235,8 +269,46 @@ class _Capture:
         unique = await self._repeat(request, record, what)
         write_case_file(self.out_dir, document)
         if self.teacher_forced:
-            await self._teacher(case, record)
+            await self._teacher(case.case, record)
         return _CaseResult(record, unique)
+
+    async def _batch(self, case: SuiteCase) -> list[_CaseResult]:
+        """One request carrying every prompt of the batch (the server adds them together,
+        so they are scheduled together); a record per prompt, each holding its own prompt
+        as ``request.prompt``, its choice, and ``batch`` (the case, its index, the size)."""
+        prompts, tok_request, tok_response = await _batch_prompts(self.client, self.model, case)
+        request = completion_request(self.model, prompts, case.max_tokens, self.client.settings)
+        what = f"case {case.case}"
+        started = time.monotonic()
+        sequences: list[set[tuple[str, ...]]] = [set() for _ in prompts]
+        documents: list[Json] = []
+        for attempt in range(self.client.settings.repeat):
+            response = await self.client.call("POST", COMPLETIONS_PATH, what, request)
+            elapsed = round(time.monotonic() - started, 3)
+            for i, choice in enumerate(_batch_choices(response, len(prompts), what)):
+                document = {
+                    "name": record_name(case.members[i]),
+                    "path": COMPLETIONS_PATH,
+                    "status": 200,
+                    "elapsed_seconds": elapsed,
+                    "batch": {"case": case.case, "index": i, "size": len(prompts)},
+                    "request": {**request, "prompt": prompts[i]},
+                    "tokenize_request": tok_request,
+                    "tokenize_response": tok_response,
+                    "response": {**response, "choices": [choice]},
+                }
+                record = _checked_record(document, self.out_dir / f"{document['name']}.json")
+                sequences[i].add(record.completion.tokens)
+                if attempt == 0:
+                    documents.append(document)
+        results = []
+        for document, seen in zip(documents, sequences, strict=True):
+            record = _checked_record(document, self.out_dir / f"{document['name']}.json")
+            write_case_file(self.out_dir, document)
+            if self.teacher_forced:
+                await self._teacher(record.name.removeprefix(record_name("")), record)
+            results.append(_CaseResult(record, len(seen)))
+        return results
 
     async def _repeat(self, request: Json, record: CaseRecord, what: str) -> int:
         sequences = {record.completion.tokens}
@@ -245,12 +317,12 @@ class _Capture:
             sequences.add(_checked_record(_wrap(request, again), record.file).completion.tokens)
         return len(sequences)
 
-    async def _teacher(self, case: SuiteCase, own: CaseRecord) -> None:
+    async def _teacher(self, case: str, own: CaseRecord) -> None:
         source = self.reference[own.name] if self.reference is not None else own
         prompt_ids, output_ids = source.completion.prompt_token_ids, source.completion.token_ids
         if prompt_ids is None or output_ids is None:
             raise CaptureError(
-                f"case {case.case}: teacher forcing needs prompt and output token ids "
+                f"case {case}: teacher forcing needs prompt and output token ids "
                 f"({source.file} has none; capture with token ids)"
             )
         sequence = [*prompt_ids, *output_ids]
@@ -262,9 +334,9 @@ class _Capture:
             "prompt_logprobs": self.client.settings.logprobs,
             "echo": True,
         }
-        response = await self.client.call("POST", COMPLETIONS_PATH, f"case {case.case}", request)
+        response = await self.client.call("POST", COMPLETIONS_PATH, f"case {case}", request)
         document = {
-            "name": f"{TEACHER_PREFIX}{case.case}",
+            "name": f"{TEACHER_PREFIX}{case}",
             "case": own.name,
             "path": COMPLETIONS_PATH,
             "status": 200,
@@ -279,6 +351,20 @@ class _Capture:
         except BundleError as exc:
             raise CaptureError(f"server answer is not usable teacher-forced scores: {exc}") from exc
         write_case_file(self.out_dir, document)
+
+
+def _batch_choices(response: Json, size: int, what: str) -> list[Any]:
+    """A batch answer's choices in prompt order (each names its prompt by ``index``)."""
+    choices = response.get("choices")
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise CaptureError(f"{what}: the batch answer has no list of choices")
+    by_index = {c.get("index"): c for c in choices}
+    if len(choices) != size or sorted(by_index, key=str) != sorted(range(size), key=str):
+        raise CaptureError(
+            f"{what}: the batch of {size} prompts came back with choices "
+            f"{sorted(map(str, by_index))}, expected one for each index 0..{size - 1}"
+        )
+    return [by_index[i] for i in range(size)]
 
 
 def _wrap(request: Json, response: Json) -> Json:
@@ -340,14 +426,14 @@ async def _run(
         total = len(suite.cases)
         with step(f"capturing {total} case(s)", total, show=settings.progress) as advance:
 
-            async def one(case: SuiteCase) -> _CaseResult:
+            async def one(case: SuiteCase) -> list[_CaseResult]:
                 async with gate:
                     result = await capture.case(case)
                 advance()
                 return result
 
             results = await _gather_all(one(case) for case in suite.cases)
-    return model, version, results
+    return model, version, [record for case in results for record in case]
 
 
 def _sha256(path: Path) -> str:
@@ -423,7 +509,8 @@ def _check_inputs(
     if not teacher_forced:
         raise UsageError("--reference only makes sense with --teacher-forced")
     cases = load_bundle(reference).by_name()
-    missing = sorted(record_name(c.case) for c in suite.cases if record_name(c.case) not in cases)
+    names = [record_name(member) for c in suite.cases for member in c.members]
+    missing = sorted(name for name in names if name not in cases)
     if missing:
         raise BundleError(f"reference bundle {reference} lacks suite cases: {missing}")
     return cases

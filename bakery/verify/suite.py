@@ -1,11 +1,15 @@
 """Prompt suites: JSONL data in ``bakery/verify/suites/``, parsed into frozen cases.
 
 One JSON object per line. A case has ``case`` (a file-name-safe id), ``max_tokens``,
-optional ``tags`` and ``why``, and either a text ``prompt`` or an exact context
+optional ``tags`` and ``why``, and either a text ``prompt``, an exact context
 length ``prompt_tokens`` built from ``filler`` text (tokenised by the server,
 repeated and cut to exactly that many ids, so ownership edges are hit on any
-tokenizer). Unknown fields and wrong types are refused (``SuiteCase``); every problem in
-a file is reported at once. No network here.
+tokenizer), or ``batch_prompt_tokens``: one request carrying a list of prompts of
+those lengths (prompt i: the filler's ids from id 7 i on), which the server takes
+together and schedules together; each prompt is a record of its own
+(``<case>_00``, ``<case>_01``, ...), compared prompt by prompt. Unknown fields and
+wrong types are refused (``SuiteCase``); every problem in a file is reported at once.
+No network here.
 """
 
 from __future__ import annotations
@@ -82,9 +86,19 @@ class SuiteCase(Document, frozen=True):
     max_tokens: _Tokens
     prompt: Annotated[str, Meta(min_length=1, description="a non-empty string")] | None = None
     prompt_tokens: _Tokens | None = None
-    filler: str | None = None  # the text repeated to prompt_tokens ids (read only with them)
+    batch_prompt_tokens: (
+        Annotated[tuple[_Tokens, ...], Meta(min_length=2, max_length=64)] | None
+    ) = None
+    filler: str | None = None  # the text repeated to the ids of prompt_tokens or the batch
     tags: tuple[str, ...] = ()
     why: str | None = None  # what the case is for (dcp_edge cases say which edge)
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """The case ids its records carry: its own, or one per prompt of a batch."""
+        if self.batch_prompt_tokens is None:
+            return (self.case,)
+        return tuple(f"{self.case}_{i:02d}" for i in range(len(self.batch_prompt_tokens)))
 
 
 def load_suite(name_or_path: str) -> Suite:
@@ -110,7 +124,7 @@ def load_suite(name_or_path: str) -> Suite:
 
 
 def _duplicates(path: Path, cases: list[SuiteCase]) -> list[str]:
-    counts = Counter(c.case for c in cases)
+    counts = Counter(name for c in cases for name in {c.case, *c.members})
     return [f"{path}: duplicate case {name!r}" for name, n in sorted(counts.items()) if n > 1]
 
 
@@ -125,10 +139,14 @@ def _parse_case(line: str) -> SuiteCase:
     doc, problems = try_decode(data, SuiteCase)
     if doc is None:
         raise ValueError("\n".join(problems))
-    if (doc.prompt is None) == (doc.prompt_tokens is None):
-        problems.append(f"$: case {doc.case!r} gives both or neither of prompt and prompt_tokens")
-    if doc.prompt_tokens is not None and not (doc.filler or "").strip():
-        problems.append("$.filler: prompt_tokens needs a non-empty filler text")
+    given = [doc.prompt, doc.prompt_tokens, doc.batch_prompt_tokens]
+    if sum(x is not None for x in given) != 1:
+        problems.append(
+            f"$: case {doc.case!r} gives {sum(x is not None for x in given)} of prompt, "
+            "prompt_tokens and batch_prompt_tokens (exactly one)"
+        )
+    if doc.prompt is None and not (doc.filler or "").strip():
+        problems.append("$.filler: prompt_tokens and batch_prompt_tokens need a filler text")
     if problems:
         raise ValueError("\n".join(problems))
     return doc

@@ -79,6 +79,10 @@ class V41Spec:
 SPECS = {
     "fast": V41Spec("fast", index_topk=64, candidate_topk_blocks=8),
     "released": V41Spec("released", index_topk=512, candidate_topk_blocks=2048),
+    # The batched matrix (launcher/dcp2/matrix-cpu-v41-batch.toml): 40 candidate blocks,
+    # so a chunk of short prompts takes the index-K exchange as the released config's does
+    # (with 8, the sparse exchange is always smaller where one rank holds every key).
+    "batch": V41Spec("batch", index_topk=64, candidate_topk_blocks=40),
 }
 DEFAULT_DIRS = {name: project.BUILD / f"tiny-v41-{name}" for name in SPECS}
 

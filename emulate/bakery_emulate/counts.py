@@ -1,6 +1,7 @@
 """What the run exercised, per process: indexer scoring calls, candidate-block
-publishes (and how many took patch 06's index-K exchange), and the compressed positions
-candidate filtering removed.
+publishes (and how many took patch 06's index-K exchange, and its gathers on a rank that
+held no key of the chunk), the compressed positions candidate filtering removed, and the
+model steps that held more than one request.
 
 Written as ``emulate/<pid>.json`` under the launcher's run folder
 ($BAKERY_LAUNCH_DIR) after every update, so the parity matrix can show that a pass
@@ -21,6 +22,8 @@ COUNTS = {
     "candidate_publishes": 0,
     "index_k_publishes": 0,
     "candidate_masked_positions": 0,
+    "index_k_keyless_gathers": 0,
+    "multi_request_steps": 0,
 }
 _RANKS: dict[str, int] = {}
 
@@ -80,3 +83,27 @@ def counted_candidate_step(step):
         bump(candidate_masked_positions=int(finite - torch.isfinite(logits).sum().item()))
 
     return candidate_step
+
+
+def counted_index_k_keys(gather):
+    """Patch 06's ``_dcp_index_k_keys`` that also counts the gathers this rank joined
+    holding no key of the chunk (issue 33's crash: it raised there)."""
+
+    def index_k_keys(k_quant, k_scale, chunk, *args, **kwargs):
+        keys = gather(k_quant, k_scale, chunk, *args, **kwargs)
+        bump(index_k_keyless_gathers=int(chunk.local_total_seq_lens == 0))
+        return keys
+
+    return index_k_keys
+
+
+def counted_steps(execute_model):
+    """The model runner's ``execute_model`` that counts the steps scheduling more than
+    one request (a batch: prefills and decodes of several requests in one forward)."""
+
+    def counted(self, scheduler_output, *args, **kwargs):
+        if len(scheduler_output.num_scheduled_tokens) > 1:
+            bump(multi_request_steps=1)
+        return execute_model(self, scheduler_output, *args, **kwargs)
+
+    return counted

@@ -233,6 +233,7 @@ def _indexer(module):
     module.fp8_fp4_mqa_logits = counts.counted_scoring(indexer.fp8_fp4_mqa_logits)
     module.fp8_fp4_paged_mqa_logits = counts.counted_scoring(indexer.fp8_fp4_paged_mqa_logits)
     module._candidate_step = counts.counted_candidate_step(module._candidate_step)
+    module._dcp_index_k_keys = counts.counted_index_k_keys(module._dcp_index_k_keys)
     module.get_indexer_topk = lambda backend=None: indexer.IndexerTopk()
     module._merge_dcp_topk_global = indexer.make_merge_dcp_topk_global(module.get_dcp_group)
     if hasattr(module, "current_workspace_manager"):
@@ -332,6 +333,14 @@ def _drop_line(module, name: str, line: str) -> None:
     namespace: dict = {}
     exec(code, module.__dict__, namespace)
     setattr(module, name, namespace[name])
+
+
+@after("vllm.v1.worker.gpu_model_runner")
+def _count_steps(module):
+    from bakery_emulate import counts
+
+    runner = module.GPUModelRunner
+    runner.execute_model = counts.counted_steps(runner.execute_model)
 
 
 @after("vllm.models.deepseek_v41.nvidia.flashinfer_sparse")

@@ -67,4 +67,45 @@ def test_exercised_counts_take_each_dcp_rank_once_and_read_older_runs(tmp_path):
         "candidate_publishes": 3,
         "index_k_publishes": 2,
         "candidate_masked_positions": 17,
+        "index_k_keyless_gathers": 0,
+        "multi_request_steps": 0,
     }
+
+
+def test_keyless_index_k_gathers_and_multi_request_steps_are_counted(counts, tmp_path):
+    def keys_06(k_quant, k_scale, chunk, dcp_world_size, cp_interleave):
+        return k_quant, k_scale  # _dcp_index_k_keys' signature in patch 06
+
+    gather = counts.counted_index_k_keys(keys_06)
+    for local in (0, 3, 0):
+        gather(None, None, type("Chunk", (), {"local_total_seq_lens": local}), 2, 1)
+    assert counts.COUNTS["index_k_keyless_gathers"] == 2
+
+    def execute_model(self, scheduler_output):
+        return len(scheduler_output.num_scheduled_tokens)
+
+    step = counts.counted_steps(execute_model)
+    for scheduled in ({"a": 5}, {"a": 1, "b": 7}, {"a": 1, "b": 1, "c": 1}, {}):
+        assert step(None, type("Out", (), {"num_scheduled_tokens": scheduled})) == len(scheduled)
+    assert counts.COUNTS["multi_request_steps"] == 2
+    folder = tmp_path / "emulate"
+    folder.mkdir()
+    rank = {"tp_rank": 0, "dcp_world_size": 2, "candidate_publishes": 3, "indexer_calls": 1}
+    (folder / "1.json").write_text(
+        json.dumps(
+            {**rank, "dcp_rank": 0, "candidate_masked_positions": 1, "multi_request_steps": 4}
+        )
+    )
+    (folder / "2.json").write_text(
+        json.dumps(
+            {
+                **rank,
+                "dcp_rank": 1,
+                "candidate_masked_positions": 1,
+                "index_k_keyless_gathers": 2,
+                "multi_request_steps": 4,
+            }
+        )
+    )
+    got = serving.exercised_counts(tmp_path)
+    assert (got["index_k_keyless_gathers"], got["multi_request_steps"]) == (2, 4)

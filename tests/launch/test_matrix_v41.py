@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ from bakery.bake.bake import bake
 from bakery.series.series import load_series
 from bakery.verify import tiny_v41
 from bakery.verify.bundle import record_name
+from bakery.verify.suite import load_suite
 
 pytestmark = pytest.mark.slow
 
@@ -53,8 +55,8 @@ PLANTS = {
     ),
     "index-k-order": (
         P06,
-        "keys = gathered(ik.k_quant)[order].view(ik.k_quant.dtype)",
-        "keys = gathered(ik.k_quant).view(ik.k_quant.dtype)",
+        "keys = gathered(k_quant)[order].view(k_quant.dtype)",
+        "keys = gathered(k_quant).view(k_quant.dtype)",
     ),
 }
 PLANT_CASE = "ctx_0257"
@@ -66,8 +68,8 @@ PLANT_RUNS = {name: ("v41-dcp2-ag_rs", PLANT_CASE) for name in PLANTS} | {
     "index-k-order": (INDEX_K, INDEX_K_CASE)
 }
 UNORDERED_SCALES = (
-    "scales = gathered(ik.k_scale)[order].view(ik.k_scale.dtype)",
-    "scales = gathered(ik.k_scale).view(ik.k_scale.dtype)",
+    "scales = gathered(k_scale)[order].view(k_scale.dtype)",
+    "scales = gathered(k_scale).view(k_scale.dtype)",
 )
 # The exchange's gather keeps this rank's copy only, as if it were every rank's.
 SKIPPED_GATHER = (
@@ -76,8 +78,10 @@ SKIPPED_GATHER = (
 )
 
 
-def _matrix(matrix: Path, build: Path, out: Path, art: Path, *more: str):
-    model = tiny_v41.ensure(REPO / tiny_v41.DEFAULT_DIRS["fast"], tree=build / "baked-cpu")
+def _matrix(matrix: Path, build: Path, out: Path, art: Path, *more: str, spec: str = "fast"):
+    model = tiny_v41.ensure(
+        REPO / tiny_v41.DEFAULT_DIRS[spec], tiny_v41.SPECS[spec], tree=build / "baked-cpu"
+    )
     return run_sh(
         "matrix", "--matrix", str(matrix), "--build", str(build), "--model", str(model),
         "--out", str(out), "--artifacts", str(art), "--grace", "15", *more, timeout=3600,
@@ -160,3 +164,69 @@ def test_a_planted_bug_fails_the_v41_matrix_and_names_the_first_divergence(
     assert row["first_divergence"], row
     if name == "index-k-order":  # it failed through the exchange it plants, not around it
         assert row["exercised"]["index_k_publishes"] > 0, row
+
+
+# ---- batches (issue 33) -------------------------------------------------------------
+BATCH_MATRIX = REPO / "launcher" / "dcp2" / "matrix-cpu-v41-batch.toml"
+BATCH = "v41-batch-dcp2"
+KEYLESS_CASE = "batch_short"  # 12 short prompts: rank 1 holds no key of the chunk
+# issue 33's crash planted back: the keys of a rank that holds none reshaped to [0, -1]
+KEYLESS_RESHAPE = (
+    P06,
+    "local = x[:local_rows].flatten(1).view(torch.uint8)  # 0 rows: [0, bytes]",
+    "local = x[:local_rows].reshape(local_rows, -1).view(torch.uint8)",
+)
+
+
+@pytest.fixture(scope="module")
+def batch_run(cpu_bake, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("v41-batch")
+    build = cpu_bake.tree.parent
+    proc = _matrix(BATCH_MATRIX, build, tmp / "out", tmp / "artifacts", spec="batch")
+    print(proc.stdout[-3000:])
+    return proc, tmp / "out"
+
+
+def test_the_batched_matrix_passes_prompt_by_prompt_with_a_keyless_rank(batch_run):
+    proc, out = batch_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (row,) = _summary(out)["candidates"]
+    assert row["passed"] is True, row
+    counts = row["exercised"]
+    # the prompts were scheduled together, and a rank joined the index-K gather keyless
+    assert counts["multi_request_steps"] > 0, counts
+    assert counts["index_k_keyless_gathers"] > 0, counts
+    report = json.loads((out / "reports" / f"{BATCH}.json").read_text())
+    members = [m for case in load_suite("v41batch").cases for m in case.members]
+    assert sorted(report["cases"]) == sorted(record_name(m) for m in members)
+    assert len(members) == 12 + 4
+
+
+def test_the_keyless_crash_planted_back_fails_the_batched_matrix_within_its_bound(
+    batch_run, cache, tmp_path
+):
+    """A rank that raises while the others wait in the all-gather: the entry fails (its
+    requests end at the matrix's request bound at the latest) and the matrix stops the
+    server and finishes; it never hangs."""
+    _, out = batch_run
+    series = tmp_path / "dcp2"
+    shutil.copytree(REPO / "patches" / "dcp2", series)
+    plant(series, *KEYLESS_RESHAPE)
+    tree = bake(load_series(series), "cpu", build=tmp_path / "build", cache=cache).tree
+    doc = tomlkit.parse(BATCH_MATRIX.read_text())
+    doc["candidates"][0]["name"] = "planted"
+    one = tmp_path / "matrix.toml"
+    one.write_text(tomlkit.dumps(doc))
+    bound = doc["request_timeout_s"]
+    started = time.monotonic()
+    proc = _matrix(
+        one, tree.parent, tmp_path / "out", tmp_path / "artifacts",
+        "--baseline", str(out / "bundles" / "v41-batch-dcp1"), "--series", str(series),
+        "--case", KEYLESS_CASE, spec="batch",
+    )  # fmt: skip
+    took = time.monotonic() - started
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (row,) = _summary(tmp_path / "out")["candidates"]
+    assert row["passed"] is not True, row
+    # booting, the one failed request's bound and the stop, not a hang
+    assert took < bound + 900, took

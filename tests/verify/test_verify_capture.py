@@ -23,7 +23,7 @@ from _verify_support import MTP, NOMTP, require_fixtures, run_cli
 
 from bakery.errors import UsageError
 from bakery.verify import CaptureSettings, ServerInfo, capture_bundle, compare_bundles, load_suite
-from bakery.verify.bundle import BundleMeta
+from bakery.verify.bundle import BundleMeta, load_bundle
 from bakery.verify.errors import CaptureError
 
 FAST = {"backoff_s": 0.0, "timeout_s": 30.0, "progress": False}
@@ -61,6 +61,10 @@ class FakeVllm:
 
     def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt = body["prompt"]
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):  # a batch
+            answers = [self.complete({**body, "prompt": one}) for one in prompt]
+            choices = [{**a["choices"][0], "index": i} for i, a in enumerate(answers)]
+            return {**answers[0], "choices": choices[::-1]}  # any order: index says which
         if isinstance(prompt, str) and prompt in self.recorded:
             return self.recorded[prompt]["response"]
         ids = prompt if isinstance(prompt, list) else self.ids(prompt)
@@ -384,3 +388,54 @@ def test_a_killed_captures_staging_is_swept_by_the_next(tmp_path):
                        "--out", str(tmp_path / "bundle")])  # fmt: skip
     assert code != 0  # nothing listens there
     assert not left.exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".")]
+
+
+BATCH = (
+    '{"case": "batch", "batch_prompt_tokens": [5, 2, 9], "filler": "a b c d", "max_tokens": 3}\n'
+)
+
+
+def test_a_batch_is_one_request_and_a_record_per_prompt(tmp_path: Path) -> None:
+    """The prompts go out together in one request; each comes back as its own record,
+    the one a single request of that prompt gives (the fake model answers per prompt),
+    with its place in the batch; compare then reads them prompt by prompt."""
+    fake = FakeVllm()
+    gen, url = run_server(fake)
+    try:
+        suite = load_suite(str(synthetic(tmp_path, BATCH)))
+        capture_bundle(url, tmp_path / "b", suite, settings=CaptureSettings(**FAST))
+    finally:
+        gen.close()
+    assert fake.completion_calls == 2 + 1  # alpha, beta, and one for the whole batch
+    names = sorted(p.stem for p in (tmp_path / "b").glob("completion_batch_*.json"))
+    assert names == ["completion_batch_00", "completion_batch_01", "completion_batch_02"]
+    filler_ids = FakeVllm.ids(" ".join(["a b c d"] * 100))  # the fake tokenizes per word
+    for i, length in enumerate((5, 2, 9)):
+        doc = json.loads((tmp_path / "b" / f"completion_batch_{i:02d}.json").read_text())
+        assert doc["batch"] == {"case": "batch", "index": i, "size": 3}
+        assert doc["request"]["prompt"] == filler_ids[7 * i : 7 * i + length]
+        alone = fake.complete({**doc["request"], "prompt": doc["request"]["prompt"]})
+        assert doc["response"]["choices"] == [{**alone["choices"][0], "index": i}]
+    bundle = load_bundle(tmp_path / "b")
+    assert len(bundle.cases) == 2 + 3
+
+
+def test_a_batch_answer_missing_a_prompt_is_a_capture_error(tmp_path: Path, monkeypatch) -> None:
+    fake = FakeVllm()
+    real = fake.complete
+
+    def drop_one(body: dict[str, Any]) -> dict[str, Any]:
+        answer = real(body)
+        if not isinstance(body["prompt"][0], list):
+            return answer
+        return {**answer, "choices": answer["choices"][:-1]}  # the batch lost one
+
+    monkeypatch.setattr(fake, "complete", drop_one)
+    gen, url = run_server(fake)
+    try:
+        suite = load_suite(str(synthetic(tmp_path, BATCH)))
+        with pytest.raises(CaptureError, match="batch of 3 prompts came back with choices"):
+            capture_bundle(url, tmp_path / "b", suite, settings=CaptureSettings(**FAST))
+    finally:
+        gen.close()
+    assert not (tmp_path / "b").exists()  # no half bundle
