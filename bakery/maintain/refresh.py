@@ -14,7 +14,6 @@ cleanly in order and be byte-identical to what refresh would write.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -23,7 +22,7 @@ from typing import Protocol
 
 import tomlkit
 
-from bakery import project
+from bakery import git, project
 from bakery.bake import manifest
 from bakery.bake.bake import bake, patched_version, restamp, tree_dir
 from bakery.bake.fetch import cache_dir, fetch
@@ -214,17 +213,13 @@ def remembered_entries(series: Series) -> dict[str, dict]:
     re-created under the same name gets its stage and summary back; {} outside git
     (or where git is not installed: a tarball checkout, a slim image)."""
     try:
-        proc = subprocess.run(
-            ["git", "-C", str(series.root), "show", "HEAD:./series.toml"],
-            capture_output=True,
-            text=True,
-        )
+        proc = git.run(["show", "HEAD:./series.toml"], repo=series.root)
     except OSError:
         return {}
     if proc.returncode != 0:
         return {}
     try:
-        tables = tomlkit.parse(proc.stdout).get("patches", [])
+        tables = tomlkit.parse(proc.stdout.decode(errors="replace")).get("patches", [])
     except tomlkit.exceptions.ParseError:
         return {}
     return {str(t["file"]): dict(t) for t in tables if "file" in t}
