@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -299,13 +300,16 @@ def up_to(series: Series, last: str) -> Series:
     none): quilt's ``push N``, for narrowing a bad bake down."""
     numbers = [e.number for e in series.entries]
     files = [e.file for e in series.entries]
-    if last.isdigit() and (int(last) == 0 or int(last) in numbers):
+    # ASCII digits only, and few: str.isdigit() takes '²' (int() refuses it) and int()
+    # refuses past 4300 digits.
+    if re.fullmatch(r"[0-9]{1,18}", last) and (int(last) == 0 or int(last) in numbers):
         count = 0 if int(last) == 0 else numbers.index(int(last)) + 1
     elif Path(last).name in files:
         count = files.index(Path(last).name) + 1
     else:
         raise UsageError(
-            f"not a patch of series {series.name} (a number or file name; 0 for none): {last!r}",
+            f"not a patch of series {series.name} (a number or file name; 0 for none): "
+            f"{last[:40]!r}{'...' if len(last) > 40 else ''}",
             hint="`bakery status` lists the patches",
         )
     return dataclasses.replace(series, entries=series.entries[:count])

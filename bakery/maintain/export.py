@@ -180,9 +180,19 @@ def import_git(series: Series, base_key: str, repo: Path, yes: bool = False) -> 
     listing = _git(repo, "diff", "--name-only", "-z", "--no-renames", PRISTINE_TAG, "HEAD")
     package = unpacked(pin) / series.package
     differing: dict[str, tuple[bytes | None, bytes | None]] = {}
-    for name in filter(None, listing.decode("utf-8", "surrogateescape").split("\0")):
+    for raw in filter(None, listing.split(b"\0")):
+        try:
+            name = raw.decode()
+        except UnicodeDecodeError:  # no patch file or series.toml can name it
+            raise UsageError(
+                f"HEAD changes a file whose name is not UTF-8: {raw!r}",
+                hint="rename it in the repository (`git mv`), commit, then import again",
+            ) from None
         if not name.startswith(prefix):
-            raise UsageError(f"HEAD changes a file outside {prefix}: {name!r}")
+            raise UsageError(
+                f"HEAD changes a file outside {prefix}: {name!r}",
+                hint=f"the series patches only {prefix}: drop that change, then import again",
+            )
         rel = name[len(prefix) :]
         before = inside(package, rel).read_bytes() if inside(package, rel).is_file() else None
         present = _git(repo, "ls-tree", "--name-only", "HEAD", "--", name).strip()
