@@ -237,7 +237,8 @@ def _write_wheel(
 ) -> Path:
     """The patched wheel in ``build``/dist. Its bytes follow from its inputs alone, so a
     rebake of the same inputs keeps the wheel the last bake wrote while its trust record
-    holds (same device, inode, size and mtime: ``trust``) instead of writing 330 MB again."""
+    holds (same device, inode, size, mtime and ctime: ``trust``) instead of writing 330 MB
+    again."""
     dist = build / "dist"
     out = dist / name
     extra = {manifest.MANIFEST: manifest.dumps(data)}
@@ -245,7 +246,7 @@ def _write_wheel(
     record = _wheel_record_path(tree)
     if trust.trusted(record, out, inputs):
         note(f"{name}: kept (the same inputs as the bake that wrote it, and the same "
-             "device, inode, size and mtime)")  # fmt: skip
+             "device, inode, size, mtime and ctime)")  # fmt: skip
         return out
     dist.mkdir(exist_ok=True)
     tmp = dist / f".{name}.tmp-{os.getpid()}"
@@ -253,11 +254,11 @@ def _write_wheel(
         try:
             write_patched_wheel(base, tmp, version, changed, extra, errata)
             started = trust.settle(tmp)
-            written = trust.seen(tmp, inputs)
             swap_into_place(tmp, out, trash)  # freeing a 300 MB file is slow: trash it
         finally:
             tmp.unlink(missing_ok=True)
-    trust.remember(record, written, build, started)
+    # stat'ed once in place: the rename moved its ctime
+    trust.remember(record, trust.seen(out, inputs), build, started)
     return out
 
 
