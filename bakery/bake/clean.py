@@ -146,10 +146,10 @@ def build_garbage(build: Path, series_name: str, everything: bool = False) -> Pl
     plan.add(build / ".trash", "trash of an earlier swap")
     if everything:
         for path in sorted(build.iterdir()):
-            if _TREE.match(path.name) or _TREE_RECORD.match(path.name):
-                plan.add(
-                    path, "a baked tree" if _TREE.match(path.name) else "a baked tree's record"
-                )
+            if _TREE_RECORD.match(path.name):
+                plan.add(path, "a baked tree's record")
+            elif _TREE.match(path.name) and (path / manifest.MANIFEST).is_file():
+                plan.add(path, "a baked tree")  # a bake swaps a tree in with its BAKED.json
     return plan
 
 

@@ -152,6 +152,7 @@ def test_clean_all_takes_only_what_bakery_wrote(tmp_path):
         ".rerere/" + "a" * 64: "a fix",
         "tiny-llama/config.json": "{}",
         "tiny-v41-fast/model.safetensors": "w",
+        "baked-notes/todo.md": "not a tree: no BAKED.json",
         "notes.txt": "mine",
         "rebase/todo.md": "mine",
         "matrix/plan.md": "mine",
@@ -165,7 +166,7 @@ def test_clean_all_takes_only_what_bakery_wrote(tmp_path):
     assert proc.returncode == 0, proc.stderr
     left = listing(build)
     assert set(keep) <= left and all((build / r).read_text() == t for r, t in keep.items())
-    assert not any(r.startswith(("baked", ".baked", "rebase/vllm")) for r in left)
+    assert not any(r.startswith(("baked/", "baked-cpu", ".baked", "rebase/vllm")) for r in left)
     assert not (build / "matrix" / "matrix.md").exists()
     assert f"removed: {build / 'baked'} " in proc.stdout and ".rerere" not in proc.stdout
     assert left - set(keep) == {".bake.lock", f"dist/{FOREIGN}", *SYMLINK_WHEEL}
