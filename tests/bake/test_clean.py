@@ -180,7 +180,7 @@ def test_clean_never_follows_a_symlinked_dist_or_pristine(tmp_path):
     shared.mkdir()
     (shared / OLD_WHEEL).write_bytes(b"a shared wheel")
     (shared / ("b" * 64)).mkdir()
-    (shared / ("b" * 64) / "f.py").write_text("shared")
+    (shared / ("b" * 64) / "f.py").write_text("theirs")
     for name in ("dist", ".pristine"):
         (build / name).rename(tmp_path / f"moved{name}")
         (build / name).symlink_to(shared)
