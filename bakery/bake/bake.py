@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,7 +237,8 @@ def _write_wheel(
 ) -> Path:
     """The patched wheel in ``build``/dist. Its bytes follow from its inputs alone, so a
     rebake of the same inputs keeps the wheel the last bake wrote while its trust record
-    holds (same device, inode, size and mtime: ``trust``) instead of writing 330 MB again."""
+    holds (same device, inode, size, mtime and ctime: ``trust``) instead of writing 330 MB
+    again."""
     dist = build / "dist"
     out = dist / name
     extra = {manifest.MANIFEST: manifest.dumps(data)}
@@ -244,7 +246,7 @@ def _write_wheel(
     record = _wheel_record_path(tree)
     if trust.trusted(record, out, inputs):
         note(f"{name}: kept (the same inputs as the bake that wrote it, and the same "
-             "device, inode, size and mtime)")  # fmt: skip
+             "device, inode, size, mtime and ctime)")  # fmt: skip
         return out
     dist.mkdir(exist_ok=True)
     tmp = dist / f".{name}.tmp-{os.getpid()}"
@@ -252,11 +254,11 @@ def _write_wheel(
         try:
             write_patched_wheel(base, tmp, version, changed, extra, errata)
             started = trust.settle(tmp)
-            written = trust.seen(tmp, inputs)
             swap_into_place(tmp, out, trash)  # freeing a 300 MB file is slow: trash it
         finally:
             tmp.unlink(missing_ok=True)
-    trust.remember(record, written, build, started)
+    # stat'ed once in place: the rename moved its ctime
+    trust.remember(record, trust.seen(out, inputs), build, started)
     return out
 
 
@@ -299,13 +301,16 @@ def up_to(series: Series, last: str) -> Series:
     none): quilt's ``push N``, for narrowing a bad bake down."""
     numbers = [e.number for e in series.entries]
     files = [e.file for e in series.entries]
-    if last.isdigit() and (int(last) == 0 or int(last) in numbers):
+    # ASCII digits only, and few: str.isdigit() takes '²' (int() refuses it) and int()
+    # refuses past 4300 digits.
+    if re.fullmatch(r"[0-9]{1,18}", last) and (int(last) == 0 or int(last) in numbers):
         count = 0 if int(last) == 0 else numbers.index(int(last)) + 1
     elif Path(last).name in files:
         count = files.index(Path(last).name) + 1
     else:
         raise UsageError(
-            f"not a patch of series {series.name} (a number or file name; 0 for none): {last!r}",
+            f"not a patch of series {series.name} (a number or file name; 0 for none): "
+            f"{last[:40]!r}{'...' if len(last) > 40 else ''}",
             hint="`bakery status` lists the patches",
         )
     return dataclasses.replace(series, entries=series.entries[:count])

@@ -3,20 +3,21 @@
 A build folder keeps, by default, each baked tree and the wheel its BAKED.json names;
 superseded wheels of the series, the reports of `rebase` and `rebase-matrix`, the trash
 of earlier swaps and the partial files of killed runs go. ``everything`` takes the baked
-trees and wheels too. The cache keeps the wheels, pristine trees and linkcheck sources
-whose sha256 is still wanted (the series' pins, the bakes in the build folder, a rebase
-in progress); the rest goes. Only entries named as bakery names them are touched (a
-sha256 folder, a wheel of the series), a symlink is never followed or removed, and
-nothing outside the folder being cleaned is read or written.
+trees, their records and the series' wheels too. The cache keeps the wheels, pristine
+trees and linkcheck sources whose sha256 is still wanted (the series' pins, the bakes in
+the build folder, a rebase in progress); the rest goes. Only entries named as bakery
+names them are touched (a sha256 folder, a wheel of the series, a report file): the
+rerere records, tiny models and anything else stay. A symlink is never followed or
+removed, and a folder that holds no ``.bake.lock`` is not a build folder (refused).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -24,15 +25,26 @@ from packaging.version import Version
 
 from bakery.bake import manifest
 from bakery.bake.bake import baked_wheel, build_lock
-from bakery.errors import BakeryError
+from bakery.errors import BakeryError, UsageError
 from bakery.series.series import Pin
 from bakery.tree import sweep_dead
 
-__all__ = ["Removal", "build_garbage", "cache_garbage", "wanted_hashes", "remove"]
+__all__ = [
+    "Removal",
+    "Plan",
+    "check_build_folder",
+    "build_garbage",
+    "cache_garbage",
+    "wanted_hashes",
+    "remove",
+]
 
 _SHA = re.compile(r"^[0-9a-f]{64}(\.stamp\.json|\.record\.json|\.asked)?$")
-_REPORTS = ("rebase", "matrix")  # `rebase --out` and `rebase-matrix --out` defaults
-_LOCK = ".bake.lock"
+_TREE = re.compile(r"^baked(-[A-Za-z0-9_.-]+)?$")  # bake.tree_dir
+_TREE_RECORD = re.compile(r"^\.baked(-[A-Za-z0-9_.-]+)?\.(stamp|wheel)\.json$")  # beside it
+_REBASE_REPORT = "rebase.json"  # in each `rebase --out` folder: the mark that it is ours
+_MATRIX_FILES = ("matrix.json", "matrix.md")  # what `rebase-matrix --out` writes
+_LOCK = ".bake.lock"  # every bake, rebase step and clean takes it: the build folder's mark
 
 
 @dataclass(frozen=True)
@@ -42,9 +54,29 @@ class Removal:
     why: str
 
 
+@dataclass
+class Plan:
+    """What clean removes, and the symlinks it found where bakery writes a folder or
+    file (left alone: removing through one would delete another folder's files)."""
+
+    removals: list[Removal] = field(default_factory=list)
+    links: list[Path] = field(default_factory=list)
+
+    def add(self, path: Path, why: str) -> None:
+        if path.is_symlink():
+            self.links.append(path)
+        elif path.exists():
+            self.removals.append(Removal(path, _freed(path), why))
+
+    def folder(self, path: Path) -> bool:
+        """Whether ``path`` is a real folder to look into (a symlink is noted, not followed)."""
+        if path.is_symlink():
+            self.links.append(path)
+            return False
+        return path.is_dir()
+
+
 def _freed(path: Path) -> int:
-    if path.is_symlink() or not path.exists():
-        return 0
     if path.is_file():
         info = path.stat()
         return info.st_size if info.st_nlink == 1 else 0
@@ -56,13 +88,26 @@ def _freed(path: Path) -> int:
     return total
 
 
+def check_build_folder(build: Path, default: bool) -> None:
+    """Refuse a folder bakery did not make a build folder (``default``: the project's
+    own build/ is one): clean must never empty a checkout named by mistake."""
+    lock = build / _LOCK
+    if default or not build.exists() or (lock.is_file() and not lock.is_symlink()):
+        return
+    raise UsageError(
+        f"not a bakery build folder (it holds no {_LOCK}): {str(build)!r}",
+        hint="name a folder `bakery bake --build DIR` baked into, or clean the default build/",
+    )
+
+
 def _baked_manifests(build: Path) -> list[manifest.BakedManifest]:
     out = []
-    for path in sorted(build.glob(f"baked*/{manifest.MANIFEST}")):
-        try:
-            out.append(manifest.load(path))
-        except BakeryError:
-            continue  # a damaged tree: its wheel is not named, its tree stays
+    for path in sorted(build.iterdir()):
+        if _TREE.match(path.name) and not path.is_symlink() and path.is_dir():
+            try:
+                out.append(manifest.load(path / manifest.MANIFEST))
+            except BakeryError:
+                continue  # a damaged tree: its wheel is not named, its tree stays
     return out
 
 
@@ -74,69 +119,86 @@ def _series_wheel(name: str, label: str) -> bool:
     return (version.local or "").rpartition(".")[0] == label
 
 
-def build_garbage(build: Path, series_name: str, everything: bool = False) -> list[Removal]:
+def build_garbage(build: Path, series_name: str, everything: bool = False) -> Plan:
     """What `bakery clean` (``everything``: `--all`) removes from ``build``."""
-    if not build.is_dir():
-        return []
-    if everything:
-        entries = [p for p in sorted(build.iterdir()) if p.name != _LOCK]
-        return [Removal(p, _freed(p), "build output") for p in entries if not p.is_symlink()]
-    out = []
-    current = {baked_wheel(build, data) for data in _baked_manifests(build)}
+    plan = Plan()
+    if not plan.folder(build):
+        return plan
+    bakes = _baked_manifests(build)
+    current = set() if everything else {baked_wheel(build, data) for data in bakes}
     label = str(Version(f"0+{series_name}.0").local).rpartition(".")[0]
-    dist = build / "dist"
-    for path in sorted(dist.glob("*.whl")) if dist.is_dir() else []:
-        if path not in current and _series_wheel(path.name, label) and not path.is_symlink():
-            out.append(Removal(path, _freed(path), "a wheel no baked tree names"))
-    for name in _REPORTS:
-        path = build / name
-        if path.is_dir() and not path.is_symlink():
-            out.append(Removal(path, _freed(path), f"`bakery {name}` reports"))
-    bases = {data.base.sha256 for data in _baked_manifests(build)}
-    for path in sorted((build / ".pristine").iterdir()) if (build / ".pristine").is_dir() else []:
-        if _SHA.match(path.name) and path.name[:64] not in bases and not path.is_symlink():
-            out.append(Removal(path, _freed(path), "a pristine copy no baked tree links to"))
-    for path in sorted(build.glob(".trash*")):
-        if not path.is_symlink():
-            out.append(Removal(path, _freed(path), "trash of an earlier swap"))
-    return out
+    if plan.folder(build / "dist"):
+        for path in sorted((build / "dist").glob("*.whl")):
+            if path not in current and _series_wheel(path.name, label):
+                plan.add(path, "a wheel of the series" if everything else "a superseded wheel")
+    if plan.folder(build / "rebase"):
+        for path in sorted((build / "rebase").iterdir()):
+            if not path.is_symlink() and (path / _REBASE_REPORT).is_file():
+                plan.add(path, "a `bakery rebase` report")
+    if plan.folder(build / "matrix"):
+        for name in _MATRIX_FILES:
+            plan.add(build / "matrix" / name, "a `bakery rebase-matrix` report")
+    bases = set() if everything else {data.base.sha256 for data in bakes}
+    if plan.folder(build / ".pristine"):
+        for path in sorted((build / ".pristine").iterdir()):
+            if _SHA.match(path.name) and path.name[:64] not in bases:
+                plan.add(path, "a pristine copy no baked tree links to")
+    plan.add(build / ".trash", "trash of an earlier swap")
+    if everything:
+        for path in sorted(build.iterdir()):
+            if _TREE_RECORD.match(path.name):
+                plan.add(path, "a baked tree's record")
+            elif _TREE.match(path.name) and (path / manifest.MANIFEST).is_file():
+                plan.add(path, "a baked tree")  # a bake swaps a tree in with its BAKED.json
+    return plan
 
 
 def wanted_hashes(pins: list[Pin], build: Path, extra: list[str] | None = None) -> set[str]:
     """The sha256s the cache must keep: ``pins`` (the series'), the bases of the bakes in
     ``build``, and ``extra`` (a rebase's pins)."""
     keep = {pin.sha256 for pin in pins} | set(extra or [])
-    keep |= {data.base.sha256 for data in _baked_manifests(build)}
+    if build.is_dir():
+        keep |= {data.base.sha256 for data in _baked_manifests(build)}
     return keep
 
 
-def cache_garbage(cache: Path, keep: set[str]) -> list[Removal]:
+def cache_garbage(cache: Path, keep: set[str]) -> Plan:
     """The cache's wheels, pristine trees and sources whose sha256 is not in ``keep``."""
-    out = []
+    plan = Plan()
     for kind in ("wheels", "pristine", "sources"):
-        folder = cache / kind
-        if not folder.is_dir() or folder.is_symlink():
+        if not plan.folder(cache / kind):
             continue
-        for path in sorted(folder.iterdir()):
-            if not _SHA.match(path.name) or path.is_symlink():
-                continue
-            if path.name[:64] not in keep:
-                out.append(Removal(path, _freed(path), f"{kind} of a sha256 no pin wants"))
-    return out
+        for path in sorted((cache / kind).iterdir()):
+            if _SHA.match(path.name) and path.name[:64] not in keep:
+                plan.add(path, f"{kind} of a sha256 no pin wants")
+    return plan
 
 
-def remove(removals: list[Removal], build: Path | None = None) -> None:
-    """Remove each entry (under the build lock when ``build`` is given); partial files
-    of killed runs in ``build`` go too."""
-    with build_lock(build) if build is not None else contextlib.nullcontext():
-        for removal in removals:
-            path = removal.path
-            if path.is_symlink():
-                continue
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
-        if build is not None:
-            for folder in (build, build / "dist"):
+def remove(removals: list[Removal], build: Path | None = None) -> Iterator[Removal]:
+    """Remove each entry, yielding it once it is gone (under the build lock when ``build``
+    is given: taken before the first removal, so a running bake refuses them all); then
+    the partial files of killed runs in ``build`` and the folders left empty."""
+    if build is None:
+        yield from _remove_each(removals)
+        return
+    with build_lock(build):
+        yield from _remove_each(removals)
+        for folder in (build, build / "dist"):
+            if not folder.is_symlink():
                 sweep_dead(folder)
+        for name in ("dist", "rebase", "matrix", ".pristine"):
+            folder = build / name
+            if not folder.is_symlink() and folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+
+
+def _remove_each(removals: list[Removal]) -> Iterator[Removal]:
+    for removal in removals:
+        path = removal.path
+        if path.is_symlink():
+            continue  # put there since the plan: never followed
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+        yield removal

@@ -6,7 +6,7 @@ pinned one. A cached file that no longer matches is discarded and fetched again.
 
 Once a cached wheel's sha256 has been checked, the cache keeps a trust record beside it
 (``verified.json``, see ``trust``): later commands trust the wheel without hashing its
-330 MB while its device, inode, size and mtime still match.
+330 MB while its device, inode, size, mtime and ctime still match.
 """
 
 from __future__ import annotations
@@ -154,8 +154,8 @@ def fetch(
     cached = folder / pin.wheel
     if cached.exists():
         if trust.trusted(cached.with_name(_TRUST_RECORD), cached, pin.sha256):
-            note(f"{pin.wheel}: sha256 not recomputed (same device, inode, size and mtime "
-                 "as when it was verified)")  # fmt: skip
+            note(f"{pin.wheel}: sha256 not recomputed (same device, inode, size, mtime "
+                 "and ctime as when it was verified)")  # fmt: skip
             return cached
         try:
             _verify_cached(cached, pin, cache)

@@ -3,11 +3,13 @@
 Hashing a 330 MB wheel costs about half a second, and writing one about as much. A record
 keeps what vouched for a file (``sha256``: the file's own sha256 for a fetched wheel, the
 sha256 of everything its bytes follow from for the wheel a bake wrote) and the file's
-device, inode, size and mtime at that moment. While all four still match, the file is
-trusted without reading it, as git's index trusts an unchanged file. A touch, a rewrite or
-another file put in its place (``cp -p`` keeps size and mtime, not the inode) breaks it;
+device, inode, size, mtime and ctime at that moment. While all five still match, the file
+is trusted without reading it, as git's index trusts an unchanged file. A touch, a rewrite
+(also one whose mtime is put back with utime: that moves the ctime, which no call can set)
+or another file put in its place (``cp -p`` keeps size and mtime, not the inode) breaks it;
 a missing, damaged or hostile record (a symlink, a FIFO, a folder, a huge file, wrong
-types) is no trust, never an error. A record is only ever written below its ``root``.
+types, one of older bakery without ctime) is no trust, never an error. A record is only
+ever written below its ``root``.
 
 A rewrite in the same timestamp tick as the stat keeps the mtime (git's "racily clean"
 files; a tick is 2 s on FAT), so a record is only of a file whose mtime is older than
@@ -40,16 +42,17 @@ class Record(Document, frozen=True):
     st_ino: int
     st_size: int
     st_mtime_ns: int
+    st_ctime_ns: int  # required: a record without it (older bakery's) vouches for nothing
 
 
 def seen(path: Path, sha256: str) -> Record:
     st = os.stat(path)  # through a symlink: the file that is read
-    return Record(sha256, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return Record(sha256, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def trusted(record: Path, path: Path, sha256: str) -> bool:
     """Whether ``record`` vouches for ``path`` as ``sha256``: the same sha256, device,
-    inode, size and mtime (anything unreadable or odd: no)."""
+    inode, size, mtime and ctime (anything unreadable or odd: no)."""
     try:
         if record.is_symlink():
             return False

@@ -4,8 +4,10 @@ the re-hash of a baked tree or an installed patched wheel."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 import click
@@ -179,6 +181,8 @@ def _site_packages(python: Path) -> Path:
 def clean_cmd(series_dir, build_dir, everything, gc_cache, dry_run) -> None:
     """Remove superseded wheels, reports and trash from the build folder (and the cache)."""
     series = load_series(series_dir)
+    default = click.get_current_context().get_parameter_source("build_dir")
+    clean.check_build_folder(build_dir, default == click.core.ParameterSource.DEFAULT)
     state = rebase_loop.in_progress(build_dir)
     if state and everything:
         raise UsageError(
@@ -186,8 +190,8 @@ def clean_cmd(series_dir, build_dir, everything, gc_cache, dry_run) -> None:
             "drop its saved series and tree",
             hint="finish it with `bakery rebase --continue` or `bakery rebase --abort` first",
         )
-    removals = clean.build_garbage(build_dir, series.name, everything)
-    cache_removals = []
+    plan = clean.build_garbage(build_dir, series.name, everything)
+    cache_plan = clean.Plan()
     if gc_cache:
         tables = (
             [state.pin, *state.dependencies.values(), *state.other_bases.values()] if state else []
@@ -195,15 +199,21 @@ def clean_cmd(series_dir, build_dir, everything, gc_cache, dry_run) -> None:
         extra = [str(t.get("sha256")) for t in tables if isinstance(t, dict)]
         pins = [*series.bases.values(), *series.dependencies.values()]
         keep = clean.wanted_hashes(pins, build_dir, extra)
-        cache_removals = clean.cache_garbage(cache_dir(), keep)
-    verb = "would remove" if dry_run else "removed"
-    for removal in removals + cache_removals:
-        click.echo(f"{verb}: {removal.path} ({removal.size / 1e6:.1f} MB; {removal.why})")
+        cache_plan = clean.cache_garbage(cache_dir(), keep)
+    for link in plan.links + cache_plan.links:
+        click.echo(f"left alone: {link} (a symlink: bakery never follows or removes one)")
+    removals: Iterable[clean.Removal] = plan.removals + cache_plan.removals
     if not dry_run:
-        clean.remove(removals, build_dir if build_dir.is_dir() else None)
-        clean.remove(cache_removals)
-    total = sum(r.size for r in removals + cache_removals)
-    what = f"{len(removals + cache_removals)} item(s), {total / 1e6:.1f} MB"
+        # Lazy: each entry is yielded once it is gone, so a line never names one that is
+        # still there; the build lock comes first, so a running bake refuses them all.
+        own = build_dir.is_dir() and not build_dir.is_symlink()
+        gone = clean.remove(plan.removals, build_dir if own else None)
+        removals = itertools.chain(gone, clean.remove(cache_plan.removals))
+    verb, count, total = "would remove" if dry_run else "removed", 0, 0
+    for removal in removals:
+        click.echo(f"{verb}: {removal.path} ({removal.size / 1e6:.1f} MB; {removal.why})")
+        count, total = count + 1, total + removal.size
+    what = f"{count} item(s), {total / 1e6:.1f} MB"
     click.echo(f"dry run: {what} would go" if dry_run else f"clean: {what} freed")
 
 

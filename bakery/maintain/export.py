@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from collections import defaultdict
 from pathlib import Path
 
 import tomlkit
 
+from bakery import git
 from bakery.bake.pristine import unpacked
 from bakery.errors import BakeryError, UsageError
 from bakery.maintain import refresh
@@ -43,13 +43,7 @@ _TRAILER = re.compile(r"^Bakery-(?P<key>Patch|Base): (?P<value>\S.*)$", re.M)
 
 def _git(repo: Path, *args: str, env: dict | None = None, data: bytes | None = None) -> bytes:
     try:
-        proc = subprocess.run(
-            ["git", "-C", str(repo), *args],
-            input=data,
-            capture_output=True,
-            env={**os.environ, **(env or {})},
-            check=False,
-        )
+        proc = git.run(args, repo=repo, env=env, data=data)
     except FileNotFoundError:
         raise BakeryError("git is not installed", hint="install git to export") from None
     if proc.returncode != 0:
@@ -67,7 +61,7 @@ def _commit(repo: Path, message: str, author: tuple[str, str]) -> None:
         "GIT_AUTHOR_DATE": _DATE,
         "GIT_COMMITTER_DATE": _DATE,
     }
-    _git(repo, "add", "-A")
+    _git(repo, "add", "-A", "--force")  # an ignore file in the tree never drops a patched file
     _git(
         repo,
         "commit",
@@ -138,8 +132,28 @@ def export(series: Series, base_key: str, out: Path, by_stage: bool = False) -> 
                     write_atomic(target, after, plan.modes.get(rel))
         author = _author(entries[0].author) if len(entries) == 1 else _BOT
         _commit(out, _message(entries, pin), author)
+        touched = {rel: plan.after[rel] for entry in entries for rel in owners[entry.file]}
+        _check_commit(out, series.package, touched, entries)
         shown.append(_message(entries, pin).splitlines()[0])
     return shown
+
+
+def _check_commit(repo: Path, package: str, touched: dict, entries: list) -> None:
+    """HEAD must hold each touched file as the series makes it (None: deleted), byte for
+    byte: an export that silently commits less would come back as a deleted patch."""
+    for rel, after in sorted(touched.items()):
+        name = f"{package}/{rel}"
+        present = _git(repo, "ls-tree", "--name-only", "HEAD", "--", name).strip()
+        held = _git(repo, "show", f"HEAD:{name}") if present else None
+        if held != after:
+            patches = ", ".join(e.file for e in entries)
+            why = "it is missing" if held is None else "its bytes differ"
+            raise BakeryError(
+                f"the commit of {patches} does not hold its change to {name} as the series "
+                f"makes it ({why}): {str(repo)!r}",
+                hint="check the git setup around the folder (a hook, an attributes file), "
+                "then export again into a new folder",
+            )
 
 
 def _trailers(message: str) -> dict[str, list[str]]:
@@ -166,9 +180,19 @@ def import_git(series: Series, base_key: str, repo: Path, yes: bool = False) -> 
     listing = _git(repo, "diff", "--name-only", "-z", "--no-renames", PRISTINE_TAG, "HEAD")
     package = unpacked(pin) / series.package
     differing: dict[str, tuple[bytes | None, bytes | None]] = {}
-    for name in filter(None, listing.decode("utf-8", "surrogateescape").split("\0")):
+    for raw in filter(None, listing.split(b"\0")):
+        try:
+            name = raw.decode()
+        except UnicodeDecodeError:  # no patch file or series.toml can name it
+            raise UsageError(
+                f"HEAD changes a file whose name is not UTF-8: {raw!r}",
+                hint="rename it in the repository (`git mv`), commit, then import again",
+            ) from None
         if not name.startswith(prefix):
-            raise UsageError(f"HEAD changes a file outside {prefix}: {name!r}")
+            raise UsageError(
+                f"HEAD changes a file outside {prefix}: {name!r}",
+                hint=f"the series patches only {prefix}: drop that change, then import again",
+            )
         rel = name[len(prefix) :]
         before = inside(package, rel).read_bytes() if inside(package, rel).is_file() else None
         present = _git(repo, "ls-tree", "--name-only", "HEAD", "--", name).strip()

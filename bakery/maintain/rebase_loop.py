@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import msgspec
 import tomlkit
 
+from bakery import git
 from bakery.bake.bake import bake, build_lock, staleness, tree_dir
 from bakery.bake.pristine import unpacked
 from bakery.check.linkcheck import format_finding, run_linkcheck
@@ -108,11 +108,7 @@ def _merge(current: bytes, base: bytes, other: bytes, labels: tuple[str, str, st
         args = [arg for label in labels for arg in ("-L", label)]
         for style in _STYLE:
             try:
-                proc = subprocess.run(
-                    ["git", "merge-file", "-p", style, *args, *paths],
-                    capture_output=True,
-                    check=False,
-                )
+                proc = git.run(["merge-file", "-p", style, *args, *paths])
             except FileNotFoundError:
                 raise BakeryError(
                     "git is needed for 3-way merges and is not installed",

@@ -14,7 +14,6 @@ cleanly in order and be byte-identical to what refresh would write.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -23,7 +22,7 @@ from typing import Protocol
 
 import tomlkit
 
-from bakery import project
+from bakery import git, project
 from bakery.bake import manifest
 from bakery.bake.bake import bake, patched_version, restamp, tree_dir
 from bakery.bake.fetch import cache_dir, fetch
@@ -34,7 +33,7 @@ from bakery.maintain.edits import check_reproduced, differing_files
 from bakery.maintain.rebase_state import refuse_during_rebase
 from bakery.series import apply
 from bakery.series.diff import NEW_PREFIX, OLD_PREFIX, render_file_diff
-from bakery.series.series import HEADER, Series, load_series
+from bakery.series.series import HEADER, Series, committed_headers, load_series
 from bakery.tree import replace_files
 
 __all__ = [
@@ -210,24 +209,24 @@ def series_changes_since_bake(series: Series, baked: manifest.BakedManifest) -> 
 
 
 def remembered_entries(series: Series) -> dict[str, dict]:
-    """Patch file -> its series.toml table as last committed (git HEAD), so a patch
+    """Patch file -> its header in series.toml as last committed (git HEAD), so a patch
     re-created under the same name gets its stage and summary back; {} outside git
-    (or where git is not installed: a tarball checkout, a slim image)."""
+    (or where git is not installed: a tarball checkout, a slim image). A committed
+    header the series' schema refuses is refused here, before anything is written."""
     try:
-        proc = subprocess.run(
-            ["git", "-C", str(series.root), "show", "HEAD:./series.toml"],
-            capture_output=True,
-            text=True,
-        )
+        proc = git.run(["show", "HEAD:./series.toml"], repo=series.root)
     except OSError:
         return {}
     if proc.returncode != 0:
         return {}
+    where = f"{series.root / 'series.toml'} at git HEAD"
     try:
-        tables = tomlkit.parse(proc.stdout).get("patches", [])
-    except tomlkit.exceptions.ParseError:
-        return {}
-    return {str(t["file"]): dict(t) for t in tables if "file" in t}
+        text = proc.stdout.decode()
+    except UnicodeDecodeError as exc:
+        raise SeriesError(
+            f"{where}: not UTF-8 text (byte {exc.start})", hint="commit series.toml as UTF-8"
+        ) from None
+    return committed_headers(text, where)
 
 
 def _patch_name(number: int, path: str) -> str:

@@ -41,6 +41,7 @@ _CODEC = ("utf-8", "surrogateescape")
 MAX_PATCH_BYTES = 64 << 20
 # GNU patch refuses line numbers that do not fit its LINENUM ("is too large").
 MAX_LINE_NUMBER = 2**63 - 1
+_NUMBER_DIGITS = len(str(MAX_LINE_NUMBER))
 # GNU patch strips every line's trailing CR once a file's ``---``/``+++``
 # header lines both end in CRLF ("Stripping trailing CRs from patch").
 _ADDED, _REMOVED, _MARKER = b"+-\\"
@@ -57,6 +58,7 @@ _GIT_NEW_FILE = re.compile(rb"^new file mode (?P<mode>\d+)$")
 _GIT_DELETED_FILE = re.compile(rb"^deleted file mode (?P<mode>\d+)$")
 _GIT_OLD_MODE = re.compile(rb"^old mode (?P<mode>\d+)$")
 _GIT_NEW_MODE = re.compile(rb"^new mode (?P<mode>\d+)$")
+_OCTAL = re.compile(rb"^[0-7]+\Z")  # the mode lines take any digits, as unidiff's do
 _GIT_INDEX = re.compile(rb"^index [0-9a-f]+\.\.[0-9a-f]+ (?P<mode>\d+)$")
 _SOURCE = re.compile(rb'^--- (?P<name>"?[^\t\n]*"?)(?:\t[^\n]+)?')
 _TARGET = re.compile(rb'^\+\+\+ (?P<name>"?[^\t\n]*"?)(?:\t[^\n]+)?')
@@ -176,9 +178,19 @@ def _read_body(body: bytes, pos: int, old_len: int, new_len: int, name: str) -> 
     return pos
 
 
+def _numbers(header: re.Match[bytes]) -> tuple[int, int, int, int]:
+    """A ``@@`` line's four numbers (an omitted length is 1). One with more digits than any
+    line number has reads as one past the largest, so it is refused as too large: int()
+    would raise past 4300 digits."""
+    a, b, c, d = (
+        int(g) if len(g) <= _NUMBER_DIGITS else MAX_LINE_NUMBER + 1 for g in header.groups(b"1")
+    )
+    return a, b, c, d
+
+
 def _read_hunk(body: bytes, pos: int, header: re.Match[bytes], section: _Section, name: str) -> int:
     """The hunk whose ``@@`` line ends at ``pos``, added to ``section``; where reading goes on."""
-    numbers = tuple(map(int, header.groups(b"1")))  # an omitted length is 1
+    numbers = _numbers(header)
     old_start, old_len, new_start, new_len = numbers
     end = _read_body(body, pos, old_len, new_len, name)
     # GNU's body also takes the marker lines that follow the counted ones; unidiff read them
@@ -189,8 +201,11 @@ def _read_hunk(body: bytes, pos: int, header: re.Match[bytes], section: _Section
     number = len(section.rows) // Hunks.WIDTH + 1
     if section.problem is None:
         if max(numbers) > MAX_LINE_NUMBER:
-            too_large = next(v for v in numbers if v > MAX_LINE_NUMBER)
-            section.problem = f"{name}: hunk #{number}: line number is too large: {too_large}"
+            digits = next(
+                g for g, v in zip(header.groups(b"1"), numbers, strict=True) if v > MAX_LINE_NUMBER
+            )
+            shown = digits.decode() if len(digits) <= 40 else f"{digits[:20].decode()}..."
+            section.problem = f"{name}: hunk #{number}: line number is too large: {shown}"
         elif (old_start == 0 < old_len) or (new_start == 0 < new_len):
             written = header[0][: header[0].index(b" @@", 2) + 3].decode()
             section.problem = (
@@ -225,7 +240,7 @@ def _read_hunks(body: bytes, pos: int, section: _Section, name: str) -> int:
         context = body.count(b"\n ", start - 1, stop - 1)
         removed = body.count(b"\n-", start - 1, stop - 1)
         added = body.count(b"\n+", start - 1, stop - 1)
-        old_start, old_len, new_start, new_len = map(int, header.groups(b"1"))
+        old_start, old_len, new_start, new_len = _numbers(header)
         if (
             lines == context + removed + added
             and context + removed == old_len
@@ -362,7 +377,14 @@ def parse_patch(
         if not section.rows:
             raise PatchParseError(f"{name}: no hunks for {new or old!r}")
         if section.problem:
-            raise PatchParseError(section.problem)
+            raise PatchParseError(
+                section.problem, hint="fix that hunk's @@ line or body in the patch file"
+            )
+        if section.mode and not _OCTAL.match(section.mode):
+            raise PatchParseError(
+                f"{name}: a git file mode is not octal: {section.mode.decode()[:20]!r}",
+                hint="a mode is octal digits, as git writes it (100644, 100755)",
+            )
         mode = int(section.mode[-3:], 8) if section.mode and new is not None else None
         files.append(FilePatch(old, new, Hunks(body, section.rows), new_mode=mode))
     if not files:

@@ -30,6 +30,7 @@ from bakery.schema import (
     Sha256,
     Text,
     decode,
+    parse_toml,
     read_toml,
     refuse,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "SeriesDoc",
     "PinDoc",
     "is_sha256",
+    "committed_headers",
 ]
 
 _PATCH_NAME = r"^(?P<number>\d{2,})-(?P<slug>[^/\\\0]+)\.diff$"
@@ -143,6 +145,23 @@ def _rule_problems(doc: SeriesDoc, folder: str) -> list[str]:
             except UnsafePathError:
                 problems.append(f"$.renames: {old!r} = {new!r} leaves the tree (refused): {side!r}")
     return problems
+
+
+class _Headers(Document, frozen=True):
+    """series.toml's patch tables alone: another revision of it, as git keeps it."""
+
+    patches: tuple[PatchEntry, ...] = ()
+
+
+def committed_headers(text: str, where: str) -> dict[str, dict[str, str | int]]:
+    """Patch file -> its header (``PatchEntry.header``) in another revision of series.toml
+    (git HEAD's), checked by the series' own schema: a header written back from it is
+    one the series takes (a duplicate key is not TOML; a stage of 99 is refused here)."""
+    data = parse_toml(text, where, SeriesError)
+    hint = "fix series.toml and commit it: refresh takes a re-made patch's header from git HEAD"
+    patches = {"patches": data.get("patches", [])}
+    doc = decode(patches, _Headers, where=where, error=SeriesError, hint=hint)
+    return {entry.file: entry.header() for entry in doc.patches}
 
 
 def validate(data: object, where: str, default_name: str = "series") -> SeriesDoc:

@@ -76,8 +76,11 @@ RECORDS = {
         field: lambda r, o, f=field: r.write_text(
             json.dumps({**json.loads(r.read_text()), f: 1 if f != "sha256" else "0" * 64})
         )  # fmt: skip
-        for field in ("sha256", "st_dev", "st_ino", "st_size", "st_mtime_ns")
+        for field in ("sha256", "st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
     },
+    "older, without ctime": lambda r, o: r.write_text(
+        json.dumps({k: v for k, v in json.loads(r.read_text()).items() if k != "st_ctime_ns"})
+    ),  # fmt: skip
     "not json": lambda r, o: r.write_text("{"),
     "a folder": lambda r, o: (r.unlink(), r.mkdir()),
     "a link out of the build folder": lambda r, o: (
@@ -117,3 +120,51 @@ def test_every_input_of_the_wheel_moves_its_key(monkeypatch):
     assert key not in keys and len(keys) == len(others)
     monkeypatch.setattr(bake_mod, "_WRITER", bake_mod._WRITER[:-1])  # the writer edited
     assert bake_mod._wheel_inputs(*base) != key
+
+
+def _rewritten_with_mtime_put_back(path):
+    """Another byte written in place, then the old mtime put back (utime): device, inode,
+    size and mtime all as before; only the ctime moved."""
+    st = os.stat(path)
+    data = bytearray(path.read_bytes())
+    data[10] ^= 1  # the first member's mtime in its local header: still a zip
+    with open(path, "r+b") as handle:
+        handle.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+        st.st_ino, st.st_size, st.st_mtime_ns
+    )  # fmt: skip
+
+
+def test_a_wheel_rewritten_in_place_with_its_mtime_put_back_is_not_trusted(tmp_path, monkeypatch):
+    """The cached base wheel and the baked one, each rewritten in place with its mtime put
+    back: `bakery bake` hashes the cached one again and refuses it (it cannot fetch it
+    here), and writes the baked one again (before: both were trusted by their stat)."""
+    from bakery.bake import fetch as fetch_mod
+    from bakery.errors import FetchError
+
+    series, build, cli, _, _ = make_loop(tmp_path)
+    (cached,) = (tmp_path / "cache" / "wheels").glob("*/vllm-0.1.0-*.whl")
+    os.utime(cached, ns=(1_700_000_000 * 10**9,) * 2)  # long ago: the next hash records it
+    hashes = []
+    real = fetch_mod.sha256_file
+    monkeypatch.setattr(fetch_mod, "sha256_file", lambda p: hashes.append(p) or real(p))
+
+    def offline(*args, **kwargs):
+        raise FetchError("no download in this test")
+
+    monkeypatch.setattr(fetch_mod, "_pip_download", offline)
+    assert cli("bake").returncode == 0 and hashes == [cached]  # hashed, recorded
+    (baked,) = (build / "dist").glob("vllm-0.1.0+*.whl")
+    good = baked.read_bytes()
+    assert cli("bake").returncode == 0 and hashes == [cached]  # trusted by its stat
+
+    _rewritten_with_mtime_put_back(baked)
+    assert cli("bake").returncode == 0
+    assert baked.read_bytes() == good  # written again, not kept
+
+    _rewritten_with_mtime_put_back(cached)
+    proc = cli("bake")
+    assert hashes == [cached, cached]  # hashed again
+    assert proc.returncode == 1 and proc.stderr.startswith("error: no download in this test")

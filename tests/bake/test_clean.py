@@ -8,9 +8,12 @@ import os
 import tomllib
 
 from tests._synthetic_release import make_loop
+from tests.conftest import run_cli
 
 OLD_WHEEL = "vllm-0.1.0+t.00000000-cp38-abi3-manylinux_2_28_x86_64.whl"
 FOREIGN = "vllm-0.1.0+other.0123abcd-cp38-abi3-manylinux_2_28_x86_64.whl"
+LINKED = "vllm-0.1.0+t.11111111-cp38-abi3-manylinux_2_28_x86_64.whl"
+SYMLINK_WHEEL = {f"dist/{LINKED}"}
 
 
 def listing(root) -> set[str]:
@@ -30,7 +33,7 @@ def setup(tmp_path):
     (dist / FOREIGN).write_bytes(b"another series' wheel")
     outside = tmp_path / "outside.whl"
     outside.write_bytes(b"not ours")
-    (dist / "vllm-0.1.0+t.11111111-cp38-abi3-manylinux_2_28_x86_64.whl").symlink_to(outside)
+    (dist / LINKED).symlink_to(outside)
     assert cli("rebase", "--to", "vllm==0.1.1").returncode == 0  # build/rebase/vllm-0.1.1
     (build / ".trash").mkdir(exist_ok=True)
     (build / ".trash" / "old-tree").write_text("x")
@@ -90,11 +93,12 @@ def test_clean_cache_keeps_what_the_pins_bakes_and_a_rebase_want(tmp_path):
     assert cli("bake").returncode == 0  # and a bake needs no download
 
 
-def test_clean_all_leaves_an_empty_build_folder_that_bakes_again(tmp_path):
+def test_clean_all_leaves_a_build_folder_that_bakes_again(tmp_path):
     series, build, cli, _, _ = setup(tmp_path)
     proc = cli("clean", "--all")
     assert proc.returncode == 0, proc.stderr
-    assert os.listdir(build) in ([], [".bake.lock"])
+    # another series' wheel and a symlink are not this series' output: they stay
+    assert listing(build) == {".bake.lock", f"dist/{FOREIGN}", *SYMLINK_WHEEL}
     assert cli("bake").returncode == 0
     assert cli("bake", "--check").returncode == 0
 
@@ -113,3 +117,96 @@ def test_clean_removes_the_pristine_copies_no_baked_tree_links_to(tmp_path):
     assert proc.returncode == 0 and proc.stdout.count("pristine copy no baked tree") == 3
     assert listing(build / ".pristine") == set() and listing(tmp_path / "cache") == cache
     assert cli("bake").returncode == 0 and listing(build / ".pristine") == kept
+
+
+def test_clean_refuses_a_folder_bakery_did_not_build(tmp_path):
+    """`--build .` in a checkout: nothing there is bakery's, so clean refuses it whole
+    (before: --all deleted the checkout and .git; clean alone its rebase/ and matrix/)."""
+    series, build, cli, _, _ = make_loop(tmp_path)
+    repo = tmp_path / "repo"
+    for rel in (".git/HEAD", "README.md", "rebase/notes.md", "matrix/plan.md", "dist/x.whl"):
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text("mine")
+    before = listing(repo)
+    for flags in (["--all"], [], ["--all", "--cache"]):
+        proc = run_cli(
+            "clean",
+            *flags,
+            "--series",
+            str(series),
+            "--build",
+            str(repo),
+            env={"BAKERY_CACHE": str(tmp_path / "cache")},
+        )
+        assert proc.returncode == 2, (flags, proc.stdout, proc.stderr)
+        assert proc.stderr.startswith("error: not a bakery build folder")
+        assert proc.stderr.count("\n") == 2 and "hint: " in proc.stderr
+        assert "removed" not in proc.stdout and listing(repo) == before
+
+
+def test_clean_all_takes_only_what_bakery_wrote(tmp_path):
+    """--all takes the trees, their records, the series' wheels and reports; the rerere
+    records, the tiny models and files bakery never writes stay (before: all of it went)."""
+    series, build, cli, _, _ = setup(tmp_path)
+    keep = {
+        ".rerere/" + "a" * 64: "a fix",
+        "tiny-llama/config.json": "{}",
+        "tiny-v41-fast/model.safetensors": "w",
+        "baked-notes/todo.md": "not a tree: no BAKED.json",
+        "notes.txt": "mine",
+        "rebase/todo.md": "mine",
+        "matrix/plan.md": "mine",
+        ".pristine/README": "mine",
+    }
+    for rel, text in keep.items():
+        (build / rel).parent.mkdir(parents=True, exist_ok=True)
+        (build / rel).write_text(text)
+    (build / "matrix" / "matrix.md").write_text("| a report |")
+    proc = cli("clean", "--all")
+    assert proc.returncode == 0, proc.stderr
+    left = listing(build)
+    assert set(keep) <= left and all((build / r).read_text() == t for r, t in keep.items())
+    assert not any(r.startswith(("baked/", "baked-cpu", ".baked", "rebase/vllm")) for r in left)
+    assert not (build / "matrix" / "matrix.md").exists()
+    assert f"removed: {build / 'baked'} " in proc.stdout and ".rerere" not in proc.stdout
+    assert left - set(keep) == {".bake.lock", f"dist/{FOREIGN}", *SYMLINK_WHEEL}
+
+
+def test_clean_never_follows_a_symlinked_dist_or_pristine(tmp_path):
+    """build/dist and build/.pristine as links to a shared wheelhouse: clean leaves the
+    links and everything behind them, and says so (before: it emptied the targets)."""
+    series, build, cli, _, _ = setup(tmp_path)
+    shared = tmp_path / "wheelhouse"
+    shared.mkdir()
+    (shared / OLD_WHEEL).write_bytes(b"a shared wheel")
+    (shared / ("b" * 64)).mkdir()
+    (shared / ("b" * 64) / "f.py").write_text("theirs")
+    for name in ("dist", ".pristine"):
+        (build / name).rename(tmp_path / f"moved{name}")
+        (build / name).symlink_to(shared)
+    before = listing(shared)
+    for flags in ([], ["--all"]):
+        proc = cli("clean", *flags)
+        assert proc.returncode == 0, proc.stderr
+        assert f"left alone: {build / 'dist'} (a symlink" in proc.stdout
+        assert f"left alone: {build / '.pristine'} (a symlink" in proc.stdout
+        assert listing(shared) == before and (build / "dist").is_symlink()
+
+
+def test_clean_while_a_bake_holds_the_lock_removes_nothing_and_says_so(tmp_path):
+    """A bake holding build/.bake.lock: clean refuses before removing anything and prints
+    no "removed:" line (before: a line per item, then exit 1 with everything still there)."""
+    import fcntl
+
+    series, build, cli, _, _ = setup(tmp_path)
+    before = listing(build)
+    with open(build / ".bake.lock", "r+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another open file: as a bake
+        handle.write("4242\n")
+        handle.flush()
+        proc = cli("clean")
+        status = cli("status")
+    assert proc.returncode == 1 and "removed" not in proc.stdout
+    assert proc.stderr.startswith("error: another bake is running in this build folder (pid 4242)")
+    assert proc.stderr.count("\n") == 2 and listing(build) == before
+    assert status.returncode == 0, status.stderr

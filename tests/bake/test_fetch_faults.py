@@ -211,7 +211,9 @@ def test_another_file_put_in_place_with_the_same_size_and_mtime_is_refetched(
     assert hashes.count(path) == 2 and len(downloads) == 1
 
 
-@pytest.mark.parametrize("field", ["sha256", "st_dev", "st_ino", "st_size", "st_mtime_ns"])
+@pytest.mark.parametrize(
+    "field", ["sha256", "st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns"]
+)
 def test_a_record_that_differs_in_any_field_is_no_trust(tmp_path, hashes, field):
     pin, path = _cached(tmp_path)
     fetch(pin, cache=tmp_path)

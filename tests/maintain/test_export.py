@@ -8,6 +8,7 @@ import tomllib
 
 import pytest
 
+from bakery.series.diff import render_file_diff
 from tests._synthetic_release import OLD, PATCHED, make_loop
 from tests.conftest import run_cli
 
@@ -152,3 +153,76 @@ def test_the_real_series_goes_out_and_comes_back_byte_for_byte(tmp_path, cpu_bak
     assert back.returncode == 0 and back.stdout.startswith("nothing to import"), back.stdout
     for path in (REPO / "patches" / "dcp2").iterdir():
         assert (series / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+def test_export_and_import_ignore_the_git_variables_a_hook_sets(loop, tmp_path):
+    """GIT_DIR and GIT_INDEX_FILE (set by git for its hooks) name another repository:
+    export and import must still work on --git DIR alone (before: export committed the
+    series into that other repository, and import read it)."""
+    other = tmp_path / "other"
+    other.mkdir()
+    git(other, "init", "-q")
+    git(other, "commit", "-q", "--allow-empty", "-m", "theirs")
+    head = git(other, "rev-parse", "HEAD")
+    hook = {
+        "GIT_DIR": str(other / ".git"),
+        "GIT_INDEX_FILE": str(other / ".git" / "index"),
+        "GIT_WORK_TREE": str(other),
+    }
+    repo = tmp_path / "git"
+    env = {"BAKERY_CACHE": str(tmp_path / "cache"), **hook}
+    series = ["--series", str(tmp_path / "series")]
+    out = run_cli("export", "--git", str(repo), *series, env=env)
+    assert out.returncode == 0, out.stderr
+    assert git(other, "rev-parse", "HEAD") == head and git(other, "tag") == ""
+    assert len(git(repo, "log", "--format=%s").splitlines()) == 4
+    back = run_cli("import", "--git", str(repo), *series, env=env)
+    assert back.returncode == 0 and back.stdout.startswith("nothing to import"), back.stderr
+
+
+def test_export_and_import_ignore_the_users_git_config(loop, tmp_path):
+    """A global ignore list naming a patched file and core.autocrlf=input: export commits
+    every patch byte for byte and import brings nothing back (before: 02's commit was
+    empty, export exited 0, and import offered to remove 02; a CRLF line came back LF)."""
+    series, _, _ = loop
+    crlf = b"B = 1\nLIMIT = 12  # dcp\r\nNAME = 'b'\n"
+    (series / "02-b.py.diff").write_bytes(render_file_diff("b.py", OLD["b.py"], crlf))
+    patches = {p.name: p.read_bytes() for p in series.iterdir()}
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "ignore").write_text("b.py\n")
+    (home / ".gitconfig").write_text(
+        f"[core]\n\texcludesFile = {home / 'ignore'}\n\tautocrlf = input\n"
+    )
+    env = {"BAKERY_CACHE": str(tmp_path / "cache"), "HOME": str(home)}
+    env["XDG_CONFIG_HOME"] = str(home)
+    repo = tmp_path / "git"
+    out = run_cli("export", "--git", str(repo), "--series", str(series), env=env)
+    assert out.returncode == 0, out.stderr
+    held = subprocess.run(
+        ["git", "-C", str(repo), "show", "HEAD~1:vllm/b.py"], capture_output=True, check=True
+    )
+    assert held.stdout == crlf
+    back = run_cli("import", "--git", str(repo), "--series", str(series), env=env)
+    assert back.returncode == 0 and back.stdout.startswith("nothing to import"), back.stdout
+    assert {p.name: p.read_bytes() for p in series.iterdir()} == patches
+
+
+def test_export_refuses_a_commit_that_lost_its_patch(loop, tmp_path, monkeypatch):
+    """Whatever drops a patch's change from its commit (planted here: git's add skipped
+    after the pristine commit), export exits 1 naming the patch, never 0 (before: 0)."""
+    from bakery.maintain import export
+
+    real, calls = export._git, []
+
+    def lossy(repo, *args, **kwargs):
+        calls.append(args[0])
+        if args[0] == "add" and calls.count("add") > 1:
+            return b""
+        return real(repo, *args, **kwargs)
+
+    monkeypatch.setattr(export, "_git", lossy)
+    proc = bakery(tmp_path, "export", "--git", str(tmp_path / "git"))
+    assert proc.returncode == 1, proc.stdout
+    assert proc.stderr.startswith("error: the commit of 01-a.py.diff does not hold its change")
+    assert proc.stderr.count("\n") == 2 and "hint: " in proc.stderr

@@ -209,6 +209,7 @@ def test_a_hunk_header_at_line_0_with_lines_is_refused_and_nothing_is_written(
     assert proc.stderr == (
         "error: 02-b.diff: hunk #1: malformed hunk header"
         " (a range that starts at line 0 must be empty): @@ -0,2 +1,3 @@\n"
+        "hint: fix that hunk's @@ line or body in the patch file\n"
     )
     assert snapshot(tree) == before
 
