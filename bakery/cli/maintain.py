@@ -198,7 +198,7 @@ def rebase_cmd(
         click.echo(f"  {patch}: {status}")
     unplaced = [p for p, v in report.patches.items() if v == rebase_mod.PatchVerdict.FAILS]
     for forced in report.linkcheck_forced:
-        click.echo(f"linkcheck forced {forced}: a finding there may come from the forcing")
+        click.echo(f"linkcheck: forced {forced}; a finding in it may come from the forcing")
     for finding in report.linkcheck:
         click.echo(f"linkcheck: {finding}{_tie(finding, series, unplaced)}")
     for note in report.kept_bases + report.notes:

@@ -276,8 +276,8 @@ class FileChecker(ast.NodeVisitor):
             innermost = False
             if scope.kind != "module" and name in scope.names:
                 return True
-        if name in _BUILTINS:
-            return True
+        if name in _BUILTINS or name in self.info.bindings:
+            return True  # an import of a missing name is the import's finding
         return not isinstance(self.index.resolve(self.module, name), Missing)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:

@@ -29,7 +29,7 @@ def stage_findings(index: ModuleIndex, series_root: Path, package: str) -> list[
     heads = gates.heads if gates is not None else None
     if heads is None:
         return []  # a malformed or missing field is the schema's (bakery stages) finding
-    shown = f"{Path(series_root).name}/{STAGES}"
+    shown = "/".join([*Path(series_root).resolve().parts[-2:], STAGES])  # patches/dcp2/...
     line = _field_line(path.read_text(encoding="utf-8"), "heads_source")
     heads_file, name = heads
     subject = f"gates.heads_source.{name}"
