@@ -67,6 +67,23 @@ def _pip_download(
     args: list[str], dest: Path, platform: str, verbose: bool, hint: str = _RELEASE_HINT
 ) -> list[Path]:
     """``pip download --no-deps`` of binary wheels into ``dest``; the wheels it wrote."""
+    cmd = _pip_download_cmd(args, dest, platform)
+    if not verbose:
+        cmd.append("--quiet")
+    proc = subprocess.run(
+        cmd, stdout=None if verbose else subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    wheels = sorted(dest.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        tail = " | ".join((proc.stdout or "").strip().splitlines()[-3:]) or "no output"
+        raise FetchError(
+            f"pip could not download ({tail}): {' '.join(args)!r}",
+            hint=hint,
+        )
+    return wheels
+
+
+def _pip_download_cmd(args: list[str], dest: Path, platform: str) -> list[str]:
     cmd = [
         sys.executable,
         "-m",
@@ -81,19 +98,7 @@ def _pip_download(
     ]
     if platform != "any":
         cmd += ["--platform", platform]
-    if not verbose:
-        cmd.append("--quiet")
-    proc = subprocess.run(
-        cmd, stdout=None if verbose else subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    wheels = sorted(dest.glob("*.whl"))
-    if proc.returncode != 0 or not wheels:
-        tail = " | ".join((proc.stdout or "").strip().splitlines()[-3:]) or "no output"
-        raise FetchError(
-            f"pip could not download ({tail}): {' '.join(args)!r}",
-            hint=hint,
-        )
-    return wheels
+    return cmd
 
 
 def wheel_platform(wheel_name: str) -> str:
@@ -250,18 +255,19 @@ _UNREACHABLE = re.compile(
     r"connection broken by|Could not fetch URL|Failed to establish|NameResolutionError|"
     r"Max retries exceeded|ConnectTimeoutError|ReadTimeoutError|SSLError"
 )
-_VERSIONS = re.compile(r"^Available versions: (.*)$", re.M)
+_VERSIONS = re.compile(r"\(from versions: ([^)]*)\)")
+# Arbitrary equality (===) with a string no version is: pip lists what it could take.
+_NO_VERSION = "===bakery-asks-which-versions"
 
 
 def release_versions(name: str, platform: str = "any") -> list[Version]:
     """Every final release of ``name`` with a wheel for ``platform`` that the package
-    index lists (``pip index versions``), newest first. IndexUnreachable when pip could
-    not reach an index; FetchError when the index has no such release."""
-    cmd = [sys.executable, "-m", "pip", "index", "versions", name, "--retries", "1"]
-    cmd += ["--disable-pip-version-check", "--only-binary=:all:"]
-    if platform != "any":
-        cmd += ["--platform", platform]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    index lists, newest first: what ``pip download`` (as ``fetch`` runs it) could take,
+    as pip lists it for a version none is. IndexUnreachable when pip could not reach an
+    index; FetchError when the index has no such release."""
+    with tempfile.TemporaryDirectory(prefix="bakery-versions-") as tmp:
+        cmd = _pip_download_cmd([f"{name}{_NO_VERSION}", "--retries", "1"], Path(tmp), platform)
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     output = proc.stdout + proc.stderr
     if _UNREACHABLE.search(output):
         line = next(ln for ln in output.splitlines() if _UNREACHABLE.search(ln))
@@ -272,7 +278,7 @@ def release_versions(name: str, platform: str = "any") -> list[Version]:
             hint="check the network, or point pip at a reachable index (PIP_INDEX_URL); "
             "`bakery rebase-matrix --releases X.Y.Z,...` works offline from the cache",
         )
-    found = _VERSIONS.search(proc.stdout)
+    found = _VERSIONS.search(output)
     versions = []
     for text in found.group(1).split(",") if found else ():
         try:
