@@ -20,6 +20,7 @@ __all__ = [
     "SeriesError",
     "HashMismatch",
     "FetchError",
+    "IndexUnreachable",
     "PreimageMismatch",
     "WheelError",
     "ManifestError",
@@ -115,6 +116,13 @@ class HashMismatch(BakeryError):
 
 class FetchError(BakeryError):
     """The pinned artifact could not be fetched."""
+
+
+class IndexUnreachable(FetchError):
+    """The package index could not be asked at all (offline, a wrong index URL): the
+    question could not be put, so it is the input's exit code, not the work's."""
+
+    exit_code = 2
 
 
 class PreimageMismatch(BakeryError):

@@ -31,7 +31,7 @@ it); a typed output is written from its type, with the bytes the dicts before it
   (series and base only, other fields ignored), so a manifest of another bakery version
   still names what a run serves.
 - Written only, as frozen types: rebase.json (``maintain.rebase.RebaseReport``),
-  matrix.json (``maintain.rebase.MatrixTable``), `status --json`
+  matrix.json (``maintain.matrix.MatrixTable``), `status --json`
   (``maintain.status.StatusReport``; each patch's header and the server rows stay dicts
   inside it), the parity matrix's summary.json (``launch.matrix_report.MatrixSummary``;
   gates, serving figures and each candidate's diagnosis stay dicts inside it) and a

@@ -44,7 +44,8 @@ from bakery.bake.pristine import own_copy, unpacked  # noqa: E402
 from bakery.cli.boundary import run_command  # noqa: E402
 from bakery.errors import UnsafePathError  # noqa: E402
 from bakery.maintain.edits import differing_files  # noqa: E402
-from bakery.maintain.rebase import matrix, release_pin  # noqa: E402
+from bakery.maintain.matrix import matrix  # noqa: E402
+from bakery.maintain.rebase import release_pin  # noqa: E402
 from bakery.series import apply  # noqa: E402
 from bakery.series.diff import parse_patch, read_patch  # noqa: E402
 from bakery.series.series import Series, load_series  # noqa: E402

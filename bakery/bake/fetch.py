@@ -1,4 +1,6 @@
-"""Fetch a hash-pinned wheel into the cache, or take one given by path.
+"""Fetch a hash-pinned wheel into the cache, or take one given by path; ask the index
+which releases it has. This is the one place that talks to the package index, always
+through pip, so pip's configuration (``PIP_INDEX_URL``, pip.conf) says which index.
 
 Downloads go through pip (``pip download --no-deps --require-hashes``), land in
 a temp folder inside the cache and are moved in only once their sha256 is the
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,15 +25,16 @@ import time
 from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
 from bakery.bake import trust
-from bakery.errors import FetchError, HashMismatch, UnreadableInput
+from bakery.errors import FetchError, HashMismatch, IndexUnreachable, UnreadableInput
 from bakery.progress import note
 from bakery.schema import Document, encode_json, try_decode
 from bakery.series.series import Pin
 from bakery.tree import sha256_file, sweep_dead, write_atomic
 
-__all__ = ["cache_dir", "fetch", "fetch_release", "wheel_platform"]
+__all__ = ["cache_dir", "fetch", "fetch_release", "release_versions", "wheel_platform"]
 
 
 def cache_dir() -> Path:
@@ -63,6 +67,23 @@ def _pip_download(
     args: list[str], dest: Path, platform: str, verbose: bool, hint: str = _RELEASE_HINT
 ) -> list[Path]:
     """``pip download --no-deps`` of binary wheels into ``dest``; the wheels it wrote."""
+    cmd = _pip_download_cmd(args, dest, platform)
+    if not verbose:
+        cmd.append("--quiet")
+    proc = subprocess.run(
+        cmd, stdout=None if verbose else subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    wheels = sorted(dest.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        tail = " | ".join((proc.stdout or "").strip().splitlines()[-3:]) or "no output"
+        raise FetchError(
+            f"pip could not download ({tail}): {' '.join(args)!r}",
+            hint=hint,
+        )
+    return wheels
+
+
+def _pip_download_cmd(args: list[str], dest: Path, platform: str) -> list[str]:
     cmd = [
         sys.executable,
         "-m",
@@ -77,19 +98,7 @@ def _pip_download(
     ]
     if platform != "any":
         cmd += ["--platform", platform]
-    if not verbose:
-        cmd.append("--quiet")
-    proc = subprocess.run(
-        cmd, stdout=None if verbose else subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    wheels = sorted(dest.glob("*.whl"))
-    if proc.returncode != 0 or not wheels:
-        tail = " | ".join((proc.stdout or "").strip().splitlines()[-3:]) or "no output"
-        raise FetchError(
-            f"pip could not download ({tail}): {' '.join(args)!r}",
-            hint=hint,
-        )
-    return wheels
+    return cmd
 
 
 def wheel_platform(wheel_name: str) -> str:
@@ -238,3 +247,48 @@ def fetch_release(requirement: str, platform: str, cache: Path | None = None) ->
     index[key] = ReleaseEntry(pin.wheel, pin.sha256)
     write_atomic(index_path, encode_json(index, sort_keys=True))
     return pin
+
+
+# pip's words when it could not reach an index (it then goes on as if the index were
+# empty, so "no matching distribution" alone cannot tell offline from unknown).
+_UNREACHABLE = re.compile(
+    r"connection broken by|Could not fetch URL|Failed to establish|NameResolutionError|"
+    r"Max retries exceeded|ConnectTimeoutError|ReadTimeoutError|SSLError"
+)
+_VERSIONS = re.compile(r"\(from versions: ([^)]*)\)")
+# Arbitrary equality (===) with a string no version is: pip lists what it could take.
+_NO_VERSION = "===bakery-asks-which-versions"
+
+
+def release_versions(name: str, platform: str = "any") -> list[Version]:
+    """Every final release of ``name`` with a wheel for ``platform`` that the package
+    index lists, newest first: what ``pip download`` (as ``fetch`` runs it) could take,
+    as pip lists it for a version none is. IndexUnreachable when pip could not reach an
+    index; FetchError when the index has no such release."""
+    with tempfile.TemporaryDirectory(prefix="bakery-versions-") as tmp:
+        cmd = _pip_download_cmd([f"{name}{_NO_VERSION}", "--retries", "1"], Path(tmp), platform)
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    output = proc.stdout + proc.stderr
+    if _UNREACHABLE.search(output):
+        line = next(ln for ln in output.splitlines() if _UNREACHABLE.search(ln))
+        reason = re.search(r"\[Errno -?\d+\] ([^'\")]+)", line) or re.search(r"(\w+Error)", line)
+        where = f" ({reason.group(1).strip()})" if reason else ""
+        raise IndexUnreachable(
+            f"the package index could not be reached{where}: asking for {name!r}",
+            hint="check the network, or point pip at a reachable index (PIP_INDEX_URL); "
+            "`bakery rebase-matrix --releases X.Y.Z,...` works offline from the cache",
+        )
+    found = _VERSIONS.search(output)
+    versions = []
+    for text in found.group(1).split(",") if found else ():
+        try:
+            versions.append(Version(text.strip()))
+        except InvalidVersion:
+            continue
+    if not versions:
+        tail = " | ".join(output.strip().splitlines()[-2:]) or "no output"
+        raise FetchError(
+            f"the package index lists no release of {name!r} ({tail})",
+            hint="check the name, and that PIP_INDEX_URL points at the index that has it",
+        )
+    return sorted((v for v in versions if not v.is_prerelease), reverse=True)

@@ -59,7 +59,7 @@ def importcheck_cmd(series_dir, base_key, tree) -> None:
     help="Apply only these patch files of the series (repeatable).",
 )
 def linkcheck_cmd(series_dir, base_key, only) -> None:
-    """Resolve every import, call and self.X of the patched files, statically."""
+    """Resolve every import, call, name, config read and self.X of the patched files."""
     series = load_series(series_dir)
     base = unpacked(series.base(base_key))
     thirdparty = [unpacked(pin) for pin in series.dependencies.values()]
@@ -72,5 +72,6 @@ def linkcheck_cmd(series_dir, base_key, only) -> None:
             hint="fix the series, or allowlist a truly dynamic name in series.toml",
         )
     click.echo(
-        f"ok: every import, call and self attribute of {len(series.touched)} file(s) resolves"
+        f"ok: every import, call, name, config read and self attribute of "
+        f"{len(series.touched)} file(s) resolves, and the names stages.toml points at"
     )

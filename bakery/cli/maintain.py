@@ -17,6 +17,7 @@ from bakery.bake.fetch import cache_dir
 from bakery.cli.options import base_option, build_option, series_option, under_root
 from bakery.errors import BakeryError, UsageError
 from bakery.launch import lifecycle
+from bakery.maintain import matrix as matrix_mod
 from bakery.maintain import rebase as rebase_mod
 from bakery.maintain import rebase_loop, refresh
 from bakery.maintain import status as status_mod
@@ -196,9 +197,11 @@ def rebase_cmd(
     for patch, status in report.patches.items():
         click.echo(f"  {patch}: {status}")
     unplaced = [p for p, v in report.patches.items() if v == rebase_mod.PatchVerdict.FAILS]
+    for forced in report.linkcheck_forced:
+        click.echo(f"linkcheck: forced {forced}; a finding in it may come from the forcing")
     for finding in report.linkcheck:
         click.echo(f"linkcheck: {finding}{_tie(finding, series, unplaced)}")
-    for note in report.kept_bases:
+    for note in report.kept_bases + report.notes:
         click.echo(f"warning: {note}", err=True)
     click.echo(f"refreshed series and report: {out}")
     failed = counts[rebase_mod.HunkVerdict.FAILED]
@@ -324,7 +327,13 @@ def _release_version(target: str, project: str, option: str = "--to") -> str:
 @click.command("rebase-matrix")
 @series_option
 @base_option
-@click.option("--releases", required=True, help="Comma-separated versions, e.g. 0.31.0,0.32.0.")
+@click.option("--releases", help="Comma-separated versions, e.g. 0.31.0,0.32.0.")
+@click.option(
+    "--latest",
+    is_flag=True,
+    help="Ask the package index (through pip) for the newest releases of the base and "
+    "each pinned dependency; the matrix is then the pin and the newest release.",
+)
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
@@ -339,29 +348,45 @@ def _release_version(target: str, project: str, option: str = "--to") -> str:
     is_flag=True,
     help="Exit 1 if any release is missing, any patch fails or linkcheck finds anything.",
 )
-def rebase_matrix_cmd(series_dir, base_key, releases, out, fuzz, no_linkcheck, strict) -> None:
+def rebase_matrix_cmd(
+    series_dir, base_key, releases, latest, out, fuzz, no_linkcheck, strict
+) -> None:
     """Patch x release table of apply status and linkcheck findings (Markdown + JSON).
 
     A release that cannot be fetched is a row of "missing", not an abort."""
+    if bool(releases) == latest:
+        raise UsageError(
+            "give one of --releases and --latest",
+            hint="e.g. `bakery rebase-matrix --latest` or `--releases 0.32.0,0.33.0`",
+        )
     series = load_series(series_dir)
     project = series.base(base_key).name
-    versions = [
-        _release_version(f"{project}=={v.strip()}", project, "--releases")
-        for v in releases.split(",")
-    ]
-    table = rebase_mod.matrix(
+    if latest:
+        found = matrix_mod.newest(series, base_key)
+        for pinned in found:
+            click.echo(f"{pinned.name}: pinned {pinned.pinned}, newest {pinned.newest}")
+        versions = list(dict.fromkeys([found[0].pinned, found[0].newest]))
+    else:
+        versions = [
+            _release_version(f"{project}=={v.strip()}", project, "--releases")
+            for v in releases.split(",")
+        ]
+    table = matrix_mod.matrix(
         series, versions, base_key=base_key, max_fuzz=fuzz, linkcheck=not no_linkcheck
     )
     out.mkdir(parents=True, exist_ok=True)
-    markdown = rebase_mod.matrix_markdown(table)
+    markdown = matrix_mod.matrix_markdown(table)
     write_atomic(out / "matrix.json", encode_json(table))
     write_atomic(out / "matrix.md", markdown.encode())
     click.echo(markdown, nl=False)
     click.echo(f"written: {out / 'matrix.md'}, {out / 'matrix.json'}")
     for version, row in table.releases.items():
-        if isinstance(row, rebase_mod.MissingRelease):
+        if isinstance(row, matrix_mod.MissingRelease):
             click.echo(f"warning: {version}: {row.error}", err=True)
-    failures = rebase_mod.matrix_failures(table)
+        else:
+            for note in row.notes:
+                click.echo(f"warning: {version}: {note}", err=True)
+    failures = matrix_mod.matrix_failures(table)
     if strict and failures:
         raise BakeryError(
             f"{len(failures)} failure(s) in the matrix (--strict): " + "; ".join(failures),

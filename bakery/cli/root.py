@@ -68,7 +68,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "linkcheck": (
         "bakery.cli.check:linkcheck_cmd",
-        "Resolve every import, call and self.X of the patched files, statically.",
+        "Resolve every import, call, name, config read and self.X of the patched files.",
     ),
     "rebase": (
         "bakery.cli.maintain:rebase_cmd",

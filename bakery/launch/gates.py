@@ -119,8 +119,8 @@ def gate_table_of(doc: StagesDoc, where: Path) -> GateTable:
             f"hold, not {low}, {default}, {dcp}, {high}",
             hint=_HINT,
         )
-    heads_file, sep, heads_name = gates.heads_source.partition(":")
-    if not (sep and heads_file and heads_name) or ":" in heads_name:
+    heads = gates.heads
+    if heads is None:
         raise SeriesError(
             f"{where}: $.gates.heads_source: expected '<file>:<name>', got {gates.heads_source!r}",
             hint=_HINT,
@@ -132,8 +132,8 @@ def gate_table_of(doc: StagesDoc, where: Path) -> GateTable:
         stage_min=gates.stage_min,
         stage_max=gates.stage_max,
         dcp_min_stage=gates.dcp_min_stage,
-        heads_file=heads_file,
-        heads_name=heads_name,
+        heads_file=heads[0],
+        heads_name=heads[1],
         env=_env_gates(doc.env, where),
         stages=stages,
     )

@@ -4,8 +4,9 @@
 straight from its wheel), continuing past failures as GNU patch does, and
 labels each hunk clean, offset, fuzz, upstream (its reverse applies: the
 release already has it) or failed. ``rebase`` writes a refreshed series for
-one release into a new folder for review and runs linkcheck against it;
-``matrix`` tabulates patch x release.
+one release into a new folder for review and runs linkcheck against it (the series
+forced onto the release: a patch that does not place is merged, both sides' lines kept,
+so its run-time breaks are seen too); ``bakery.maintain.matrix`` tabulates patch x release.
 """
 
 from __future__ import annotations
@@ -19,17 +20,25 @@ from pathlib import Path
 
 import msgspec
 import tomlkit
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 from bakery import markdown
-from bakery.bake.fetch import cache_dir, fetch, fetch_release, wheel_platform
+from bakery.bake.fetch import cache_dir, fetch, fetch_release, release_versions, wheel_platform
 from bakery.bake.wheel import extract_sources, pinned_requirement, read_members, read_wheel
-from bakery.check.linkcheck import format_finding, run_linkcheck
-from bakery.errors import FetchError, UsageError
-from bakery.progress import step
+from bakery.check.linkcheck import (
+    Finding,
+    SourceTree,
+    check_touched_files,
+    format_finding,
+    package_root,
+)
+from bakery.errors import FetchError, IndexUnreachable, UsageError
+from bakery.maintain.merge import Forced, force
 from bakery.schema import encode_json
 from bakery.series.diff import render_file_diff
 from bakery.series.engine import Placement, apply_file_patch, survey_file_patch
-from bakery.series.series import Pin, Series, load_series
+from bakery.series.series import Pin, Series
 from bakery.tree import write_atomic
 
 __all__ = [
@@ -41,9 +50,6 @@ __all__ = [
     "release_pin",
     "release_files",
     "rebase",
-    "matrix",
-    "matrix_markdown",
-    "matrix_failures",
     "sources",
     "pin_table",
     "other_base_pins",
@@ -154,14 +160,45 @@ def release_files(series: Series, pin: Pin, cache: Path) -> dict[str, bytes | No
     return {p: members[f"{series.package}/{p}"] for p in series.touched}
 
 
-def dependency_pins(series: Series, pin: Pin, cache: Path) -> list[Pin]:
-    """The release's own pins of the series' third-party dependencies (fetched, hashed)."""
+def dependency_pins(series: Series, pin: Pin, cache: Path) -> tuple[list[Pin], list[str]]:
+    """The release's own pins of the series' third-party dependencies (fetched, hashed),
+    and a note for each pin the index does not have, read through its stand-in."""
     wheel = read_wheel(fetch(pin, cache=cache))
-    pins = []
+    pins, notes = [], []
     for old in series.dependencies.values():
         requirement = pinned_requirement(wheel, old.name)
-        pins.append(fetch_release(requirement, "any", cache) if requirement else old)
-    return pins
+        if not requirement:
+            pins.append(old)
+            continue
+        try:
+            pins.append(fetch_release(requirement, "any", cache))
+        except FetchError as exc:
+            stand_in, note = _stand_in(requirement, str(pin.requirement), exc, cache)
+            pins.append(stand_in)
+            notes.append(note)
+    return pins, notes
+
+
+def _stand_in(requirement: str, owner: str, exc: FetchError, cache: Path) -> tuple[Pin, str]:
+    """A release pinned to a version the index lacks (vllm 0.34.0 pins flashinfer-python
+    0.7.3, never on PyPI) is read through the next release the index has (else the last
+    one before): nothing can install the pin itself, and linkcheck needs some sources."""
+    req = Requirement(requirement)
+    wanted = Version(next(iter(req.specifier)).version)
+    try:
+        versions = release_versions(req.name)
+    except IndexUnreachable:
+        raise exc from None
+    later = [v for v in versions if v > wanted]
+    choice = min(later) if later else max((v for v in versions if v < wanted), default=None)
+    if choice is None:
+        raise exc
+    stand_in = fetch_release(f"{req.name}=={choice}", "any", cache)
+    which = "the next release" if later else "the last release before it"
+    return stand_in, (
+        f"{requirement} (pinned by {owner}) is not on the index: linkcheck reads "
+        f"{req.name}=={choice}, {which}, in its place"
+    )
 
 
 def other_base_pins(
@@ -185,19 +222,58 @@ def other_base_pins(
     return moved, notes
 
 
-def _linkcheck(
-    series: Series, pin: Pin, only: tuple[str, ...], cache: Path, max_fuzz: int
-) -> list[str]:
-    thirdparty = [sources(dep, cache) for dep in dependency_pins(series, pin, cache)]
-    # Check the code as the survey placed it (with its fuzz), not only what applies exactly.
-    fuzzed = replace(series, policy=msgspec.structs.replace(series.policy, max_fuzz=max_fuzz))
-    findings = run_linkcheck(fuzzed, sources(pin, cache), thirdparty, only=only)
-    return [format_finding(f) for f in findings]
+class LinkcheckRun(msgspec.Struct, frozen=True):
+    """linkcheck on a release: its findings, the patches it forced (merged, not placed:
+    a finding in one may come from the merge) and notes on the sources it read."""
+
+    findings: list[str]
+    forced: list[str]
+    notes: list[str]
+
+
+def linkcheck_on(
+    series: Series, base_key: str, pin: Pin, files: Mapping[str, bytes | None], max_fuzz: int,
+    cache: Path,
+) -> LinkcheckRun:  # fmt: skip
+    """linkcheck of the series forced onto the release (``files``: its touched files):
+    each patch as placed with fuzz, or union-merged where a hunk does not place; also
+    the names the series' stages.toml points at, in that code."""
+    deps, notes = dependency_pins(series, pin, cache)
+    thirdparty = [sources(dep, cache) for dep in deps]
+    old = release_files(series, series.base(base_key), cache)
+    forced_files, forced = force(series, old, files, str(pin.requirement), max_fuzz)
+    overlay = {f"{series.package}/{path}": data for path, data in forced_files.items()}
+    tree = SourceTree((package_root(sources(pin, cache), series.package), *thirdparty), overlay)
+    findings = check_touched_files(
+        tree,
+        forced_files,
+        series.allow_names,
+        package=series.package,
+        report_stale=not forced,
+        stages=series.root,
+    )
+    shown = [
+        f"{f.patch}: {f.how}"
+        + (f" (hunk(s) {', '.join(map(str, f.skipped))} left out)" if f.skipped else "")
+        for f in forced
+    ]
+    lines = [format_finding(f) + _left_out(f, forced) for f in findings]
+    return LinkcheckRun(lines, shown, notes)
+
+
+def _left_out(finding: Finding, forced: list[Forced]) -> str:
+    """A name only a left-out hunk binds: the finding follows from the forcing."""
+    name = finding.subject.rsplit(".", 1)[-1]
+    for f in forced:
+        if f.path == finding.path and name in f.unbound and "is not defined" in finding.missing:
+            return f" [bound by a hunk of {f.patch} that does not place]"
+    return ""
 
 
 class RebaseReport(msgspec.Struct, frozen=True):
     """rebase.json: the release and its pins, each patch's and each hunk's verdict, and
-    linkcheck's findings on the patches that still apply. Written, never read back."""
+    linkcheck's findings on the series forced onto the release (``linkcheck_forced``: the
+    patches merged there, not placed). Written, never read back."""
 
     release: str
     wheel: str
@@ -210,33 +286,8 @@ class RebaseReport(msgspec.Struct, frozen=True):
     hunks: tuple[HunkStatus, ...]
     linkcheck: list[str]
     linkcheck_scope: list[str]
-
-
-class ReleaseRow(msgspec.Struct, frozen=True):
-    """One release of matrix.json: its wheel, each patch's verdict and linkcheck's
-    findings (None: skipped)."""
-
-    wheel: str
-    sha256: str
-    patches: dict[str, PatchVerdict]
-    linkcheck: list[str] | None
-
-
-class MissingRelease(msgspec.Struct, frozen=True):
-    """A release of matrix.json that could not be fetched: a row, not the end of the table."""
-
-    wheel: None
-    sha256: None
-    error: str
-    patches: dict[str, PatchVerdict]
-    linkcheck: None
-
-
-class MatrixTable(msgspec.Struct, frozen=True):
-    """matrix.json: patch x release. Written, never read back."""
-
-    patches: list[str]
-    releases: dict[str, ReleaseRow | MissingRelease]
+    linkcheck_forced: list[str]
+    notes: list[str]  # on the sources linkcheck read (a dependency pin's stand-in)
 
 
 def pin_table(pin: Pin) -> dict:
@@ -299,12 +350,11 @@ def rebase(
     pin = release_pin(series, base_key, version, cache)
     files = release_files(series, pin, cache)
     statuses = survey(series, files, max_fuzz)
-    deps = dependency_pins(series, pin, cache)
+    deps, _ = dependency_pins(series, pin, cache)
     others, kept_bases = other_base_pins(series, base_key, version, cache)
     bases = {base_key: pin, **others}
-    failed = _write_series(series, bases, deps, out, files, statuses, max_fuzz)
-    refreshed = load_series(out)
-    applied = tuple(e.file for e in refreshed.entries if e.file not in failed)
+    _write_series(series, bases, deps, out, files, statuses, max_fuzz)
+    checked = linkcheck_on(series, base_key, pin, files, max_fuzz, cache)
     report = RebaseReport(
         release=str(pin.requirement),
         wheel=pin.wheel,
@@ -315,8 +365,10 @@ def rebase(
         kept_bases=kept_bases,
         patches={e.file: patch_status(statuses, e.file) for e in series.entries},
         hunks=tuple(statuses),
-        linkcheck=_linkcheck(refreshed, pin, applied, cache, max_fuzz) if applied else [],
-        linkcheck_scope=list(applied),
+        linkcheck=checked.findings,
+        linkcheck_scope=[e.file for e in series.entries],
+        linkcheck_forced=checked.forced,
+        notes=checked.notes,
     )
     write_atomic(out / "rebase.json", encode_json(report))
     write_atomic(out / "rebase.md", _rebase_markdown(report).encode())
@@ -340,76 +392,18 @@ def _rebase_markdown(report: RebaseReport) -> str:
     for h in report.hunks:
         if h.detail:
             lines += ["", f"## {h.patch} hunk #{h.hunk}", "", "```", h.detail, "```"]
-    if report.kept_bases:
-        lines += ["", *(f"warning: {note}" for note in report.kept_bases)]
+    if report.kept_bases or report.notes:
+        lines += ["", *(f"warning: {note}" for note in report.kept_bases + report.notes)]
     lines += ["", f"## linkcheck ({len(report.linkcheck)} finding(s))", ""]
+    if report.linkcheck_forced:
+        lines += [
+            "On the series forced onto the release: "
+            + ", ".join(report.linkcheck_forced)
+            + " did not place and were merged (both sides' lines kept where they clash).",
+            "",
+        ]
     lines += [f"- {f}" for f in report.linkcheck] or ["- none"]
     return "\n".join(lines) + "\n"
-
-
-def matrix(
-    series: Series,
-    versions: list[str],
-    *,
-    base_key: str = "default",
-    max_fuzz: int = 3,
-    linkcheck: bool = True,
-    cache: Path | None = None,
-) -> MatrixTable:
-    """patch x release status table."""
-    cache = cache or cache_dir()
-    base = series.base(base_key)
-    table = MatrixTable([e.file for e in series.entries], {})
-    for version in versions:
-        try:
-            with step(f"{base.name}=={version}: fetching"):
-                pin = release_pin(series, base_key, version, cache)
-        except FetchError as exc:  # one missing release is a row, not the end of the table
-            missing = {e.file: PatchVerdict.MISSING for e in series.entries}
-            table.releases[version] = MissingRelease(None, None, str(exc), missing, None)
-            continue
-        with step(f"{base.name}=={version}: placing {len(series.entries)} patch(es)"):
-            statuses = survey(series, release_files(series, pin, cache), max_fuzz)
-        statuses_by_patch = {e.file: patch_status(statuses, e.file) for e in series.entries}
-        applicable = tuple(p for p, s in statuses_by_patch.items() if s is not PatchVerdict.FAILS)
-        findings = (
-            _linkcheck(series, pin, applicable, cache, max_fuzz) if linkcheck and applicable else []
-        )
-        table.releases[version] = ReleaseRow(
-            pin.wheel, pin.sha256, statuses_by_patch, findings if linkcheck else None
-        )
-    return table
-
-
-def matrix_markdown(table: MatrixTable) -> str:
-    versions = list(table.releases)
-    rows = [
-        [patch, *(table.releases[v].patches[patch] for v in versions)] for patch in table.patches
-    ]
-    counts = []
-    for v in versions:
-        row = table.releases[v]
-        if isinstance(row, MissingRelease):
-            counts.append("no release")
-        else:
-            findings = row.linkcheck
-            counts.append("skipped" if findings is None else f"{len(findings)} finding(s)")
-    rows.append(["linkcheck", *counts])
-    return markdown.table(["patch", *versions], rows) + "\n"
-
-
-def matrix_failures(table: MatrixTable) -> list[str]:
-    """What ``matrix --strict`` fails on: a missing release, a failing patch, a finding."""
-    out = []
-    for version, row in table.releases.items():
-        if isinstance(row, MissingRelease):
-            out.append(f"{version}: release missing")
-            continue
-        failing = [p for p, s in row.patches.items() if s == PatchVerdict.FAILS]
-        out += [f"{version}: {p} fails" for p in failing]
-        if row.linkcheck:
-            out.append(f"{version}: {len(row.linkcheck)} linkcheck finding(s)")
-    return out
 
 
 def replace_series(series: Series, out: Path) -> None:

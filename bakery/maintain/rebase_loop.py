@@ -16,20 +16,19 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import msgspec
 import tomlkit
 
-from bakery import git
 from bakery.bake.bake import bake, build_lock, staleness, tree_dir
 from bakery.bake.pristine import unpacked
 from bakery.check.linkcheck import format_finding, run_linkcheck
 from bakery.errors import BakeryError, HunkFailed, UnreadableInput, UsageError
 from bakery.maintain import refresh
 from bakery.maintain.edits import check_reproduced, differing_files
+from bakery.maintain.merge import merge_file
 from bakery.maintain.rebase import (
     PatchVerdict,
     dependency_pins,
@@ -86,8 +85,6 @@ __all__ = [
 ]
 
 _MARKERS = (b"<<<<<<< ", b"||||||| ", b"=======", b">>>>>>> ")
-# zdiff3: each conflict also shows the old pristine lines (the base) between the sides.
-_STYLE = ("--zdiff3", "--diff3")  # the second for git before 2.35
 NEXT_STEP = "fix them in the tree, then `bakery rebase --continue` (or `bakery rebase --abort`)"
 
 
@@ -95,30 +92,6 @@ def stop_at_conflicts(left: list) -> None:
     """As `git rebase` stops at a conflict: exit 1, after the checkout's report."""
     if left:
         raise BakeryError(f"{len(left)} file(s) with conflicts left", hint=NEXT_STEP)
-
-
-def _merge(current: bytes, base: bytes, other: bytes, labels: tuple[str, str, str]):
-    """``git merge-file -p``: (merged bytes, number of conflicts)."""
-    with tempfile.TemporaryDirectory(prefix="bakery-merge-") as tmp:
-        paths = []
-        for name, data in zip(("current", "base", "other"), (current, base, other), strict=True):
-            path = Path(tmp) / name
-            path.write_bytes(data)
-            paths.append(str(path))
-        args = [arg for label in labels for arg in ("-L", label)]
-        for style in _STYLE:
-            try:
-                proc = git.run(["merge-file", "-p", style, *args, *paths])
-            except FileNotFoundError:
-                raise BakeryError(
-                    "git is needed for 3-way merges and is not installed",
-                    hint="install git, or use `bakery rebase --to ...` (report only)",
-                ) from None
-            if proc.returncode != 129:  # 129: git does not know the option
-                break
-    if proc.returncode < 0 or proc.returncode > 127:
-        raise BakeryError(f"git merge-file failed: {proc.stderr.decode(errors='replace')}")
-    return proc.stdout, proc.returncode
 
 
 def has_markers(data: bytes | None) -> bool:
@@ -165,7 +138,7 @@ def _place(series: Series, old_pkg: Path, new_pkg: Path, release: str, max_fuzz:
                     status = CheckoutStatus.APPLIED
                 except HunkFailed:
                     labels = (release, f"{fp.path} before {patch.name}", patch.name)
-                    new[fp.path], conflicts = _merge(
+                    new[fp.path], conflicts = merge_file(
                         new[fp.path] or b"", before_old or b"", old[fp.path] or b"", labels
                     )
                     status = CheckoutStatus.CONFLICT if conflicts else CheckoutStatus.MERGED
@@ -194,8 +167,9 @@ def checkout(
                     f"with `bakery bake --base {base_key}`, then rebase",
                 )
         pin = release_pin(series, base_key, version, cache)
-        deps = dependency_pins(series, pin, cache)
+        deps, dep_notes = dependency_pins(series, pin, cache)
         others, notes = other_base_pins(series, base_key, version, cache)
+        notes = dep_notes + notes
         new_root = unpacked(pin, cache, build=build)  # its own copy: the tree links to it
         outcomes = _reuse(
             build,

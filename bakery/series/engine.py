@@ -29,7 +29,14 @@ from bakery.series.diff import FilePatch, Hunk, HunkLine
 from bakery.series.hunks import Rows
 from bakery.series.locate import Matcher, Pattern, Shape, line_key, line_starts
 
-__all__ = ["Placement", "Placements", "FileResult", "apply_file_patch", "survey_file_patch"]
+__all__ = [
+    "Placement",
+    "Placements",
+    "FileResult",
+    "apply_file_patch",
+    "place_what_places",
+    "survey_file_patch",
+]
 
 _RUNS = re.compile(rb" +|-+|\++")  # runs of one kind, over a hunk's kinds
 # A body of one change: leading context, removed lines, added lines, trailing context.
@@ -351,6 +358,15 @@ def survey_file_patch(
         return Placements(), [HunkFailed(failure, patch=patch_name, path=file_patch.path)]
     _, placements, failures = _apply_hunks(patch_name, file_patch, before, max_fuzz, True)
     return placements, failures
+
+
+def place_what_places(
+    patch_name: str, file_patch: FilePatch, before: bytes, max_fuzz: int
+) -> tuple[bytes, list[HunkFailed]]:
+    """GNU patch's result when hunks fail: every hunk that places applied, the rest left
+    out (its rejects); for checking code a patch would leave, never for writing a tree."""
+    after, _, failures = _apply_hunks(patch_name, file_patch, before, max_fuzz, True)
+    return after, failures
 
 
 def apply_file_patch(

@@ -63,6 +63,14 @@ class GatesDoc(Document, frozen=True):
     dcp_min_stage: int
     heads_source: str  # "<file in the package>:<name of the head set>"
 
+    @property
+    def heads(self) -> tuple[str, str] | None:
+        """heads_source as (file in the package, name assigned in it); None if malformed."""
+        heads_file, sep, heads_name = self.heads_source.partition(":")
+        if not (sep and heads_file and heads_name) or ":" in heads_name:
+            return None
+        return heads_file, heads_name
+
 
 # A value a DSV41_* variable may take: it goes into vLLM's environment and, listed,
 # into one-line messages ("must be one of ag_rs, a2a").

@@ -14,10 +14,10 @@ import asyncio
 import os
 import shutil
 import time
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import msgspec
@@ -44,47 +44,23 @@ from bakery.verify.bundle import (
     write_case_file,
 )
 from bakery.verify.errors import BundleError, CaptureError
+from bakery.verify.server import (
+    CaptureSettings,
+    Client,
+    batch_choices,
+    batch_prompts,
+    gather_all,
+    resolve_prompt,
+)
 from bakery.verify.suite import Suite, SuiteCase
 
 __all__ = ["CaptureSettings", "ServerInfo", "capture_bundle", "completion_request"]
 
-# Connection-level failures worth retrying: the request never reached a server that
-# answered. Read timeouts are not retried: a greedy request that hangs will hang again.
-RETRYABLE = (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout)
 GATE_ENV_PREFIX = "DSV41_"
 
-T = TypeVar("T")
 Json = dict[str, Any]
 # The server's vLLM version (None: /version gave none) and, if it is odd, a note saying so.
 VersionFields = tuple[str | None, str | msgspec.UnsetType]
-
-
-@dataclass(frozen=True)
-class CaptureSettings:
-    """How to talk to the server; none of these change what a correct server answers."""
-
-    concurrency: int = 4
-    timeout_s: float = 600.0
-    retries: int = 3
-    backoff_s: float = 0.5
-    logprobs: int = 20
-    token_ids: bool = True
-    repeat: int = 1
-    model: str | None = None
-    progress: bool | None = None
-
-    def refuse_out_of_range(self) -> None:
-        for name in ("concurrency", "logprobs", "repeat"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
-        if self.retries < 0 or self.backoff_s < 0 or not 0 < self.timeout_s <= MAX_TIMEOUT_S:
-            raise UsageError(
-                f"retries and backoff must be >= 0 and the timeout 0 < s <= {MAX_TIMEOUT_S:g} "
-                f"(got timeout {self.timeout_s})"
-            )
-
-
-MAX_TIMEOUT_S = 86400.0  # a day per request: nan and inf are no timeouts
 
 
 @dataclass(frozen=True)
@@ -115,113 +91,6 @@ def completion_request(
     return request
 
 
-class _Client:
-    """An httpx client that retries connection errors and turns failures into CaptureError."""
-
-    def __init__(self, http: httpx.AsyncClient, settings: CaptureSettings) -> None:
-        self.http = http
-        self.settings = settings
-
-    async def call(self, method: str, path: str, what: str, payload: Json | None = None) -> Json:
-        attempts = self.settings.retries + 1
-        for attempt in range(1, attempts + 1):
-            try:
-                response = await self.http.request(method, path, json=payload)
-            except RETRYABLE as exc:
-                if attempt == attempts:
-                    raise CaptureError(
-                        f"{what}: {path} unreachable after {attempts} attempts "
-                        f"({type(exc).__name__}: {exc})"
-                    ) from exc
-                await asyncio.sleep(self.settings.backoff_s * 2 ** (attempt - 1))
-            except httpx.TimeoutException as exc:
-                raise CaptureError(
-                    f"{what}: {path} timed out after {self.settings.timeout_s}s"
-                ) from exc
-            else:
-                return _json_body(response, path, what)
-        raise CaptureError(f"{what}: {path} was never attempted (retries < 0)")
-
-
-def _json_body(response: httpx.Response, path: str, what: str) -> Json:
-    if response.status_code != 200:
-        body = repr(response.text[:200])
-        raise CaptureError(f"{what}: HTTP {response.status_code} from {path} ({body})")
-    try:
-        body = response.json()
-    except ValueError as exc:
-        raise CaptureError(f"{what}: {path} answered with invalid JSON") from exc
-    if not isinstance(body, dict):
-        raise CaptureError(f"{what}: {path} answered with {type(body).__name__}, not an object")
-    return body
-
-
-async def _gather_all(awaitables: Iterable[Awaitable[T]]) -> list[T]:
-    """Like gather, but a failure cancels the rest instead of leaving them running."""
-    tasks = [asyncio.ensure_future(a) for a in awaitables]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
-
-
-async def _tokenize(client: _Client, model: str, text: str, what: str) -> tuple[Json, Json]:
-    request = {"model": model, "prompt": text}
-    response = await client.call("POST", "/tokenize", what, request)
-    tokens = response.get("tokens")
-    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-        raise CaptureError(f"{what}: /tokenize answered without an int list 'tokens'")
-    return request, response
-
-
-async def _filler_ids(
-    client: _Client, model: str, filler: str, need: int, what: str
-) -> tuple[list[int], Json, Json]:
-    """At least ``need`` ids of the filler text repeated, with the ``/tokenize`` exchange."""
-    request, response = await _tokenize(client, model, filler, what)
-    count = len(response["tokens"])
-    if 0 < count < need:
-        times = need // count + 2
-        request, response = await _tokenize(client, model, "\n\n".join([filler] * times), what)
-    ids = response["tokens"]
-    if len(ids) < need:
-        raise CaptureError(f"{what}: filler gives {len(ids)} tokens, need {need}")
-    return ids, request, response
-
-
-async def _resolve_prompt(
-    client: _Client, model: str, case: SuiteCase
-) -> tuple[str | list[int], Json, Json]:
-    """The prompt to send, plus the ``/tokenize`` request and answer that back it."""
-    what = f"case {case.case}"
-    if case.prompt is not None:
-        request, response = await _tokenize(client, model, case.prompt, what)
-        return case.prompt, request, response
-    assert case.filler is not None and case.prompt_tokens is not None  # suite guarantees
-    ids, request, response = await _filler_ids(client, model, case.filler, case.prompt_tokens, what)
-    return ids[: case.prompt_tokens], request, response
-
-
-BATCH_STRIDE = 7  # prompt i of a batch starts at the filler's id 7 i: no two are equal
-
-
-async def _batch_prompts(
-    client: _Client, model: str, case: SuiteCase
-) -> tuple[list[list[int]], Json, Json]:
-    """A batch case's prompts (token ids), plus the ``/tokenize`` exchange behind them."""
-    assert case.filler is not None and case.batch_prompt_tokens is not None  # suite guarantees
-    lengths = case.batch_prompt_tokens
-    need = max(BATCH_STRIDE * i + n for i, n in enumerate(lengths))
-    ids, request, response = await _filler_ids(
-        client, model, case.filler, need, f"case {case.case}"
-    )
-    prompts = [ids[BATCH_STRIDE * i : BATCH_STRIDE * i + n] for i, n in enumerate(lengths)]
-    return prompts, request, response
-
-
 @dataclass(frozen=True)
 class _CaseResult:
     record: CaseRecord
@@ -233,7 +102,7 @@ class _Capture:
 
     def __init__(
         self,
-        client: _Client,
+        client: Client,
         out_dir: Path,
         model: str,
         reference: Mapping[str, CaseRecord] | None,
@@ -249,7 +118,7 @@ class _Capture:
         return [await self._single(case)]
 
     async def _single(self, case: SuiteCase) -> _CaseResult:
-        prompt, tok_request, tok_response = await _resolve_prompt(self.client, self.model, case)
+        prompt, tok_request, tok_response = await resolve_prompt(self.client, self.model, case)
         request = completion_request(self.model, prompt, case.max_tokens, self.client.settings)
         what = f"case {case.case}"
         started = time.monotonic()
@@ -276,7 +145,7 @@ class _Capture:
         """One request carrying every prompt of the batch (the server adds them together,
         so they are scheduled together); a record per prompt, each holding its own prompt
         as ``request.prompt``, its choice, and ``batch`` (the case, its index, the size)."""
-        prompts, tok_request, tok_response = await _batch_prompts(self.client, self.model, case)
+        prompts, tok_request, tok_response = await batch_prompts(self.client, self.model, case)
         request = completion_request(self.model, prompts, case.max_tokens, self.client.settings)
         what = f"case {case.case}"
         started = time.monotonic()
@@ -285,7 +154,7 @@ class _Capture:
         for attempt in range(self.client.settings.repeat):
             response = await self.client.call("POST", COMPLETIONS_PATH, what, request)
             elapsed = round(time.monotonic() - started, 3)
-            for i, choice in enumerate(_batch_choices(response, len(prompts), what)):
+            for i, choice in enumerate(batch_choices(response, len(prompts), what)):
                 document = {
                     "name": record_name(case.members[i]),
                     "path": COMPLETIONS_PATH,
@@ -353,20 +222,6 @@ class _Capture:
         write_case_file(self.out_dir, document)
 
 
-def _batch_choices(response: Json, size: int, what: str) -> list[Any]:
-    """A batch answer's choices in prompt order (each names its prompt by ``index``)."""
-    choices = response.get("choices")
-    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
-        raise CaptureError(f"{what}: the batch answer has no list of choices")
-    by_index = {c.get("index"): c for c in choices}
-    if len(choices) != size or sorted(by_index, key=str) != sorted(range(size), key=str):
-        raise CaptureError(
-            f"{what}: the batch of {size} prompts came back with choices "
-            f"{sorted(map(str, by_index))}, expected one for each index 0..{size - 1}"
-        )
-    return [by_index[i] for i in range(size)]
-
-
 def _wrap(request: Json, response: Json) -> Json:
     return {
         "name": "repeat",
@@ -386,7 +241,7 @@ def _checked_record(document: Json, path: Path) -> CaseRecord:
 
 
 async def _model_and_version(
-    client: _Client, settings: CaptureSettings
+    client: Client, settings: CaptureSettings
 ) -> tuple[str, VersionFields]:
     model = settings.model
     if model is None:
@@ -419,7 +274,7 @@ async def _run(
 ) -> tuple[str, VersionFields, list[_CaseResult]]:
     limits = httpx.Timeout(settings.timeout_s)
     async with httpx.AsyncClient(base_url=url, timeout=limits) as http:
-        client = _Client(http, settings)
+        client = Client(http, settings)
         model, version = await _model_and_version(client, settings)
         capture = _Capture(client, out_dir, model, reference, teacher_forced)
         gate = asyncio.Semaphore(settings.concurrency)
@@ -432,7 +287,7 @@ async def _run(
                 advance()
                 return result
 
-            results = await _gather_all(one(case) for case in suite.cases)
+            results = await gather_all(one(case) for case in suite.cases)
     return model, version, [record for case in results for record in case]
 
 

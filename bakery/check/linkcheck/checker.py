@@ -1,11 +1,14 @@
 """The per-file checker: one AST walk over a touched module that checks every import,
-every call into a resolvable function or class, and every ``self.X`` read, tracking
-the scopes it passes through (module, class, function, lambda) the way Python does.
+every call into a resolvable function or class, every ``self.X`` read, every bare name
+(bound somewhere in scope, or a builtin) and every attribute read of a vLLM config,
+tracking the scopes it passes through (module, class, function, lambda, comprehension)
+the way Python does.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -15,6 +18,7 @@ from bakery.check.linkcheck.classes import (
     class_member,
     self_param_name,
 )
+from bakery.check.linkcheck.configs import ConfigTypes, ConfigValue, annotation_class
 from bakery.check.linkcheck.findings import Finding
 from bakery.check.linkcheck.index import module_rel, single_binding
 from bakery.check.linkcheck.scopes import (
@@ -44,6 +48,7 @@ from bakery.check.linkcheck.symbols import (
 
 # Methods whose first parameter is the class itself.
 _CLASS_FIRST = frozenset({"__new__", "__init_subclass__", "__class_getitem__"})
+_BUILTINS = frozenset(dir(builtins))
 
 
 @dataclass
@@ -53,20 +58,25 @@ class _Scope:
     cls: ClassSym | None = None
     self_name: str | None = None
     self_is_class: bool = False  # first parameter is the class (classmethod, __new__)
+    configs: dict[str, ConfigValue] | None = None  # parameters annotated with a config
 
 
 class FileChecker(ast.NodeVisitor):
     """Walks one parsed module, collecting its findings (``self.X`` reads are judged
     at the end, by ``check_self_reads``, once the whole class has been seen)."""
 
-    def __init__(self, index: ClassIndex, path: str, info: ModuleInfo) -> None:
+    def __init__(
+        self, index: ClassIndex, path: str, info: ModuleInfo, configs: ConfigTypes | None = None
+    ) -> None:
         self.index = index
+        self.configs = configs or ConfigTypes(index)
         self.path = path
         self.info = info
         self.module = info.source.name
         self.findings: list[Finding] = []
         self.scopes: list[_Scope] = [_Scope("module", {})]
         self.self_reads: list[tuple[ClassSym, str, int]] = []
+        self.unbound: dict[str, list[int]] = {}  # bare names no scope binds -> their lines
         self.optional_imports = 0  # depth of try blocks that catch ImportError
 
     def report(self, line: int, missing: str, where: str, subject: str) -> None:
@@ -141,12 +151,50 @@ class FileChecker(ast.NodeVisitor):
         else:
             inherited = parent.self_name if parent.self_name not in names else None
             scope = _Scope("function", names, parent.cls, inherited, parent.self_is_class)
+        scope.configs = self._annotated_configs(node)
+        for arg in _all_args(node.args):
+            if arg.annotation is not None:
+                self.visit(arg.annotation)
+        if node.returns is not None:
+            self.visit(node.returns)
         self.scopes.append(scope)
         for stmt in node.body:
             self.visit(stmt)
         self.scopes.pop()
 
     visit_AsyncFunctionDef = visit_FunctionDef
+
+    def _annotated_configs(self, node: ast.FunctionDef | ast.AsyncFunctionDef):
+        found = {}
+        for arg in _all_args(node.args):
+            cls = annotation_class(self.index, self.module, arg.annotation)
+            if cls is not None:
+                found[arg.arg] = ConfigValue(cls)
+        return found
+
+    def visit_ListComp(self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp) -> None:
+        self._comprehension(node.generators, [node.elt])
+
+    visit_SetComp = visit_GeneratorExp = visit_ListComp
+
+    def visit_DictComp(self, node: ast.DictComp) -> None:
+        self._comprehension(node.generators, [node.key, node.value])
+
+    def _comprehension(self, generators: list[ast.comprehension], parts: list[ast.expr]):
+        """A comprehension is a scope of its own: its targets bind only inside it."""
+        parent = self.scopes[-1]
+        names: dict[str, list[Binding]] = {}
+        for gen in generators:
+            for target in ast.walk(gen.target):
+                if isinstance(target, ast.Name):
+                    names.setdefault(target.id, []).append(Binding("value", target))
+        scope = _Scope("function", names, parent.cls, parent.self_name, parent.self_is_class)
+        self.scopes.append(scope)
+        for gen in generators:
+            self.visit(gen)
+        for part in parts:
+            self.visit(part)
+        self.scopes.pop()
 
     def visit_Lambda(self, node: ast.Lambda) -> None:
         parent = self.scopes[-1]
@@ -174,17 +222,24 @@ class FileChecker(ast.NodeVisitor):
         found = self.index.resolve(self.module, name)
         return UNKNOWN if isinstance(found, Missing) else found
 
-    def evaluate(self, expr: ast.AST) -> Sym | _Instance:
-        """What an expression names; ``self`` (or ``cls``) itself is an _Instance."""
+    def evaluate(self, expr: ast.AST) -> Sym | _Instance | ConfigValue:
+        """What an expression names; ``self`` (or ``cls``) itself is an _Instance, and
+        an expression holding a vLLM config a ConfigValue."""
         if isinstance(expr, ast.Name):
             scope = self.scopes[-1]
             if scope.self_name == expr.id and scope.cls is not None:
                 return _Instance(scope.cls, scope.self_is_class)
-            return self.lookup(expr.id)
+            found = self.lookup(expr.id)
+            return self._config_named(expr.id) if found is UNKNOWN else found
         if isinstance(expr, ast.Attribute):
             owner = self.evaluate(expr.value)
+            if isinstance(owner, ConfigValue):
+                return self.configs.field(owner, expr.attr) or self.configs.member(owner, expr.attr)
             if isinstance(owner, _Instance):
-                return class_member(self.index, owner.cls, expr.attr, bound=not owner.is_class)
+                found = class_member(self.index, owner.cls, expr.attr, bound=not owner.is_class)
+                if found is UNKNOWN and not owner.is_class:
+                    return self.configs.by_name(expr.attr) or found
+                return found
             if isinstance(owner, Super):
                 scope = self.scopes[-1]
                 if scope.cls is None:
@@ -194,7 +249,36 @@ class FileChecker(ast.NodeVisitor):
         if isinstance(expr, ast.Call) and is_name(expr.func, "super") and not expr.args:
             scope = self.scopes[-1]
             return Super(scope.cls) if scope.cls is not None and scope.self_name else UNKNOWN
+        if isinstance(expr, ast.Call):
+            callee = self.evaluate(expr.func)
+            if isinstance(callee, FuncSym):
+                return self.configs.returned(callee) or UNKNOWN
         return UNKNOWN
+
+    def _config_named(self, name: str) -> Sym | ConfigValue:
+        """A name no scope resolves statically: a config by annotation, then by name."""
+        for scope in reversed(self.scopes):
+            if scope.configs and name in scope.configs:
+                return scope.configs[name]
+        return self.configs.by_name(name) or UNKNOWN
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if isinstance(node.ctx, ast.Load) and not self._bound(node.id):
+            self.unbound.setdefault(node.id, []).append(node.lineno)
+
+    def _bound(self, name: str) -> bool:
+        """Whether some scope binds ``name`` (the module's through imports and stars,
+        trusted when it cannot be known), or it is a builtin."""
+        innermost = True
+        for scope in reversed(self.scopes):
+            if scope.kind == "class" and not innermost:
+                continue
+            innermost = False
+            if scope.kind != "module" and name in scope.names:
+                return True
+        if name in _BUILTINS or name in self.info.bindings:
+            return True  # an import of a missing name is the import's finding
+        return not isinstance(self.index.resolve(self.module, name), Missing)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         scope = self.scopes[-1]
@@ -207,6 +291,11 @@ class FileChecker(ast.NodeVisitor):
             self.self_reads.append((scope.cls, node.attr, node.lineno))
         elif isinstance(node.ctx, ast.Load):
             owner = self.evaluate(node.value)
+            if isinstance(owner, ConfigValue) and not self.configs.has(owner.cls, node.attr):
+                name = owner.cls.node.name
+                where = f"looked in {self.configs.mro_text(owner.cls)}"
+                self.report(node.lineno, f"{name} has no attribute {node.attr!r}", where,
+                            f"{name}.{node.attr}")  # fmt: skip
             if isinstance(owner, ModuleSym):
                 found = self.index.resolve(owner.name, node.attr)
                 if isinstance(found, Missing):
@@ -230,6 +319,20 @@ class FileChecker(ast.NodeVisitor):
         for problem in bind_problems(sig, node):
             message = f"call to {callee.qualname} {problem}"
             self.report(node.lineno, message, sig.where, callee.qualname)
+
+    # names ---------------------------------------------------------------------------
+
+    def check_unbound(self) -> None:
+        """One finding per name no scope binds, at its first use."""
+        where = f"looked in the enclosing scopes, {module_rel(self.index, self.module)}"
+        for name, lines in sorted(self.unbound.items()):
+            more = f", used {len(lines)} times" if len(lines) > 1 else ""
+            self.report(
+                min(lines),
+                f"name {name!r} is not defined",
+                f"{where} and builtins{more}",
+                f"{self.module}.{name}",
+            )
 
     # self.X --------------------------------------------------------------------------
 
@@ -321,6 +424,10 @@ def _function_locals(
             names.setdefault(sub.name, []).append(Binding("value", sub))
         elif isinstance(sub, ast.ExceptHandler) and sub.name:
             names.setdefault(sub.name, []).append(Binding("value", sub))
+        elif isinstance(sub, ast.MatchAs | ast.MatchStar) and sub.name:
+            names.setdefault(sub.name, []).append(Binding("value", sub))
+        elif isinstance(sub, ast.MatchMapping) and sub.rest:
+            names.setdefault(sub.rest, []).append(Binding("value", sub))
     for name in declared:
         names.pop(name, None)
     return names

@@ -137,7 +137,7 @@ class ClassIndex(ModuleIndex):
 
     def _derives(self, module: str, node: ast.ClassDef, cls: ClassSym) -> bool:
         for base in node.bases:
-            sym = _resolve_in_module(self, module, base)
+            sym = resolve_in_module(self, module, base)
             if isinstance(sym, ClassSym) and sym.node is cls.node:
                 return True
         return False
@@ -191,7 +191,7 @@ class ClassModel:
 
 def _build_class_model(index: ClassIndex, cls: ClassSym) -> ClassModel:
     node = cls.node
-    bases = tuple(_resolve_in_module(index, cls.module, b) for b in node.bases)
+    bases = tuple(resolve_in_module(index, cls.module, b) for b in node.bases)
     if any(k.arg == "metaclass" for k in node.keywords):
         bases = bases + (UNKNOWN,) if not _abc_meta(node) else bases
     members: dict[str, ast.AST] = {}
@@ -310,7 +310,7 @@ def _class_decorators(index: ClassIndex, cls: ClassSym) -> tuple[dict | None, bo
     odd = False
     for deco in cls.node.decorator_list:
         target = deco.func if isinstance(deco, ast.Call) else deco
-        sym = _resolve_in_module(index, cls.module, target)
+        sym = resolve_in_module(index, cls.module, target)
         if _is_dataclass_maker(sym):
             keywords = deco.keywords if isinstance(deco, ast.Call) else []
             dataclass_like = {k.arg: k.value for k in keywords if k.arg}
@@ -327,10 +327,10 @@ def _is_dataclass_maker(sym: Sym) -> bool:
     return False
 
 
-def _resolve_in_module(index: ClassIndex, module: str, expr: ast.AST) -> Sym:
+def resolve_in_module(index: ClassIndex, module: str, expr: ast.AST) -> Sym:
     """An expression evaluated in a module's global scope (class bases, decorators)."""
     if isinstance(expr, ast.Subscript):
-        return _resolve_in_module(index, module, expr.value)
+        return resolve_in_module(index, module, expr.value)
     if isinstance(expr, ast.Name):
         if expr.id == "object":
             info = index.module(module)
@@ -339,7 +339,7 @@ def _resolve_in_module(index: ClassIndex, module: str, expr: ast.AST) -> Sym:
         found = index.resolve(module, expr.id)
         return UNKNOWN if isinstance(found, Missing) else found
     if isinstance(expr, ast.Attribute):
-        return attribute_of(index, _resolve_in_module(index, module, expr.value), expr.attr)
+        return attribute_of(index, resolve_in_module(index, module, expr.value), expr.attr)
     return UNKNOWN
 
 
