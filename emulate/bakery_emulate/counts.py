@@ -102,7 +102,8 @@ def counted_steps(execute_model):
     one request (a batch: prefills and decodes of several requests in one forward)."""
 
     def counted(self, scheduler_output, *args, **kwargs):
-        if len(scheduler_output.num_scheduled_tokens) > 1:
+        real = not kwargs.get("dummy_run", False)  # warmup and profile runs are not steps
+        if real and len(scheduler_output.num_scheduled_tokens) > 1:
             bump(multi_request_steps=1)
         return execute_model(self, scheduler_output, *args, **kwargs)
 

@@ -172,8 +172,11 @@ def make_merge_dcp_topk_global(get_dcp_group):
         safe = local.clamp(min=0)
         col = safe if row_starts is None else safe + row_starts[: local.shape[0], None].long()
         col = col.clamp(max=max(logits.shape[1] - 1, 0))
-        score = torch.gather(logits[: local.shape[0]].float(), 1, col)
-        score = score.masked_fill(~valid, float("-inf"))
+        rows = logits[: local.shape[0]].float()
+        if rows.shape[1]:
+            score = torch.gather(rows, 1, col).masked_fill(~valid, float("-inf"))
+        else:  # a rank holding no key of the chunk: the pack kernel's loads are all masked
+            score = torch.full(col.shape, float("-inf"))
         global_id = (
             (safe // cp_interleave) * (dcp_world_size * cp_interleave)
             + dcp_rank * cp_interleave

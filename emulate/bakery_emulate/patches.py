@@ -335,7 +335,8 @@ def _drop_line(module, name: str, line: str) -> None:
     setattr(module, name, namespace[name])
 
 
-@after("vllm.v1.worker.gpu_model_runner")
+@after("vllm.v1.worker.gpu_model_runner")  # the V1 runner
+@after("vllm.v1.worker.gpu.model_runner")  # the V2 runner, which DCP > 1 serves on
 def _count_steps(module):
     from bakery_emulate import counts
 

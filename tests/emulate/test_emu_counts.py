@@ -81,12 +81,14 @@ def test_keyless_index_k_gathers_and_multi_request_steps_are_counted(counts, tmp
         gather(None, None, type("Chunk", (), {"local_total_seq_lens": local}), 2, 1)
     assert counts.COUNTS["index_k_keyless_gathers"] == 2
 
-    def execute_model(self, scheduler_output):
+    def execute_model(self, scheduler_output, dummy_run=False):
         return len(scheduler_output.num_scheduled_tokens)
 
     step = counts.counted_steps(execute_model)
     for scheduled in ({"a": 5}, {"a": 1, "b": 7}, {"a": 1, "b": 1, "c": 1}, {}):
         assert step(None, type("Out", (), {"num_scheduled_tokens": scheduled})) == len(scheduled)
+    dummy = type("Out", (), {"num_scheduled_tokens": {"a": 1, "b": 1}})
+    step(None, dummy, dummy_run=True)  # a warmup run is no step
     assert counts.COUNTS["multi_request_steps"] == 2
     folder = tmp_path / "emulate"
     folder.mkdir()

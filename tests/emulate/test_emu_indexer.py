@@ -415,3 +415,26 @@ def test_dcp_merge_check_catches_ids_from_the_absolute_column():
     _check_merge(scores, 4, 2, 9, bad)  # row_starts None: col == safe
     with pytest.raises(AssertionError):
         _check_merge(scores, 4, 2, 9, bad, at=True)
+
+
+def test_dcp_merge_on_a_rank_that_holds_no_key():
+    """A prefill chunk whose requests all end before rank 1's first position (issue 33)
+    leaves rank 1 logits of width 0 and no local candidate: it packs nothing but -1 (the
+    pack kernel masks every load), joins the gather, and every rank gets DCP1's top-k.
+    The stand-in once gathered column 0 of the empty logits and raised."""
+    scores = _distinct(3, 3, torch.Generator().manual_seed(12))  # interleave 4: rank 0 owns all
+    w, interleave, k = 2, 4, 2
+    local = [scores.clone(), torch.empty(3, 0)]
+    topk = [torch.full((3, k), 99, dtype=torch.int32) for _ in range(w)]
+    IX.IndexerTopk()(local[0], torch.full((3,), 3), 1, topk[0], k, 3)
+    topk[1].fill_(-1)
+    first = _Gather()
+    for r in range(w):
+        IX.make_merge_dcp_topk_global(lambda: first)(local[r], topk[r].clone(), k, r, w, interleave)
+    for r in range(w):
+        mine = topk[r].clone()
+        IX.make_merge_dcp_topk_global(lambda: _Gather(first.seen))(
+            local[r], mine, k, r, w, interleave
+        )
+        for i in range(3):
+            assert mine[i].tolist() == _rule_order(scores[i].tolist(), range(3))[:k]
