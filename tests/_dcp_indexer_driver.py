@@ -42,8 +42,8 @@ RATIO = 4  # the indexer's compress_ratio: positions are compressed states
 PREFIX = "layers.0.indexer.k_cache"
 CHECKS = ("published_eq_reference", "published_same_on_every_rank", "mask_eq_reference",
           "edge_kept_at_global_last")  # fmt: skip
-# a chunk of enough rows that the size rule takes the index-K exchange (W x 30 keys of
-# 132 B against 60 rows x 61 x 4 B dense); keys, q and weights as _dcp_index_k's
+# a chunk of enough rows that the size rule takes the index-K exchange (30 keys of
+# 132 B on the wire against 60 rows x 61 x 4 B dense); keys, q and weights as _dcp_index_k's
 INDEX_K_CASE = index_k.KCase(2, 1, 1, 32, (60,), 60, 41)
 INDEX_K_CHECKS = ("index_k_taken", "index_k_published_eq_dcp1")
 # One request per chunk (DCP1's edge clamp is on packed columns: one request keeps it

@@ -86,7 +86,7 @@ BUGS = {
     ),
     # index K: DCP1's logits bounded by this rank's local row bounds (no sum over ranks)
     "index_k_local_bounds": (
-        "dist.all_reduce(bounds, group=group)",
+        "dist.all_reduce(bounds, group=get_dcp_group().device_group)",
         "bounds.mul_(1)",
         {"index_k_eq_dcp1_kernel"},
         INDEXER,

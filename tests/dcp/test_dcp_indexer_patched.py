@@ -45,16 +45,16 @@ BUGS = {
     # index K through the op: the request offsets taken from this rank's local packing
     "index_k_local_offsets": (
         INDEXER,
-        "chunk.cu_seq_lens,",
-        "chunk.local_cu_seq_lens,",
+        "chunk.cu_seq_lens, chunk.total_seq_lens, rows, dcp_world_size, cp_interleave",
+        "chunk.local_cu_seq_lens, chunk.total_seq_lens, rows, dcp_world_size, cp_interleave",
         None,
         {"index_k_published_eq_dcp1"},
     ),
     # index K never taken, whatever the bytes
     "index_k_never": (
         INDEXER,
-        'if min(size, key=size.__getitem__) != "index_k":',
-        "if True:",
+        'return min(size, key=size.__getitem__) == "index_k"',
+        "return False",
         None,
         {"index_k_taken"},
     ),
