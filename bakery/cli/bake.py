@@ -200,13 +200,18 @@ def clean_cmd(series_dir, build_dir, everything, gc_cache, dry_run) -> None:
             "drop its saved series and tree",
             hint="finish it with `bakery rebase --continue` or `bakery rebase --abort` first",
         )
-    plan = clean.build_garbage(build_dir, series.name, everything)
+    tables = [state.pin, *state.dependencies.values(), *state.other_bases.values()] if state else []
+    extra = [str(t.get("sha256")) for t in tables if isinstance(t, dict)]
+    plan = clean.build_garbage(
+        build_dir,
+        series.name,
+        everything,
+        series_files=tuple(e.file for e in series.entries),
+        saved=build_dir / rebase_loop.STATE / "baked" if state else None,
+        keep_bases=frozenset(extra),
+    )
     cache_plan = clean.Plan()
     if gc_cache:
-        tables = (
-            [state.pin, *state.dependencies.values(), *state.other_bases.values()] if state else []
-        )
-        extra = [str(t.get("sha256")) for t in tables if isinstance(t, dict)]
         pins = [*series.bases.values(), *series.dependencies.values()]
         keep = clean.wanted_hashes(pins, build_dir, extra)
         cache_plan = clean.cache_garbage(cache_dir(), keep)

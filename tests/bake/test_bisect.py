@@ -115,3 +115,18 @@ def test_bake_never_writes_through_a_symlinked_dist(tmp_path):
     assert proc.returncode == 2 and "symlink" in proc.stderr, proc.stderr
     assert {p.name: p.read_bytes() for p in theirs.iterdir()} == before
     assert dist.is_symlink()
+
+
+def test_status_and_clean_after_a_bisect_bake_keep_the_real_wheel(tmp_path):
+    """After `bake --upto`, status names the wheel the last whole bake wrote (not the one
+    the partial series would have) and no "older" wheel, and clean keeps it (before:
+    status called the real wheel older and clean removed it)."""
+    series, build, cli, _, _ = make_loop(tmp_path)
+    (wheel,) = sorted((build / "dist").glob("*.whl"))
+    assert cli("bake", "--upto", "02").returncode == 0
+    status = cli("status").stdout
+    assert f"  wheel: {wheel} (the last whole bake's; a bisect bake writes none)" in status
+    assert "older wheel" not in status
+    proc = cli("clean")
+    assert proc.returncode == 0, proc.stderr
+    assert wheel.is_file() and str(wheel) not in proc.stdout
