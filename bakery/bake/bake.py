@@ -63,6 +63,8 @@ __all__ = [
     "build_lock",
     "superseded_wheels",
     "baked_wheel",
+    "edits_since_bake",
+    "refuse_lost_edits",
 ]
 
 
@@ -191,6 +193,42 @@ def staleness(series: Series, base_key: str, build: Path = project.BUILD) -> lis
         if rel not in seen and rel != manifest.MANIFEST
     ]
     return problems
+
+
+def edits_since_bake(tree: Path) -> list[str]:
+    """Files of ``tree`` that are not as its bake wrote them: what a bake replacing the
+    tree would drop (``status``'s pending edits, also in a bisect bake's tree). The files
+    BAKED.json covers by hash, every other one by the tree's stamp (size and mtime; a new
+    file or a removed one too); bytecode never counts. [] for no bake at ``tree``."""
+    path = tree / manifest.MANIFEST
+    if not path.is_file() or path.is_symlink():
+        return []
+    data = manifest.load(path)
+    drift = manifest.drift(tree, data)
+    found = {*drift.modified, *drift.missing, *drift.extra}
+    then = read_stamp(_tree_stamp_path(tree))
+    if then is not None:
+        now = stamp(tree)
+        found |= {rel for rel in then.keys() | now.keys() if then.get(rel) != now.get(rel)}
+    found.discard(manifest.MANIFEST)
+    return sorted(r for r in found if "__pycache__" not in r.split("/"))
+
+
+def refuse_lost_edits(build: Path, base_key: str, discard: bool) -> None:
+    """A command about to replace the baked tree refuses while it holds edits since its
+    bake (exit 2, as every refusal naming its way out), unless ``discard``."""
+    tree = tree_dir(build, base_key)
+    lost = [] if discard else edits_since_bake(tree)
+    if lost:
+        more = f" (+{len(lost) - 8} more)" if len(lost) > 8 else ""
+        raise UsageError(
+            f"{tree} holds {len(lost)} edit(s) since its bake that this would drop: "
+            + ", ".join(lost[:8])
+            + more,
+            hint="turn them into patches first (`bakery refresh`), copy them out, or drop "
+            "them with `bakery bake --discard-edits` (`bakery bisect --discard-edits` for "
+            "a bisect)",
+        )
 
 
 def _wheel_record_path(tree: Path) -> Path:
@@ -339,6 +377,7 @@ def bake(
         # Partial trees and wheels of killed bakes (only those whose process is gone);
         # the cache may sit on another filesystem than the trash.
         trash = own_folder(build / ".trash")  # before anything moves into it
+        own_folder(build / "dist")  # a symlink is refused: never written or swept through
         for folder in (build, build / "dist"):
             sweep_dead(folder, trash)
         sweep_dead(cache / "pristine")

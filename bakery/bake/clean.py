@@ -24,7 +24,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
 from bakery.bake import manifest
-from bakery.bake.bake import baked_wheel, build_lock
+from bakery.bake.bake import baked_wheel, build_lock, superseded_wheels
 from bakery.errors import BakeryError, UsageError
 from bakery.series.series import Pin
 from bakery.tree import sweep_dead
@@ -119,13 +119,37 @@ def _series_wheel(name: str, label: str) -> bool:
     return (version.local or "").rpartition(".")[0] == label
 
 
-def build_garbage(build: Path, series_name: str, everything: bool = False) -> Plan:
-    """What `bakery clean` (``everything``: `--all`) removes from ``build``."""
+def build_garbage(
+    build: Path,
+    series_name: str,
+    everything: bool = False,
+    *,
+    series_files: tuple[str, ...] = (),
+    saved: Path | None = None,
+    keep_bases: frozenset[str] = frozenset(),
+) -> Plan:
+    """What `bakery clean` (``everything``: `--all`) removes from ``build``.
+
+    A bisect bake's tree (its patches a strict prefix of ``series_files``) names a wheel
+    no bake writes: the wheel of its base the last whole bake wrote is kept for it. A
+    rebase in progress keeps the tree it set aside (``saved``: its wheel and pristine copy,
+    which ``--abort`` puts back) and the pristine copies of ``keep_bases`` (the release
+    its checkout links to)."""
     plan = Plan()
     if not plan.folder(build):
         return plan
     bakes = _baked_manifests(build)
+    if saved is not None and not saved.is_symlink() and saved.is_dir():
+        try:
+            bakes.append(manifest.load(saved / manifest.MANIFEST))
+        except BakeryError:
+            pass  # no saved bake to keep a wheel for (its tree itself is never touched)
     current = set() if everything else {baked_wheel(build, data) for data in bakes}
+    for data in [] if everything else bakes:
+        files = tuple(p.file for p in data.patches)
+        named = baked_wheel(build, data)
+        if named and len(files) < len(series_files) and series_files[: len(files)] == files:
+            current |= set(superseded_wheels(build / "dist", named.name, series_name))
     label = str(Version(f"0+{series_name}.0").local).rpartition(".")[0]
     if plan.folder(build / "dist"):
         for path in sorted((build / "dist").glob("*.whl")):
@@ -138,7 +162,7 @@ def build_garbage(build: Path, series_name: str, everything: bool = False) -> Pl
     if plan.folder(build / "matrix"):
         for name in _MATRIX_FILES:
             plan.add(build / "matrix" / name, "a `bakery rebase-matrix` report")
-    bases = set() if everything else {data.base.sha256 for data in bakes}
+    bases = set() if everything else {data.base.sha256 for data in bakes} | keep_bases
     if plan.folder(build / ".pristine"):
         for path in sorted((build / ".pristine").iterdir()):
             if _SHA.match(path.name) and path.name[:64] not in bases:

@@ -14,7 +14,7 @@ import click
 
 from bakery.bake import clean, manifest
 from bakery.bake.bake import bake as run_bake
-from bakery.bake.bake import staleness, tree_dir, up_to
+from bakery.bake.bake import refuse_lost_edits, staleness, tree_dir, up_to
 from bakery.bake.fetch import cache_dir
 from bakery.bake.pristine import pristine_edits
 from bakery.cli.options import base_option, build_option, series_option
@@ -23,6 +23,13 @@ from bakery.maintain import rebase_loop
 from bakery.maintain.rebase_loop import refuse_during_rebase
 from bakery.series import apply as apply_mod
 from bakery.series.series import load_series
+
+_discard = click.option(
+    "--discard-edits",
+    is_flag=True,
+    help="Replace the baked tree even though it holds edits since its bake (they are lost; "
+    "without it the command refuses and names them).",
+)
 
 
 @click.command("bake")
@@ -46,7 +53,8 @@ from bakery.series.series import load_series
     help="Bake only the patches up to this one (number or file name; 0: none), tree only, "
     "no wheel: a bisect step (quilt's push NN). `bakery bake` bakes the whole series again.",
 )
-def bake_cmd(series_dir, base_key, wheel, build_dir, check_only, upto) -> None:
+@_discard
+def bake_cmd(series_dir, base_key, wheel, build_dir, check_only, upto, discard_edits) -> None:
     """Fetch the pinned wheel, apply the series, write tree + BAKED.json + wheel."""
     series = load_series(series_dir)
     if upto is not None:
@@ -54,6 +62,7 @@ def bake_cmd(series_dir, base_key, wheel, build_dir, check_only, upto) -> None:
             raise UsageError("--upto bakes; it does not go with --check")
         refuse_during_rebase(build_dir)
         part = up_to(series, upto)
+        refuse_lost_edits(build_dir, base_key, discard_edits)
         result = run_bake(part, base_key, build=build_dir, wheel=wheel, write_wheel=False)
         last = part.entries[-1].file if part.entries else "none"
         click.echo(
@@ -71,6 +80,7 @@ def bake_cmd(series_dir, base_key, wheel, build_dir, check_only, upto) -> None:
         click.echo(f"ok: {tree_dir(build_dir, base_key)} is series {series.sha256[:8]}")
         return
     refuse_during_rebase(build_dir)
+    refuse_lost_edits(build_dir, base_key, discard_edits)
     try:
         result = run_bake(series, base_key, build=build_dir, wheel=wheel)
     except HunkFailed as exc:
@@ -190,13 +200,18 @@ def clean_cmd(series_dir, build_dir, everything, gc_cache, dry_run) -> None:
             "drop its saved series and tree",
             hint="finish it with `bakery rebase --continue` or `bakery rebase --abort` first",
         )
-    plan = clean.build_garbage(build_dir, series.name, everything)
+    tables = [state.pin, *state.dependencies.values(), *state.other_bases.values()] if state else []
+    extra = [str(t.get("sha256")) for t in tables if isinstance(t, dict)]
+    plan = clean.build_garbage(
+        build_dir,
+        series.name,
+        everything,
+        series_files=tuple(e.file for e in series.entries),
+        saved=build_dir / rebase_loop.STATE / "baked" if state else None,
+        keep_bases=frozenset(extra),
+    )
     cache_plan = clean.Plan()
     if gc_cache:
-        tables = (
-            [state.pin, *state.dependencies.values(), *state.other_bases.values()] if state else []
-        )
-        extra = [str(t.get("sha256")) for t in tables if isinstance(t, dict)]
         pins = [*series.bases.values(), *series.dependencies.values()]
         keep = clean.wanted_hashes(pins, build_dir, extra)
         cache_plan = clean.cache_garbage(cache_dir(), keep)
@@ -228,8 +243,9 @@ def clean_cmd(series_dir, build_dir, everything, gc_cache, dry_run) -> None:
     metavar="NN",
     help="The last patch known good (0: the pristine base passes).",
 )
+@_discard
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def bisect_cmd(series_dir, base_key, build_dir, good, command) -> None:
+def bisect_cmd(series_dir, base_key, build_dir, good, discard_edits, command) -> None:
     """Find the first patch that makes COMMAND fail, as `git bisect run` does: bake the
     patches up to N (tree only), run COMMAND, exit 0 is good, anything else bad. The
     whole series is baked again at the end."""
@@ -237,6 +253,7 @@ def bisect_cmd(series_dir, base_key, build_dir, good, command) -> None:
     refuse_during_rebase(build_dir)
     total = len(series.entries)
     low = len(up_to(series, good).entries)  # known good: this many patches
+    refuse_lost_edits(build_dir, base_key, discard_edits)
 
     def passes(count: int) -> bool:
         part = dataclasses.replace(series, entries=series.entries[:count])

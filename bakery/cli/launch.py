@@ -10,7 +10,6 @@ started server that failed, 128+N interrupted by signal N).
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import click
 from bakery import project
 from bakery.bake.bake import tree_dir
 from bakery.cli.boundary import run_command
+from bakery.cli.launch_args import PORT, SECONDS, is_path, model_path, port_of, start_argv
 from bakery.cli.options import under_root
 from bakery.errors import BakeryError, UsageError
 from bakery.launch import lifecycle, preflight, run_record
@@ -32,25 +32,6 @@ from bakery.series.series import load_series
 __all__ = ["launch", "doctor_cmd", "main"]
 
 _DIR = click.Path(file_okay=False, path_type=Path, resolve_path=True)
-PORT = click.IntRange(1, 65535)
-
-
-class _Seconds(click.ParamType):
-    """A finite number of seconds, >= 0 (``nan`` and ``inf`` would make every wait odd)."""
-
-    name = "seconds"
-
-    def convert(self, value, param, ctx):
-        try:
-            seconds = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number", param, ctx)
-        if not math.isfinite(seconds) or seconds < 0:
-            self.fail(f"{value!r} is not a finite number >= 0", param, ctx)
-        return seconds
-
-
-SECONDS = _Seconds()
 
 
 def _say(message: str) -> None:
@@ -111,13 +92,6 @@ def _sources(f):
     return _dir_option(
         "--build", "build", project.BUILD, help="Build folder holding the baked trees."
     )(f)
-
-
-def _model(value: str | None) -> str | None:
-    """A --model that exists from the caller's cwd becomes absolute (vLLM runs at the root)."""
-    if value and Path(value).exists():  # "" is no path (Path("") is the cwd)
-        return str(Path(value).resolve())
-    return value
 
 
 @click.group("launch", context_settings={"help_option_names": ["-h", "--help"]})
@@ -209,7 +183,7 @@ def start_cmd(
     series = load_series(series_dir)
     table = load_gate_table(series_dir)
     profile = load_profile(profile_ref, profiles_dir, table)
-    flags["model"] = _model(flags["model"])
+    flags["model"] = model_path(flags["model"])
     profile = override(profile, vllm_args=vllm_args, **flags)
     python = python if python.is_absolute() else Path.cwd() / python
     tree = None if installed else tree_dir(build, profile.base)
@@ -219,15 +193,28 @@ def start_cmd(
     if dry_run:
         shown = render_plan(plan) if as_json else None
         click.echo(json.dumps(shown, indent=2) if shown else command_script(plan, "dry-run"))
-    report = preflight.run_preflight(plan, table, series, build)
-    for note in report.notes:
+    obj = click.get_current_context().obj or {}
+    held = frozenset(obj.get("held_ports") or ())
+    report = preflight.run_preflight(plan, table, series, build, held_ports=held)
+    for note in [] if obj.get("preflight_only") else report.notes:
         _say(f"note: {note}")
     preflight.enforce(report)
+    if obj.get("preflight_only"):  # restart's first pass: would this start be refused?
+        return
     if dry_run:
         _say("dry run: preflight passed; nothing started")
         return
     _say(f"preflight passed for {profile.name}")
-    argv = _start_argv(click.get_current_context(), flags["model"])
+    absolute = {
+        "--model": flags["model"],
+        "--profile": str(profile.source.resolve()) if is_path(profile_ref) else None,
+        "--python": str(python),
+        "--build": str(build),
+        "--profiles": str(profiles_dir),
+        "--series": str(series_dir),
+        "--artifacts": str(artifacts),
+    }
+    argv = start_argv(click.get_current_context(), absolute)
     record, elapsed = lifecycle.start(plan, report.facts, argv, grace_s=grace, say=_say)
     where = plan.url if not plan.headless else "headless worker"
     click.echo(f"ready: {profile.name} at {where} after {elapsed:.1f} s; record {record.run_dir}")
@@ -292,12 +279,28 @@ def restart_cmd(profile, grace, artifacts) -> None:
             f"servers of {len(names)} profiles run: {', '.join(names)}",
             hint=f"name one with `run.sh restart --profile {names[0]}`",
         )
-    argv = run_record.launcher_argv(Path(rows[-1]["run_dir"]))
+    # Every run's own start command, each preflighted before anything is stopped (the
+    # ports these servers hold count as free): a start that would be refused leaves
+    # them all running.
+    argvs = [run_record.launcher_argv(Path(r["run_dir"])) for r in rows]
+    held = sorted({port for r in rows if (port := port_of(r["url"])) is not None})
+    for argv in argvs:
+        obj = {"start_argv": argv, "preflight_only": True, "held_ports": held}
+        _say(f"preflight for: run.sh {' '.join(argv)}")
+        start_cmd.main(args=argv[1:], standalone_mode=False, obj=obj)
     lifecycle.stop(artifacts, names[0], grace, say=click.echo)
-    _say(f"starting again: run.sh {' '.join(argv)}")
-    result = start_cmd.main(args=argv[1:], standalone_mode=False, obj={"start_argv": argv})
-    if isinstance(result, int) and result:
-        raise click.exceptions.Exit(result)
+    first: BaseException | None = None
+    for argv in argvs:  # what was stopped starts again, each with its own command
+        _say(f"starting again: run.sh {' '.join(argv)}")
+        try:
+            start_cmd.main(args=argv[1:], standalone_mode=False, obj={"start_argv": argv})
+        except BakeryError as exc:
+            if len(argvs) == 1:
+                raise
+            _say(f"error: {exc}")
+            first = first or exc
+    if first is not None:
+        raise first
 
 
 @launch.command("profiles")
@@ -431,7 +434,7 @@ def matrix_cmd(
         series=load_series(series_dir),
         table=load_gate_table(series_dir),
         grace_s=grace,
-        model=_model(model),
+        model=model_path(model),
     )
     summary = matrix_mod.run_matrix(
         matrix_mod.load_matrix(matrix_file),
@@ -454,19 +457,6 @@ def matrix_cmd(
             "; ".join(said),
             hint=f"see {report} and beside it" if report else "see each candidate's error above",
         )
-
-
-def _start_argv(ctx: click.Context, model: str | None) -> list[str]:
-    """`start` and its arguments as given (a restart passes them in ctx.obj), with
-    --model made absolute: `restart` runs them again from any folder."""
-    argv = list((ctx.obj or {}).get("start_argv") or sys.argv[1:])
-    argv = argv[argv.index("start") :] if "start" in argv else ["start", *argv]
-    for i, arg in enumerate(argv):
-        if arg == "--model" and i + 1 < len(argv) and model:
-            argv[i + 1] = model
-        elif arg.startswith("--model=") and model:
-            argv[i] = f"--model={model}"
-    return argv
 
 
 def _profile_name(ref: str | None) -> str | None:

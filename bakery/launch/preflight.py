@@ -185,8 +185,8 @@ def _probe_problems(
     return out
 
 
-def _port_problems(plan: LaunchPlan) -> list[Problem]:
-    if plan.headless:
+def _port_problems(plan: LaunchPlan, held: frozenset[int]) -> list[Problem]:
+    if plan.headless or plan.profile.port in held:  # held: by a server restart stops first
         return []
     p = plan.profile
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -268,8 +268,15 @@ def _parsed(probe: dict | None, own: dict) -> tuple[dict, list[str]]:
     return own, ["vLLM flags read by the launcher (the pinned vLLM parser gave no answer)"]
 
 
-def run_preflight(plan: LaunchPlan, table: GateTable, series: Series, build: Path) -> Report:
-    """Every check, all reported; raises nothing itself (see ``enforce``)."""
+def run_preflight(
+    plan: LaunchPlan,
+    table: GateTable,
+    series: Series,
+    build: Path,
+    held_ports: frozenset[int] = frozenset(),
+) -> Report:
+    """Every check, all reported; raises nothing itself (see ``enforce``). ``held_ports``:
+    ports the servers a restart stops first hold (not counted as taken)."""
     own, arg_problems = _read_own_args(plan)
     serving_env = {**os.environ, **dict(plan.env)}
     found = find_config(plan.profile.model, plan.cwd, serving_env, own.get("revision"))
@@ -318,7 +325,7 @@ def run_preflight(plan: LaunchPlan, table: GateTable, series: Series, build: Pat
                 "pip install the ray version vLLM pins",
             )
         )
-    problems += _port_problems(plan)
+    problems += _port_problems(plan, held_ports)
     return Report(tuple(problems), tuple(notes), Facts(gpus, probe, heads, config, baked))
 
 

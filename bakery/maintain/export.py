@@ -25,11 +25,13 @@ import tomlkit
 
 from bakery import git
 from bakery.bake.pristine import unpacked
-from bakery.errors import BakeryError, UsageError
+from bakery.errors import BakeryError, SeriesError, UsageError
 from bakery.maintain import refresh
+from bakery.schema import decode
 from bakery.series import apply
-from bakery.series.series import Series
-from bakery.tree import inside, write_atomic
+from bakery.series.diff import parse_patch
+from bakery.series.series import PatchEntry, Series
+from bakery.tree import inside, remove_tree, write_atomic
 
 __all__ = ["export", "import_git", "PRISTINE_TAG", "BRANCH"]
 
@@ -39,6 +41,7 @@ _DATE = "1980-01-01T00:00:00+0000"  # fixed: the same series gives the same comm
 _BOT = ("bakery", "bakery@localhost")
 _AUTHOR = re.compile(r"^(?P<name>[^<>]+?)\s*<(?P<email>[^<>\s]+)>$")
 _TRAILER = re.compile(r"^Bakery-(?P<key>Patch|Base): (?P<value>\S.*)$", re.M)
+_ANY_TRAILER = re.compile(r"^Bakery-(?:Patch|Base|Stage|Upstream): .*$", re.M)
 
 
 def _git(repo: Path, *args: str, env: dict | None = None, data: bytes | None = None) -> bytes:
@@ -68,6 +71,7 @@ def _commit(repo: Path, message: str, author: tuple[str, str]) -> None:
         "-q",
         "--allow-empty",
         "--no-verify",
+        "--cleanup=verbatim",  # the header as series.toml holds it, byte for byte
         "-F",
         "-",
         env=env,
@@ -83,7 +87,9 @@ def _author(text: str) -> tuple[str, str]:
 def _message(entries, pin) -> str:
     if len(entries) == 1:
         e = entries[0]
-        body = [e.summary, "", e.description.strip()] if e.description.strip() else [e.summary]
+        # Verbatim (import reads it back the same way): indentation, blank lines,
+        # trailing spaces and a line that looks like a trailer all stay.
+        body = [e.summary, "", e.description] if e.description else [e.summary]
     else:
         body = [f"stage {entries[0].stage}: " + "; ".join(e.file for e in entries), ""]
         body += [f"{e.file}: {e.summary}" for e in entries]
@@ -95,7 +101,13 @@ def _message(entries, pin) -> str:
 
 
 def export(series: Series, base_key: str, out: Path, by_stage: bool = False) -> list[str]:
-    """Write the git repository; returns one line per commit."""
+    """Write the git repository; returns one line per commit. It is built in a staging
+    folder beside ``out`` and renamed into place at the end: a failure leaves nothing."""
+    if out.is_symlink():
+        raise UsageError(
+            f"--git names a symlink (bakery never writes through one): {str(out)!r}",
+            hint="name a new folder",
+        )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(
             f"--git folder exists and is not empty: {str(out)!r}", hint="name a new folder"
@@ -103,18 +115,33 @@ def export(series: Series, base_key: str, out: Path, by_stage: bool = False) -> 
     pin = series.base(base_key)
     package = unpacked(pin) / series.package
     plan = apply.plan(package, series.patches, max_fuzz=series.max_fuzz)
-    out.mkdir(parents=True, exist_ok=True)
-    _git(out, "init", "-q", "-b", BRANCH)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.parent / f".{out.name}.new-{os.getpid()}"
+    remove_tree(staging)  # this process's own name: a leftover of a reused pid
+    staging.mkdir()
+    try:
+        shown = _write_repo(series, pin, package, plan, staging, by_stage, out)
+        if out.is_dir() and not out.is_symlink():
+            out.rmdir()  # the empty folder given (anything in it now: refused)
+        os.rename(staging, out)
+    except BaseException:
+        remove_tree(staging)
+        raise
+    return shown
+
+
+def _write_repo(series, pin, package, plan, repo: Path, by_stage: bool, out: Path) -> list[str]:
+    _git(repo, "init", "-q", "-b", BRANCH)
     wanted = set(series.touched)
     for dirpath, _, names in os.walk(package):
         for name in names:
             rel = (Path(dirpath) / name).relative_to(package).as_posix()
             if name.endswith((".py", ".pyi")) or rel in wanted:
-                write_atomic(out / series.package / rel, (package / rel).read_bytes())
+                write_atomic(repo / series.package / rel, (package / rel).read_bytes())
     _commit(
-        out, f"{pin.requirement} (pristine)\n\nBakery-Base: {pin.requirement} {pin.sha256}\n", _BOT
+        repo, f"{pin.requirement} (pristine)\n\nBakery-Base: {pin.requirement} {pin.sha256}\n", _BOT
     )
-    _git(out, "tag", PRISTINE_TAG)
+    _git(repo, "tag", PRISTINE_TAG)
     groups: dict[int | str, list] = defaultdict(list)
     for entry in series.entries:
         groups[entry.stage if by_stage else entry.file].append(entry)
@@ -124,21 +151,21 @@ def export(series: Series, base_key: str, out: Path, by_stage: bool = False) -> 
         entries = groups[key]
         for entry in entries:
             for rel in owners[entry.file]:
-                target = out / series.package / rel
+                target = repo / series.package / rel
                 after = plan.after[rel]
                 if after is None:
                     target.unlink(missing_ok=True)
                 else:
                     write_atomic(target, after, plan.modes.get(rel))
         author = _author(entries[0].author) if len(entries) == 1 else _BOT
-        _commit(out, _message(entries, pin), author)
+        _commit(repo, _message(entries, pin), author)
         touched = {rel: plan.after[rel] for entry in entries for rel in owners[entry.file]}
-        _check_commit(out, series.package, touched, entries)
+        _check_commit(repo, series.package, touched, entries, out)
         shown.append(_message(entries, pin).splitlines()[0])
     return shown
 
 
-def _check_commit(repo: Path, package: str, touched: dict, entries: list) -> None:
+def _check_commit(repo: Path, package: str, touched: dict, entries: list, out: Path) -> None:
     """HEAD must hold each touched file as the series makes it (None: deleted), byte for
     byte: an export that silently commits less would come back as a deleted patch."""
     for rel, after in sorted(touched.items()):
@@ -150,9 +177,9 @@ def _check_commit(repo: Path, package: str, touched: dict, entries: list) -> Non
             why = "it is missing" if held is None else "its bytes differ"
             raise BakeryError(
                 f"the commit of {patches} does not hold its change to {name} as the series "
-                f"makes it ({why}): {str(repo)!r}",
+                f"makes it ({why}): {str(out)!r}",
                 hint="check the git setup around the folder (a hook, an attributes file), "
-                "then export again into a new folder",
+                "then export again",
             )
 
 
@@ -204,33 +231,119 @@ def import_git(series: Series, base_key: str, repo: Path, yes: bool = False) -> 
         raise UsageError(
             f"would remove {len(removed)} patch(es) (pass --yes): " + ", ".join(removed)
         )
+    headers = _headers_back(series, repo)  # checked by the schema before anything is written
+    _prove_places(series, changes, package, differing, repo)
     refresh.write_refresh(series, changes, remembered=refresh.remembered_entries(series))
-    return [f"{c.action}: {c.file}" for c in changes] + _headers_back(series, repo)
+    return [f"{c.action}: {c.file}" for c in changes] + _write_headers(series, headers)
 
 
-def _headers_back(series: Series, repo: Path) -> list[str]:
-    """Each commit naming one patch gives it its subject, body and author back."""
-    log = _git(repo, "log", "--reverse", "--format=%an <%ae>%x00%B%x01", f"{PRISTINE_TAG}..HEAD")
+def _prove_places(series: Series, changes: list, package: Path, differing: dict, repo: Path):
+    """The series the import would write, placed on the base in memory: every patch must
+    place and give HEAD's files, or nothing is written (a folder of the base made a file,
+    a file made a folder, would leave a series no bake takes)."""
+    data = {e.file: series.patch_bytes(e) for e in series.entries}
+    for change in changes:
+        data.pop(change.file, None)
+        if change.data is not None:
+            data[change.file] = change.data
+    order = sorted(data, key=lambda f: (int(f.partition("-")[0]), f))
+    try:
+        patches = [
+            parse_patch(data[f], f, renames=series.renames, strip=series.strip) for f in order
+        ]
+        result = apply.plan(package, patches, max_fuzz=series.max_fuzz)
+        wrong = sorted(
+            rel
+            for rel, (before, after) in differing.items()
+            if result.after.get(rel, before) != after
+        )
+    except BakeryError as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise BakeryError(
+            f"the series HEAD of {str(repo)!r} makes does not place on the base ({why}); "
+            "nothing written",
+            hint="a file of the base made a folder, or a folder made a file, no patch can "
+            "carry: undo that change in the repository, commit, then import again",
+        ) from None
+    if wrong:
+        raise BakeryError(
+            f"the series HEAD of {str(repo)!r} makes does not give HEAD's files: "
+            + ", ".join(wrong[:8])
+            + "; nothing written",
+            hint="undo those changes in the repository (a folder made a file, or a file made "
+            "a folder), commit, then import again",
+        )
+
+
+def _split_message(message: str) -> tuple[str, str]:
+    """A commit message as export writes it (subject, blank line, the description as it
+    is, blank line, the ``Bakery-`` trailers): (summary, description), byte for byte. A
+    message whose last paragraph is not all trailers (a hand-made one) is read loosely."""
+    body = message[:-1] if message.endswith("\n") else message
+    head, sep, last = body.rpartition("\n\n")
+    if sep and last and all(_ANY_TRAILER.match(line) for line in last.split("\n")):
+        subject, _, rest = head.partition("\n")
+        return subject, rest[1:] if rest.startswith("\n") else rest
+    text = _ANY_TRAILER.sub("", message)
+    subject, _, rest = text.strip().partition("\n")
+    return subject.strip(), rest.strip()
+
+
+def _commits(repo: Path) -> list[tuple[str, str]]:
+    """(author, message) of each commit after the pristine tag, oldest first, as git
+    stores them (``cat-file``: no reformatting, no separator a message could hold)."""
+    shas = _git(repo, "rev-list", "--reverse", f"{PRISTINE_TAG}..HEAD").decode().split()
+    out = []
+    for sha in shas:
+        raw = _git(repo, "cat-file", "commit", sha).decode(errors="replace")
+        head, _, message = raw.partition("\n\n")
+        found = re.search(r"^author (.*) \d+ [+-]\d{4}$", head, re.M)
+        out.append((found[1] if found else "", message))
+    return out
+
+
+def _headers_back(series: Series, repo: Path) -> dict[str, dict[str, str]]:
+    """Patch file -> the header fields its commit gives back (each commit naming one
+    patch: subject, body and author, after a reword), each checked by the series'
+    schema (``PatchEntry``) first: a header it refuses is exit 2, nothing written."""
+    entries = {e.file: e for e in series.entries}
+    found: dict[str, dict[str, str]] = {}
+    for author, message in _commits(repo):
+        named = _trailers(message).get("Patch", [])
+        if len(named) != 1 or named[0] not in entries:
+            continue
+        summary, description = _split_message(message)
+        entry = entries[named[0]]
+        new = {
+            "summary": summary,
+            "description": description,
+            "author": author if author != f"{_BOT[0]} <{_BOT[1]}>" else "",
+        }
+        changed = {k: v for k, v in new.items() if v and getattr(entry, k) != v}
+        if not changed:
+            continue
+        fields = {"file": entry.file, "stage": entry.stage, **entry.header(), **changed}
+        decode(
+            fields,
+            PatchEntry,
+            where=f"{repo}: the commit naming {entry.file}",
+            error=SeriesError,
+            hint="reword the commit (`git rebase -i`, reword), then import again",
+        )
+        found[entry.file] = changed
+    return found
+
+
+def _write_headers(series: Series, headers: dict[str, dict[str, str]]) -> list[str]:
+    if not headers:
+        return []
     path = series.root / "series.toml"
     doc = tomlkit.parse(path.read_text())
     tables = {str(t["file"]): t for t in doc.get("patches", [])}
     lines = []
-    for record in filter(str.strip, log.decode(errors="replace").split("\x01")):
-        author, _, message = record.strip("\n").partition("\x00")
-        named = _trailers(message).get("Patch", [])
-        if len(named) != 1 or named[0] not in tables:
-            continue
-        text = _TRAILER.sub("", re.sub(r"^Bakery-(Stage|Upstream): .*$", "", message, flags=re.M))
-        subject, _, body = text.strip().partition("\n")
-        table = tables[named[0]]
-        new = {
-            "summary": subject.strip(),
-            "description": body.strip(),
-            "author": author if author != f"{_BOT[0]} <{_BOT[1]}>" else "",
-        }
-        for key, value in new.items():
-            if value and str(table.get(key, "")).strip() != value:
-                table[key] = tomlkit.string(value, multiline="\n" in value)
-                lines.append(f"header: {named[0]}: {key}")
+    for file, fields in headers.items():
+        for key, value in fields.items():
+            tables[file][key] = tomlkit.string(value, multiline="\n" in value)
+            lines.append(f"header: {file}: {key}")
     write_atomic(path, tomlkit.dumps(doc).encode())
     return lines

@@ -120,10 +120,13 @@ def _base(
         )
     baked = manifest.load(path)
     stale = staleness(series, key, build) + pristine_edits(pin.sha256, cache)
-    wheel = baked_wheel(build, baked)
     files = [p.file for p in baked.patches]
     ours = [e.file for e in series.entries]
     part = len(files) < len(ours) and files == ours[: len(files)]
+    wheel = baked_wheel(build, baked)
+    older = superseded_wheels(wheel.parent, wheel.name, series.name) if wheel else []
+    if part and wheel:  # a bisect bake writes no wheel: the last whole bake's stays current
+        wheel, older = (older[-1] if older else None), []
     if rebasing or refresh.series_changes_since_bake(series, baked):
         pending: dict = {"pending": None, "why": "the tree is not a bake of this series"}
     else:
@@ -136,9 +139,7 @@ def _base(
         stale=stale,
         wheel=str(wheel) if wheel else None,
         wheel_present=bool(wheel and wheel.is_file()),
-        older_wheels=[str(p) for p in superseded_wheels(wheel.parent, wheel.name, series.name)]
-        if wheel
-        else [],
+        older_wheels=[str(p) for p in older],
         **pending,
     )
 
@@ -188,7 +189,11 @@ def lines(status: StatusReport) -> list[str]:
         out.append(f"{head}: baked from series {base.baked_series[:8]}, {verdict}")
         out += [f"  stale: {problem}" for problem in base.stale]
         missing = "" if base.wheel_present else " (missing: run `bakery bake`)"
-        out.append(f"  wheel: {base.wheel or 'none named in BAKED.json'}{missing}")
+        if base.up_to:
+            last = base.wheel or "none (run `bakery bake`)"
+            out.append(f"  wheel: {last} (the last whole bake's; a bisect bake writes none)")
+        else:
+            out.append(f"  wheel: {base.wheel or 'none named in BAKED.json'}{missing}")
         out += [f"  older wheel: {p} (`bakery clean` removes it)" for p in base.older_wheels]
         if base.pending is None:
             out.append(f"  pending edits: unknown ({base.why})")

@@ -62,3 +62,71 @@ def test_bisect_says_when_there_is_nothing_to_find(tmp_path):
     assert failing.returncode == 1
     assert "error: COMMAND fails with 0 patch(es) too (--good 0)" in failing.stderr
     assert cli("bake", "--check").returncode == 0
+
+
+def test_commands_that_replace_the_tree_keep_pending_edits(tmp_path):
+    """An edit in build/baked that `status` lists as pending: `bake --upto`, `bisect` and a
+    plain `bake` refuse to drop it (exit 2, naming the file) unless --discard-edits
+    (before: each silently replaced the tree and the edit was gone)."""
+    series, build, cli, _, _ = make_loop(tmp_path)
+    edited = build / "baked" / "vllm" / "c.py"
+    edited.write_bytes(PATCHED["c.py"] + b"MINE = 1\n")
+    assert "pending: update 03-c.py.diff" in cli("status").stdout
+    refusals = [
+        cli("bake", "--upto", "02"),
+        bisect(tmp_path, sys.executable, "-c", "raise SystemExit(1)"),
+        cli("bake"),
+    ]
+    for proc in refusals:
+        assert proc.returncode == 2, (proc.args, proc.stdout, proc.stderr)
+        assert "holds 1 edit(s) since its bake that this would drop: vllm/c.py" in proc.stderr
+        assert proc.stderr.count("\n") == 2 and "\nhint: " in proc.stderr
+        assert edited.read_bytes().endswith(b"MINE = 1\n")
+    # An edit of an untouched file and a new file count too, also in a bisect bake's tree.
+    assert cli("bake", "--upto", "02", "--discard-edits").returncode == 0
+    assert edited.read_bytes() == OLD["c.py"]
+    (build / "baked" / "vllm" / "__init__.py").write_text("X = 1\n")
+    (build / "baked" / "vllm" / "new.py").write_text("N = 1\n")
+    proc = cli("bake")
+    assert proc.returncode == 2 and "vllm/__init__.py, vllm/new.py" in proc.stderr
+    assert cli("bake", "--discard-edits").returncode == 0
+    assert cli("bake", "--check").returncode == 0
+    # Bytecode a run left in the tree is no edit.
+    (build / "baked" / "vllm" / "__pycache__").mkdir()
+    (build / "baked" / "vllm" / "__pycache__" / "a.cpython-312.pyc").write_bytes(b"\0")
+    assert cli("bake").returncode == 0
+
+
+def test_bake_never_writes_through_a_symlinked_dist(tmp_path):
+    """build/dist a symlink to another folder: bake refuses (exit 2) and that folder is
+    untouched (before: the wheel was written there and its older wheels were moved out)."""
+    series, build, cli, _, _ = make_loop(tmp_path)
+    dist = build / "dist"
+    theirs = tmp_path / "theirs"
+    dist.rename(theirs)
+    dist.symlink_to(theirs)
+    before = {p.name: p.read_bytes() for p in theirs.iterdir()}
+    (series / "03-c.py.diff").write_bytes((series / "03-c.py.diff").read_bytes())
+    toml = series / "series.toml"
+    toml.write_text(toml.read_text().replace('summary = "patch 3"', 'summary = "patch 3."'))
+    text = (series / "03-c.py.diff").read_text().replace("D = 4", "D = 5")
+    (series / "03-c.py.diff").write_text(text)  # a new series: a new wheel name
+    proc = cli("bake")
+    assert proc.returncode == 2 and "symlink" in proc.stderr, proc.stderr
+    assert {p.name: p.read_bytes() for p in theirs.iterdir()} == before
+    assert dist.is_symlink()
+
+
+def test_status_and_clean_after_a_bisect_bake_keep_the_real_wheel(tmp_path):
+    """After `bake --upto`, status names the wheel the last whole bake wrote (not the one
+    the partial series would have) and no "older" wheel, and clean keeps it (before:
+    status called the real wheel older and clean removed it)."""
+    series, build, cli, _, _ = make_loop(tmp_path)
+    (wheel,) = sorted((build / "dist").glob("*.whl"))
+    assert cli("bake", "--upto", "02").returncode == 0
+    status = cli("status").stdout
+    assert f"  wheel: {wheel} (the last whole bake's; a bisect bake writes none)" in status
+    assert "older wheel" not in status
+    proc = cli("clean")
+    assert proc.returncode == 0, proc.stderr
+    assert wheel.is_file() and str(wheel) not in proc.stdout

@@ -210,3 +210,23 @@ def test_clean_while_a_bake_holds_the_lock_removes_nothing_and_says_so(tmp_path)
     assert proc.stderr.startswith("error: another bake is running in this build folder (pid 4242)")
     assert proc.stderr.count("\n") == 2 and listing(build) == before
     assert status.returncode == 0, status.stderr
+
+
+def test_clean_during_a_rebase_checkout_keeps_what_both_trees_and_abort_need(tmp_path):
+    """During `rebase --checkout`, clean keeps the pristine copies the checkout and the
+    set-aside tree link to and the wheel `--abort` brings back (before: it removed all
+    three), and `--abort` then gives the old bake back, up to date."""
+    from tests._synthetic_release import make_loop
+
+    series, build, cli, _, _ = make_loop(tmp_path)
+    (wheel,) = sorted((build / "dist").glob("*.whl"))
+    assert cli("rebase", "--to", "vllm==0.2.0", "--checkout").returncode in (0, 1)
+    copies = sorted(p.name for p in (build / ".pristine").iterdir())
+    proc = cli("clean")
+    assert proc.returncode == 0, proc.stderr
+    assert "/dist/" not in proc.stdout and "/.pristine/" not in proc.stdout, proc.stdout
+    assert wheel.is_file()
+    assert sorted(p.name for p in (build / ".pristine").iterdir()) == copies
+    assert cli("rebase", "--abort").returncode == 0
+    assert cli("bake", "--check").returncode == 0
+    assert "  wheel: " + str(wheel) in cli("status").stdout

@@ -276,3 +276,88 @@ def test_a_bake_whose_manifest_cannot_be_read_is_recorded_as_such(art, tmp_path)
     assert why == "" and env is not None and env.baked is not None
     assert env.baked.error == "$.series.sha256: must be 64 lowercase hex digits, not 'short'"
     assert run_record.rebaked_under(record.run_dir) is None
+
+
+def _running(art) -> list[Path]:
+    return sorted(p.parent for p in art.glob("*/*/server.pid") if run_record.read_pid(p).alive)
+
+
+def test_restart_refused_by_the_preflight_stops_nothing(
+    capsys, art, tmp_path, monkeypatch, cpu_bake
+):
+    """A restart whose start the preflight would refuse (here: its recorded --build holds
+    no bake any more) exits 3 and leaves the server running (before: it stopped the
+    server first, then the refused start left nothing up)."""
+    monkeypatch.setattr(preflight, "run_probe", canned_probe())
+    monkeypatch.setattr(lifecycle, "start", fake_start)
+    model, port = tiny_model_dir(tmp_path / "tiny"), free_port()
+    empty = tmp_path / "no-bake"
+    empty.mkdir()
+    argv = ["start", "--profile", "cpu-tiny", "--model", str(model), "--port", str(port)]
+    argv += ["--build", str(empty), "--artifacts", str(art), "--python", str(PYTHON)]
+    old = served(art, cpu_bake.manifest, argv=argv, port=port)
+    assert wait_until(lambda: len(marked(f"cpu-tiny/{old.run_dir.name}")) >= 3, 20)
+    code = main(["restart", "--artifacts", str(art), "--grace", "2"])
+    err = capsys.readouterr().err
+    assert code == 3, err
+    assert "baked tree missing or stale" in err and "stopped process group" not in err
+    assert _running(art) == [old.run_dir]
+    main(["stop", "--artifacts", str(art), "--grace", "2"])
+
+
+def test_restart_starts_every_server_it_stops_with_its_own_command(
+    capsys, art, tmp_path, monkeypatch, cpu_bake
+):
+    """Two servers of one profile (two ports): restart starts both again, each with its
+    recorded command (before: it stopped both and started only the newest)."""
+    monkeypatch.setattr(preflight, "run_probe", canned_probe())
+    monkeypatch.setattr(lifecycle, "start", fake_start)
+    model = tiny_model_dir(tmp_path / "tiny")
+    build = cpu_bake.tree.parent
+    argvs = []
+    for port in (free_port(), free_port()):
+        argv = ["start", "--profile", "cpu-tiny", "--model", str(model), "--port", str(port)]
+        argv += ["--build", str(build), "--artifacts", str(art), "--python", str(PYTHON)]
+        served(art, cpu_bake.manifest, argv=argv, port=port)
+        argvs.append(argv)
+    code = main(["restart", "--artifacts", str(art), "--grace", "2"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    again = sorted(
+        json.loads((run / "run_environment.json").read_text())["launcher_argv"]
+        for run in _running(art)
+    )
+    assert again == sorted(argvs)
+    main(["stop", "--artifacts", str(art), "--grace", "2"])
+
+
+def test_a_relative_profile_is_recorded_absolute_and_restarts_from_anywhere(
+    capsys, art, tmp_path, monkeypatch, cpu_bake
+):
+    """`start --profile ./mine.toml` from one folder, `restart` from another: the record
+    holds the profile's absolute path, so the restart finds it (before: the relative path
+    was recorded and the restart from elsewhere could not find the profile)."""
+    import sys
+
+    monkeypatch.setattr(preflight, "run_probe", canned_probe())
+    monkeypatch.setattr(lifecycle, "start", fake_start)
+    model, port = tiny_model_dir(tmp_path / "tiny"), free_port()
+    mine = tmp_path / "here"
+    mine.mkdir()
+    (mine / "mine.toml").write_text((PROFILES / "cpu-tiny.toml").read_text())
+    argv = ["start", "--profile", "./mine.toml", "--model", str(model), "--port", str(port)]
+    argv += ["--build", str(cpu_bake.tree.parent), "--artifacts", str(art)]
+    argv += ["--python", str(PYTHON)]
+    monkeypatch.setenv("BAKERY_ROOT", str(REPO))  # as run.sh sets it
+    monkeypatch.chdir(mine)
+    monkeypatch.setattr(sys, "argv", ["run.sh", *argv])
+    assert main(argv) == 0, capsys.readouterr().err
+    (run,) = _running(art)
+    recorded_argv = json.loads((run / "run_environment.json").read_text())["launcher_argv"]
+    assert recorded_argv[recorded_argv.index("--profile") + 1] == str(mine / "mine.toml")
+    monkeypatch.chdir(tmp_path)
+    code = main(["restart", "--artifacts", str(art), "--grace", "2"])
+    assert code == 0, capsys.readouterr().err
+    (again,) = _running(art)
+    assert again != run
+    main(["stop", "--artifacts", str(art), "--grace", "2"])

@@ -226,3 +226,148 @@ def test_export_refuses_a_commit_that_lost_its_patch(loop, tmp_path, monkeypatch
     assert proc.returncode == 1, proc.stdout
     assert proc.stderr.startswith("error: the commit of 01-a.py.diff does not hold its change")
     assert proc.stderr.count("\n") == 2 and "hint: " in proc.stderr
+
+
+def test_a_failed_export_leaves_nothing_and_a_retry_works(loop, tmp_path, monkeypatch):
+    """Export builds in a staging folder and renames it into place at the end: a failure
+    leaves no partial repository (before: the half-written folder stayed, and the retry
+    was refused as 'exists and is not empty'), and a retry works."""
+    from bakery.maintain import export
+
+    real, calls = export._git, []
+
+    def failing(repo, *args, **kwargs):
+        calls.append(args[0])
+        if args[0] == "commit" and calls.count("commit") == 3:
+            raise export.BakeryError("git commit failed (planted)")
+        return real(repo, *args, **kwargs)
+
+    monkeypatch.setattr(export, "_git", failing)
+    repo = tmp_path / "git"
+    proc = bakery(tmp_path, "export", "--git", str(repo))
+    assert proc.returncode == 1 and "planted" in proc.stderr
+    assert not repo.exists(), sorted(p.name for p in repo.iterdir())
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".git")] == []
+    monkeypatch.setattr(export, "_git", real)
+    again = bakery(tmp_path, "export", "--git", str(repo))
+    assert again.returncode == 0, again.stderr
+    assert len(git(repo, "log", "--format=%s").splitlines()) == 4
+    # An empty folder given as --git is filled (and stays a folder, not a link).
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert bakery(tmp_path, "export", "--git", str(empty)).returncode == 0
+    assert (empty / ".git").is_dir()
+    # A symlink is never written through.
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    link = bakery(tmp_path, "export", "--git", str(tmp_path / "link"))
+    assert link.returncode == 2 and "symlink" in link.stderr and list(target.iterdir()) == []
+
+
+HOSTILE_DESCRIPTION = (
+    "    indented first line\n"
+    "\n"
+    "\n"
+    "two blank lines above, trailing spaces here   \n"
+    "Bakery-Stage: 7 is a line of prose, not a trailer\n"
+    "\ttab-indented\n"
+    "# not a comment\n"
+    "\n"
+)
+
+
+def test_an_unedited_round_trip_keeps_every_header_byte_for_byte(loop, tmp_path):
+    """Export then import with no edit gives series.toml back byte for byte, and the
+    headers as they were (before: the description lost its indentation, blank lines and
+    trailing spaces, and its `Bakery-Stage:` line was dropped)."""
+    series, _, _ = loop
+    toml = series / "series.toml"
+    import tomlkit
+
+    doc = tomlkit.parse(toml.read_text())
+    table = next(t for t in doc["patches"] if t["file"] == "02-b.py.diff")
+    table["description"] = HOSTILE_DESCRIPTION
+    table["summary"] = "  a summary with spaces around  "
+    toml.write_text(tomlkit.dumps(doc))
+    before = toml.read_bytes()
+    repo = tmp_path / "git"
+    assert bakery(tmp_path, "export", "--git", str(repo)).returncode == 0
+    back = bakery(tmp_path, "import", "--git", str(repo))
+    assert back.returncode == 0, back.stderr
+    assert back.stdout.startswith("nothing to import") and "header:" not in back.stdout
+    assert toml.read_bytes() == before
+    tables = {t["file"]: t for t in tomllib.loads(toml.read_text())["patches"]}
+    assert tables["02-b.py.diff"]["description"] == HOSTILE_DESCRIPTION
+    # A reword in git still comes back (git's own cleanup applies to what the user typed).
+    git(
+        repo,
+        "commit",
+        "-q",
+        "--amend",
+        "--allow-empty",
+        "-m",
+        "patch 3 reworded\n\nnew\n\nBakery-Patch: 03-c.py.diff\n",
+    )
+    back = bakery(tmp_path, "import", "--git", str(repo))
+    assert back.returncode == 0, back.stderr
+    tables = {t["file"]: t for t in tomllib.loads(toml.read_text())["patches"]}
+    assert tables["03-c.py.diff"]["summary"] == "patch 3 reworded"
+    assert tables["03-c.py.diff"]["description"] == "new"
+    assert tables["02-b.py.diff"]["description"] == HOSTILE_DESCRIPTION
+
+
+def test_import_checks_the_headers_it_writes_back(loop, tmp_path):
+    """A commit message the series' schema refuses (a NUL-free but multi-line author is
+    impossible; a subject of spaces only is not) is one error, exit 2, nothing written
+    (before: written into series.toml unchecked, and every later command refused it)."""
+    series, _, _ = loop
+    repo = tmp_path / "git"
+    assert bakery(tmp_path, "export", "--git", str(repo)).returncode == 0
+    before = {p.name: p.read_bytes() for p in series.iterdir()}
+    subprocess.run(
+        [
+            "git",
+            "-C",
+            str(repo),
+            "-c",
+            "user.name=Dev",
+            "-c",
+            "user.email=dev@example.org",
+            "commit",
+            "-q",
+            "--amend",
+            "--allow-empty",
+            "--cleanup=verbatim",
+            "-m",
+            "   \n\nbody\n\nBakery-Patch: 03-c.py.diff\n",
+        ],
+        check=True,
+    )
+    back = bakery(tmp_path, "import", "--git", str(repo))
+    assert back.returncode == 2, (back.stdout, back.stderr)
+    assert back.stderr.startswith("error: ") and "\nhint: " in back.stderr
+    assert "03-c.py.diff" in back.stderr
+    assert {p.name: p.read_bytes() for p in series.iterdir()} == before
+
+
+def test_import_refuses_a_series_that_does_not_place(loop, tmp_path):
+    """HEAD makes a file of the base a folder: the series import would write does not
+    place on the base, so import exits 1 and writes nothing (before: exit 0, and the next
+    bake failed)."""
+    series, _, cli = loop
+    repo = tmp_path / "git"
+    assert bakery(tmp_path, "export", "--git", str(repo)).returncode == 0
+    before = {p.name: p.read_bytes() for p in series.iterdir()}
+    git(repo, "rm", "-q", "vllm/a.py")
+    (repo / "vllm" / "a.py").mkdir()
+    (repo / "vllm" / "a.py" / "x.py").write_text("X = 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "a.py becomes a folder")
+    proc = bakery(tmp_path, "import", "--git", str(repo), "--yes")
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert proc.stderr.startswith("error: the series HEAD of") and "does not place" in proc.stderr
+    assert proc.stderr.count("\n") == 2 and "\nhint: " in proc.stderr
+    assert "pristine" not in proc.stderr
+    assert {p.name: p.read_bytes() for p in series.iterdir()} == before
+    assert cli("bake").returncode == 0
