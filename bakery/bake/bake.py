@@ -207,9 +207,10 @@ def edits_since_bake(tree: Path) -> list[str]:
     drift = manifest.drift(tree, data)
     found = {*drift.modified, *drift.missing, *drift.extra}
     then = read_stamp(_tree_stamp_path(tree))
-    if then is not None:
+    if then is not None:  # the files BAKED.json hashes are judged by their hash alone
         now = stamp(tree)
-        found |= {rel for rel in then.keys() | now.keys() if then.get(rel) != now.get(rel)}
+        moved = {rel for rel in then.keys() | now.keys() if then.get(rel) != now.get(rel)}
+        found |= moved - set(data.files)
     found.discard(manifest.MANIFEST)
     return sorted(r for r in found if "__pycache__" not in r.split("/"))
 

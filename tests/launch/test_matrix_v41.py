@@ -169,7 +169,7 @@ def test_a_planted_bug_fails_the_v41_matrix_and_names_the_first_divergence(
 # ---- batches (issue 33) -------------------------------------------------------------
 BATCH_MATRIX = REPO / "launcher" / "dcp2" / "matrix-cpu-v41-batch.toml"
 BATCH = "v41-batch-dcp2"
-KEYLESS_CASE = "batch_short"  # 28 short prompts: rank 1 holds no key of the chunk
+KEYLESS_CASE = "batch_short"  # a long prompt, then 28 short ones: rank 1 holds no key of theirs
 # issue 33's crash planted back: the keys of a rank that holds none reshaped to [0, -1]
 KEYLESS_RESHAPE = (
     P06,
@@ -199,7 +199,7 @@ def test_the_batched_matrix_passes_prompt_by_prompt_with_a_keyless_rank(batch_ru
     report = json.loads((out / "reports" / f"{BATCH}.json").read_text())
     members = [m for case in load_suite("v41batch").cases for m in case.members]
     assert sorted(report["cases"]) == sorted(record_name(m) for m in members)
-    assert len(members) == 28 + 4
+    assert len(members) == 1 + 28 + 4
 
 
 def test_the_keyless_crash_planted_back_fails_the_batched_matrix_within_its_bound(

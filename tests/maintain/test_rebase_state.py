@@ -204,4 +204,4 @@ def test_an_append_in_one_checkout_never_reaches_another(loop, tmp_path):
     assert cli2("bake", "--check").returncode == 0
     proc = cli("bake", "--check")
     assert proc.returncode == 1 and "modified since the bake: vllm/__init__.py" in proc.stdout
-    assert cli("bake").returncode == 0 and cli("bake", "--check").returncode == 0
+    assert cli("bake", "--discard-edits").returncode == 0 and cli("bake", "--check").returncode == 0
