@@ -146,36 +146,59 @@ class _Section:
     mode: bytes | None = None  # from a git extended header
     # As in Hunks: 4 bytes a number until one does not fit (30k hunks: 0.8 MB less).
     rows: array[int] = field(default_factory=lambda: array("I"))
-    problem: str | None = None  # the first hunk refused, raised after the walk
+    problem: tuple[int, str] | None = None  # the first hunk refused: raised after the walk
 
 
 def _not_a_diff(name: str, message: str, line: bytes = b"") -> PatchParseError:
     return PatchParseError(f"{name}: not a unified diff ({message}{line.decode(*_CODEC)})")
 
 
-def _read_body(body: bytes, pos: int, old_len: int, new_len: int, name: str) -> int:
-    """unidiff's hunk rules, one line at a time: where the counted lines end."""
+def _read_body(
+    body: bytes, pos: int, old_len: int, new_len: int, name: str
+) -> tuple[int, str, int]:
+    """GNU's hunk rules, one line at a time: where the counted lines end, and the first thing
+    in them GNU calls malformed and where ("" if none; the lines are counted all the same, so
+    reading goes on in step). GNU looks for a marker only after the last line of a side (its
+    ``incomplete_line``), and reads a line starting with a CR, or a hunk with no change, as
+    malformed."""
     old = new = 0
     size = len(body)
-    while pos < size:  # at least one line, even for a hunk of no lines (as unidiff reads it)
+    problem, at = "", pos
+    marks = marked = changed = False  # the line before may take a marker / was one
+    while pos < size and (old < old_len or new < new_len):
         end = body.find(b"\n", pos) + 1 or size
         first = body[pos]
+        if first == _MARKER:
+            if not marks and not problem:
+                problem = (
+                    "two 'No newline' markers in a row"
+                    if marked
+                    else "'No newline' marker after a line that is not the last of its side"
+                    if old or new
+                    else "'No newline' marker before any line"
+                )
+                at = pos
+            marks, marked, pos = False, True, end
+            continue
         if first == _ADDED:
             new += 1
+            marks, changed = new == new_len, True
         elif first == _REMOVED:
             old += 1
-        elif first in (_SPACE, _CR, _LF):
+            marks, changed = old == old_len, True
+        elif first in (_SPACE, _LF, _CR):
             old, new = old + 1, new + 1
-        elif first != _MARKER:
+            marks = old == old_len or new == new_len
+            if first == _CR and not problem:
+                problem, at = "a line that starts with a carriage return", pos
+        else:
             raise _not_a_diff(name, "Hunk diff line expected: ", body[pos:end])
-        pos = end
+        marked, pos = False, end
         if old > old_len or new > new_len:
             raise _not_a_diff(name, "Hunk is longer than expected")
-        if old == old_len and new == new_len:
-            return pos
     if old < old_len or new < new_len:
         raise _not_a_diff(name, "Hunk is shorter than expected")
-    return pos
+    return pos, problem or ("" if changed else "a hunk that changes nothing"), at
 
 
 def _numbers(header: re.Match[bytes]) -> tuple[int, int, int, int]:
@@ -192,7 +215,7 @@ def _read_hunk(body: bytes, pos: int, header: re.Match[bytes], section: _Section
     """The hunk whose ``@@`` line ends at ``pos``, added to ``section``; where reading goes on."""
     numbers = _numbers(header)
     old_start, old_len, new_start, new_len = numbers
-    end = _read_body(body, pos, old_len, new_len, name)
+    end, malformed, at = _read_body(body, pos, old_len, new_len, name)
     # GNU's body also takes the marker lines that follow the counted ones; unidiff read them
     # as lines of their own, so the walk still does (see _walk).
     stop = end
@@ -205,15 +228,19 @@ def _read_hunk(body: bytes, pos: int, header: re.Match[bytes], section: _Section
                 g for g, v in zip(header.groups(b"1"), numbers, strict=True) if v > MAX_LINE_NUMBER
             )
             shown = digits.decode() if len(digits) <= 40 else f"{digits[:20].decode()}..."
-            section.problem = f"{name}: hunk #{number}: line number is too large: {shown}"
+            section.problem = number, f"line number is too large: {shown}"
         elif (old_start == 0 < old_len) or (new_start == 0 < new_len):
             written = header[0][: header[0].index(b" @@", 2) + 3].decode()
             section.problem = (
-                f"{name}: hunk #{number}: malformed hunk header (a range that starts at line 0"
-                f" must be empty): {written}"
+                number,
+                (f"malformed hunk header (a range that starts at line 0 must be empty): {written}"),
             )
-        elif stop > pos and body[pos] == _MARKER:
-            section.problem = f"{name}: hunk #{number}: stray 'No newline' marker"
+        elif malformed:
+            line = body.count(b"\n", 0, at) + 1
+            text = body[at : body.find(b"\n", at) + 1 or len(body)].decode(*_CODEC)
+            if at == pos:  # the hunk's own @@ line
+                line, text = line - 1, header[0].decode(*_CODEC)
+            section.problem = number, f"malformed hunk ({malformed}) at line {line}: {text!r}"
     fits = max(numbers) <= MAX_LINE_NUMBER  # else refused above; a row holds only what fits
     row = (number, *(numbers if fits else (0, 0, 0, 0)), pos, stop)
     if section.rows.typecode == "I" and max(row) >= 1 << 32:
@@ -245,7 +272,7 @@ def _read_hunks(body: bytes, pos: int, section: _Section, name: str) -> int:
             lines == context + removed + added
             and context + removed == old_len
             and context + added == new_len
-            and lines
+            and context < lines  # a change (GNU refuses a hunk without one)
             and not (old_start | old_len | new_start | new_len | stop) >> 32  # fits any row
             and (old_start or not old_len)  # else _read_hunk refuses the header
             and (new_start or not new_len)
@@ -377,8 +404,10 @@ def parse_patch(
         if not section.rows:
             raise PatchParseError(f"{name}: no hunks for {new or old!r}")
         if section.problem:
+            number, problem = section.problem
             raise PatchParseError(
-                section.problem, hint="fix that hunk's @@ line or body in the patch file"
+                f"{name}: hunk #{number} of {new or old!r}: {problem}",
+                hint="fix that hunk's @@ line or body in the patch file",
             )
         if section.mode and not _OCTAL.match(section.mode):
             raise PatchParseError(
