@@ -42,11 +42,10 @@ MAX_PATCH_BYTES = 64 << 20
 # GNU patch refuses line numbers that do not fit its LINENUM ("is too large").
 MAX_LINE_NUMBER = 2**63 - 1
 _NUMBER_DIGITS = len(str(MAX_LINE_NUMBER))
-# GNU patch strips every line's trailing CR once a file's ``---``/``+++``
-# header lines both end in CRLF ("Stripping trailing CRs from patch").
+# GNU patch strips each line's trailing CR from a file's hunks when the later of its
+# ``---``/``+++`` lines ends in CRLF ("Stripping trailing CRs from patch"): per file.
 _ADDED, _REMOVED, _MARKER = b"+-\\"
 _SPACE, _CR, _LF = b" \r\n"
-_HEADERS = re.compile(rb"^--- [^\n]*\n\+\+\+ [^\n]*\n", re.MULTILINE)
 # unidiff's line grammar (the parser bakery used before this one), over bytes: adapted
 # from python-unidiff 1.0.1, MIT license, Copyright (c) 2012 Matias Bordese (LICENSES/unidiff.txt).
 _GIT_HEADERS = (
@@ -54,12 +53,12 @@ _GIT_HEADERS = (
     re.compile(rb"^diff --git (?P<source>.*://[^\t\n]+) (?P<target>.*://[^\t\n]+)"),
     re.compile(rb"^diff --git (?P<source>[^\t\n]+) (?P<target>[^\t\n]+)"),
 )
-_GIT_NEW_FILE = re.compile(rb"^new file mode (?P<mode>\d+)$")
-_GIT_DELETED_FILE = re.compile(rb"^deleted file mode (?P<mode>\d+)$")
-_GIT_OLD_MODE = re.compile(rb"^old mode (?P<mode>\d+)$")
-_GIT_NEW_MODE = re.compile(rb"^new mode (?P<mode>\d+)$")
+_GIT_NEW_FILE = re.compile(rb"^new file mode (?P<mode>\d+)\r?$")
+_GIT_DELETED_FILE = re.compile(rb"^deleted file mode (?P<mode>\d+)\r?$")
+_GIT_OLD_MODE = re.compile(rb"^old mode (?P<mode>\d+)\r?$")
+_GIT_NEW_MODE = re.compile(rb"^new mode (?P<mode>\d+)\r?$")
 _OCTAL = re.compile(rb"^[0-7]+\Z")  # the mode lines take any digits, as unidiff's do
-_GIT_INDEX = re.compile(rb"^index [0-9a-f]+\.\.[0-9a-f]+ (?P<mode>\d+)$")
+_GIT_INDEX = re.compile(rb"^index [0-9a-f]+\.\.[0-9a-f]+ (?P<mode>\d+)\r?$")
 _SOURCE = re.compile(rb'^--- (?P<name>"?[^\t\n]*"?)(?:\t[^\n]+)?')
 _TARGET = re.compile(rb'^\+\+\+ (?P<name>"?[^\t\n]*"?)(?:\t[^\n]+)?')
 _HUNK_HEADER = re.compile(rb"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")  # matched at a line start
@@ -147,6 +146,7 @@ class _Section:
     # As in Hunks: 4 bytes a number until one does not fit (30k hunks: 0.8 MB less).
     rows: array[int] = field(default_factory=lambda: array("I"))
     problem: tuple[int, str] | None = None  # the first hunk refused: raised after the walk
+    strip_cr: bool = False  # its hunks' lines lose their trailing CR (GNU's choice, per file)
 
 
 def _not_a_diff(name: str, message: str, line: bytes = b"") -> PatchParseError:
@@ -154,7 +154,7 @@ def _not_a_diff(name: str, message: str, line: bytes = b"") -> PatchParseError:
 
 
 def _read_body(
-    body: bytes, pos: int, old_len: int, new_len: int, name: str
+    body: bytes, pos: int, old_len: int, new_len: int, name: str, strip_cr: bool
 ) -> tuple[int, str, int]:
     """GNU's hunk rules, one line at a time: where the counted lines end, and the first thing
     in them GNU calls malformed and where ("" if none; the lines are counted all the same, so
@@ -189,7 +189,7 @@ def _read_body(
         elif first in (_SPACE, _LF, _CR):
             old, new = old + 1, new + 1
             marks = old == old_len or new == new_len
-            if first == _CR and not problem:
+            if first == _CR and not problem and not (strip_cr and end - pos == 2):
                 problem, at = "a line that starts with a carriage return", pos
         else:
             raise _not_a_diff(name, "Hunk diff line expected: ", body[pos:end])
@@ -215,7 +215,7 @@ def _read_hunk(body: bytes, pos: int, header: re.Match[bytes], section: _Section
     """The hunk whose ``@@`` line ends at ``pos``, added to ``section``; where reading goes on."""
     numbers = _numbers(header)
     old_start, old_len, new_start, new_len = numbers
-    end, malformed, at = _read_body(body, pos, old_len, new_len, name)
+    end, malformed, at = _read_body(body, pos, old_len, new_len, name, section.strip_cr)
     # GNU's body also takes the marker lines that follow the counted ones; unidiff read them
     # as lines of their own, so the walk still does (see _walk).
     stop = end
@@ -343,7 +343,7 @@ def _walk(body: bytes, name: str) -> tuple[list[_Section], bool]:
                 current = None
             continue
         if first == _ADDED and (match := _TARGET.match(line)):
-            if current is not None and current.target != match["name"]:
+            if current is not None and current.target.rstrip(b"\r") != match["name"].rstrip(b"\r"):
                 raise _not_a_diff(name, "Target without source: ", line)
             if current is None:
                 if source is None:
@@ -351,6 +351,7 @@ def _walk(body: bytes, name: str) -> tuple[list[_Section], bool]:
                 current = _Section(source, match["name"])
                 sections.append(current)
                 in_header, source = False, None
+            current.strip_cr = line.endswith(b"\r\n")
             continue
         if first == _MARKER and _NO_NEWLINE.match(line):
             if current is None:
@@ -358,19 +359,36 @@ def _walk(body: bytes, name: str) -> tuple[list[_Section], bool]:
             if not current.rows:
                 raise _not_a_diff(name, "Unexpected marker: No newline at end of file")
             continue
-        if line == b"\n" and current is not None and current.rows:
+        if line in (b"\n", b"\r\n") and current is not None and current.rows:
             continue  # a blank line after a hunk
         if not in_header:
             current, in_header = None, True
         if first == 0x42 and (match := _BINARY.match(line)):  # "B"
             source, binary = match["source"], True
             current, in_header = None, False
-        elif line == b"GIT binary patch\n":
+        elif line in (b"GIT binary patch\n", b"GIT binary patch\r\n"):
             if current is None:
                 raise _not_a_diff(name, "Unexpected binary patch marker: ", line)
             binary = True
             current, in_header = None, False
     return sections, binary
+
+
+def _without_crs(body: bytes, rows: array[int]) -> Hunks:
+    """A file's hunks with each line's trailing CR stripped, as GNU reads them under CRLF
+    headers: the span of its hunks, stripped, and each row's body moved to match. (Every
+    row's start and stop is a line start, so no CRLF straddles one.)"""
+    first = rows[Hunks.WIDTH - 2] - 1  # the newline that ends the first @@ line
+    moved: array[int] = array(rows.typecode)
+    gone, before = 0, first  # CRLFs dropped ahead of ``before``
+    for at in range(0, len(rows), Hunks.WIDTH):
+        start, stop = rows[at + Hunks.WIDTH - 2], rows[at + Hunks.WIDTH - 1]
+        gone += body.count(b"\r\n", before, start)
+        new_start = start - first - gone
+        gone += body.count(b"\r\n", start, stop)
+        moved.extend((*rows[at : at + Hunks.WIDTH - 2], new_start, stop - first - gone))
+        before = stop
+    return Hunks(body[first:before].replace(b"\r\n", b"\n"), moved)
 
 
 def parse_patch(
@@ -385,9 +403,6 @@ def parse_patch(
     # A diff whose own final newline was lost (the seed) means the same diff
     # with it restored; GNU patch only accepts it that way.
     body = data + b"\n" if missing_newline else data
-    headers = _HEADERS.search(body)
-    if headers and headers[0].count(b"\r\n") == 2:
-        body = body.replace(b"\r\n", b"\n")
     sections, binary = _walk(body, name)
     if binary or b"GIT binary patch" in data:
         raise PatchParseError(f"{name}: binary patches are not supported (refused)")
@@ -415,7 +430,8 @@ def parse_patch(
                 hint="a mode is octal digits, as git writes it (100644, 100755)",
             )
         mode = int(section.mode[-3:], 8) if section.mode and new is not None else None
-        files.append(FilePatch(old, new, Hunks(body, section.rows), new_mode=mode))
+        hunks = _without_crs(body, section.rows) if section.strip_cr else Hunks(body, section.rows)
+        files.append(FilePatch(old, new, hunks, new_mode=mode))
     if not files:
         raise PatchParseError(f"{name}: no file diffs found (is this a unified diff?)")
     return Patch(

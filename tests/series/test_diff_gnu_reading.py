@@ -1,0 +1,81 @@
+"""Diffs GNU patch reads one way and bakery used to read another (issue 35, findings 14c,
+14e, 15): each case is put to GNU patch itself (the oracle) and to ``bakery apply`` on the
+same tree; both must leave the same bytes, or bakery must refuse by name (exit 2)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_tool
+
+pytestmark = pytest.mark.needs("patch")
+
+
+def both(tmp_path: Path, files: dict[str, bytes], diff: bytes):
+    """(GNU's exit code, its tree), (our exit code, our tree, our stderr)."""
+    trees = []
+    for side in ("gnu", "ours"):
+        tree = tmp_path / side
+        tree.mkdir()
+        for name, data in files.items():
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            (tree / name).write_bytes(data)
+        trees.append(tree)
+    (tmp_path / "p.diff").write_bytes(diff)
+    gnu = subprocess.run(
+        ["patch", "-p1", "--batch", "-i", str(tmp_path / "p.diff")],
+        cwd=trees[0],
+        capture_output=True,
+    )
+    ours = run_tool("apply.py", str(trees[1]), str(tmp_path / "p.diff"))
+    return (gnu.returncode, read(trees[0])), (ours.returncode, read(trees[1]), ours.stderr)
+
+
+def read(tree: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(tree)): p.read_bytes() for p in sorted(tree.rglob("*")) if p.is_file()
+    }
+
+
+CRLF_BODY = b"@@ -1,2 +1,2 @@\r\n a\r\n-b\r\n+c\r\n"
+LF_HEADERS_CRLF_BODY = b"--- a/g\n+++ b/g\n@@ -1,2 +1,2 @@\n x\r\n-y\r\n+z\r\n"
+
+
+@pytest.mark.parametrize(
+    "diff, files",
+    [
+        # Only the "+++" line ends in CRLF: GNU strips the CRs (the later header decides).
+        (b"--- a/f\n+++ b/f\r\n" + CRLF_BODY, {"f": b"a\nb\n"}),
+        # The first file's headers are LF (its body's CRs are content), the second's CRLF.
+        (
+            LF_HEADERS_CRLF_BODY + b"--- a/f\r\n+++ b/f\r\n" + CRLF_BODY,
+            {"f": b"a\nb\n", "g": b"x\r\ny\r\n"},
+        ),
+        # The first file's headers are CRLF (stripped), the second's LF (its CRs kept).
+        (
+            b"--- a/f\r\n+++ b/f\r\n" + CRLF_BODY + LF_HEADERS_CRLF_BODY,
+            {"f": b"a\nb\n", "g": b"x\r\ny\r\n"},
+        ),
+    ],
+    ids=["plus-line-only", "lf-then-crlf", "crlf-then-lf"],
+)
+def test_the_strip_cr_choice_is_made_per_file_as_gnu_makes_it(tmp_path, diff, files):
+    """Finding 14c. Before: decided once from the diff's first header pair, so an LF file
+    got CRLF lines written into it (and a CRLF file of a later LF-headed diff lost its CRs)."""
+    (gnu_rc, gnu_tree), (our_rc, our_tree, err) = both(tmp_path, files, diff)
+    assert gnu_rc == 0 and our_rc == 0, err
+    assert our_tree == gnu_tree
+
+
+def test_the_stripped_file_reads_as_its_lf_twin():
+    from bakery.series.diff import parse_patch
+
+    crlf = parse_patch(LF_HEADERS_CRLF_BODY + b"--- a/f\r\n+++ b/f\r\n" + CRLF_BODY, "p")
+    lf = parse_patch(
+        LF_HEADERS_CRLF_BODY + b"--- a/f\n+++ b/f\n" + CRLF_BODY.replace(b"\r", b""), "p"
+    )
+    assert crlf.files == lf.files
+    assert {line.eol for line in crlf.files[0].hunks[0].lines} == {b"\r\n"}
