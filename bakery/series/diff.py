@@ -14,21 +14,20 @@ context, no timestamps, final newline).
 from __future__ import annotations
 
 import os
-import posixpath
 import re
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bakery.errors import PatchParseError, UnsafePathError
+from bakery.errors import PatchParseError
+from bakery.series.headers import DEV_NULL, check_modes, tree_path
 from bakery.series.hunks import FilePatch, Hunk, HunkLine, Hunks, Patch
 
 __all__ = ["HunkLine", "Hunk", "Hunks", "FilePatch", "Patch"]  # the types, from series.hunks
 __all__ += ["parse_patch", "parse_renames", "read_patch"]
 __all__ += ["render_file_diff", "split_lines", "OLD_PREFIX", "NEW_PREFIX"]
 
-DEV_NULL = "/dev/null"
 # Header prefixes of the series' own diffs (the seed's convention): the first
 # path component is thrown away on apply, so these only need to be stable.
 OLD_PREFIX = "baked-ours/"
@@ -57,7 +56,6 @@ _GIT_NEW_FILE = re.compile(rb"^new file mode (?P<mode>\d+)\r?$")
 _GIT_DELETED_FILE = re.compile(rb"^deleted file mode (?P<mode>\d+)\r?$")
 _GIT_OLD_MODE = re.compile(rb"^old mode (?P<mode>\d+)\r?$")
 _GIT_NEW_MODE = re.compile(rb"^new mode (?P<mode>\d+)\r?$")
-_OCTAL = re.compile(rb"^[0-7]+\Z")  # the mode lines take any digits, as unidiff's do
 _GIT_INDEX = re.compile(rb"^index [0-9a-f]+\.\.[0-9a-f]+ (?P<mode>\d+)\r?$")
 _SOURCE = re.compile(rb'^--- (?P<name>"?[^\t\n]*"?)(?:\t[^\n]+)?')
 _TARGET = re.compile(rb'^\+\+\+ (?P<name>"?[^\t\n]*"?)(?:\t[^\n]+)?')
@@ -112,37 +110,12 @@ def read_patch(path: Path) -> bytes:
     return data
 
 
-def _tree_path(raw: str, strip: int, renames: Sequence[tuple[str, str]], patch: str) -> str | None:
-    """Header path -> safe tree-relative path (None for /dev/null)."""
-    raw = raw.removesuffix("\r")  # GNU ends a name at whitespace; a CRLF header leaves a CR
-    if raw == DEV_NULL:
-        return None
-    name = raw[1:-1] if len(raw) > 1 and raw.startswith('"') and raw.endswith('"') else raw
-    if "\0" in name:
-        raise PatchParseError(f"{patch}: NUL byte in diff header path (refused): {name!r}")
-    if name.startswith("/"):
-        raise UnsafePathError(f"{patch}: absolute path in diff header (refused): {name!r}")
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise UnsafePathError(f"{patch}: '..' in diff header path (refused): {name!r}")
-    if len(parts) <= strip:
-        raise PatchParseError(f"{patch}: path has no component left after -p{strip}: {name!r}")
-    path = "/".join(parts[strip:])
-    for old, new in renames:
-        if path.startswith(old):
-            path = new + path[len(old) :]
-            break
-    normalized = posixpath.normpath(path)
-    if normalized.startswith(("/", "../")) or normalized == "..":
-        raise UnsafePathError(f"{patch}: rename leads outside the tree (refused): {path!r}")
-    return normalized
-
-
 @dataclass(slots=True)  # one file's diff while it is read
 class _Section:
     source: bytes  # the header names as written
     target: bytes
     mode: bytes | None = None  # from a git extended header
+    modes: list[bytes] = field(default_factory=list)  # every mode its header names
     # As in Hunks: 4 bytes a number until one does not fit (30k hunks: 0.8 MB less).
     rows: array[int] = field(default_factory=lambda: array("I"))
     problem: tuple[int, str] | None = None  # the first hunk refused: raised after the walk
@@ -322,20 +295,25 @@ def _walk(body: bytes, name: str) -> tuple[list[_Section], bool]:
             if current is None or not in_header:
                 raise _not_a_diff(name, "Unexpected new file found: ", line)
             current.source, current.mode = DEV_NULL.encode(), match["mode"]
+            current.modes.append(match["mode"])
             continue
-        if first == 0x64 and _GIT_DELETED_FILE.match(line):
+        if first == 0x64 and (match := _GIT_DELETED_FILE.match(line)):
             if current is None or not in_header:
                 raise _not_a_diff(name, "Unexpected deleted file found: ", line)
             current.target = DEV_NULL.encode()
+            current.modes.append(match["mode"])
             continue
         if current is not None and in_header:
-            if first == 0x6F and _GIT_OLD_MODE.match(line):  # "o"
+            if first == 0x6F and (match := _GIT_OLD_MODE.match(line)):  # "o"
+                current.modes.append(match["mode"])
                 continue
             if first == 0x6E and (match := _GIT_NEW_MODE.match(line)):
                 current.mode = match["mode"]
+                current.modes.append(match["mode"])
                 continue
             if first == 0x69 and (match := _GIT_INDEX.match(line)):  # "i"
                 current.mode = current.mode or match["mode"]
+                current.modes.append(match["mode"])
                 continue
         if first == _REMOVED and (match := _SOURCE.match(line)):
             source = match["name"]
@@ -366,9 +344,8 @@ def _walk(body: bytes, name: str) -> tuple[list[_Section], bool]:
         if first == 0x42 and (match := _BINARY.match(line)):  # "B"
             source, binary = match["source"], True
             current, in_header = None, False
-        elif line in (b"GIT binary patch\n", b"GIT binary patch\r\n"):
-            if current is None:
-                raise _not_a_diff(name, "Unexpected binary patch marker: ", line)
+        elif line in (b"GIT binary patch\n", b"GIT binary patch\r\n") and current is not None:
+            # Only in a git header, as GNU reads it; elsewhere the line is text between files.
             binary = True
             current, in_header = None, False
     return sections, binary
@@ -404,18 +381,19 @@ def parse_patch(
     # with it restored; GNU patch only accepts it that way.
     body = data + b"\n" if missing_newline else data
     sections, binary = _walk(body, name)
-    if binary or b"GIT binary patch" in data:
+    if binary:
         raise PatchParseError(f"{name}: binary patches are not supported (refused)")
     files = []
     for section in sections:
-        old = _tree_path(section.source.decode(*_CODEC), strip, renames, name)
-        new = _tree_path(section.target.decode(*_CODEC), strip, renames, name)
+        old = tree_path(section.source.decode(*_CODEC), strip, renames, name)
+        new = tree_path(section.target.decode(*_CODEC), strip, renames, name)
         if old is None and new is None:
             raise PatchParseError(f"{name}: both sides are /dev/null")
         if old is not None and new is not None and old != new:
             raise PatchParseError(
                 f"{name}: renames inside a diff are not supported (old {old!r}, new {new!r})"
             )
+        check_modes(section.modes, new or old, name)
         if not section.rows:
             raise PatchParseError(f"{name}: no hunks for {new or old!r}")
         if section.problem:
@@ -423,11 +401,6 @@ def parse_patch(
             raise PatchParseError(
                 f"{name}: hunk #{number} of {new or old!r}: {problem}",
                 hint="fix that hunk's @@ line or body in the patch file",
-            )
-        if section.mode and not _OCTAL.match(section.mode):
-            raise PatchParseError(
-                f"{name}: a git file mode is not octal: {section.mode.decode()[:20]!r}",
-                hint="a mode is octal digits, as git writes it (100644, 100755)",
             )
         mode = int(section.mode[-3:], 8) if section.mode and new is not None else None
         hunks = _without_crs(body, section.rows) if section.strip_cr else Hunks(body, section.rows)

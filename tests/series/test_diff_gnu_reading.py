@@ -79,3 +79,54 @@ def test_the_stripped_file_reads_as_its_lf_twin():
     )
     assert crlf.files == lf.files
     assert {line.eol for line in crlf.files[0].hunks[0].lines} == {b"\r\n"}
+
+
+GIT_LINE_ADDED = b"--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n a\n-b\n+GIT binary patch\n"
+
+
+@pytest.mark.parametrize(
+    "diff",
+    [
+        GIT_LINE_ADDED,
+        b"Subject: GIT binary patch\n\nGIT binary patch\n\n" + GIT_LINE_ADDED,
+    ],
+    ids=["an added line", "a preamble"],
+)
+def test_text_holding_git_binary_patch_is_not_binary(tmp_path, diff):
+    """Finding 14e. Before: any diff whose bytes held "GIT binary patch" was refused as binary."""
+    (gnu_rc, gnu_tree), (our_rc, our_tree, err) = both(tmp_path, {"f": b"a\nb\n"}, diff)
+    assert gnu_rc == 0 and our_rc == 0, err
+    assert our_tree == gnu_tree == {"f": b"a\nGIT binary patch\n"}
+
+
+def test_a_real_git_binary_hunk_is_still_refused(tmp_path):
+    diff = b"diff --git a/f.bin b/f.bin\nindex 1..2 100644\nGIT binary patch\nliteral 3\nKcmZ?\n\n"
+    (_, _), (our_rc, _, err) = both(tmp_path, {"f.bin": b"\0\1"}, diff)
+    assert our_rc == 2 and "binary patches are not supported (refused)" in err
+
+
+SYMLINK = (
+    b"diff --git a/link b/link\nnew file mode 120000\nindex 0000000..1111111\n"
+    b"--- /dev/null\n+++ b/link\n@@ -0,0 +1 @@\n+target\n\\ No newline at end of file\n"
+)
+
+
+@pytest.mark.parametrize(
+    "diff",
+    [
+        SYMLINK,
+        SYMLINK.replace(b"new file mode 120000\nindex 0000000..1111111", b"index 1..2 120000")
+        .replace(b"--- /dev/null", b"--- a/link")
+        .replace(b"@@ -0,0 +1 @@\n", b"@@ -1 +1 @@\n-old\n\\ No newline at end of file\n"),
+        SYMLINK.replace(b"new file mode 120000\n", b"old mode 100644\nnew mode 120000\n"),
+        SYMLINK.replace(b"new file mode 120000\n", b"new file mode 160000\n"),
+    ],
+    ids=["new symlink", "changed symlink", "file to symlink", "gitlink"],
+)
+def test_a_git_symlink_diff_is_refused_by_name_never_a_mode_000_file(tmp_path, diff):
+    """Finding 14d. Before: mode 120000's last three digits made a regular file of mode 000."""
+    files = {} if b"-old" not in diff else {"link": b"old"}
+    (_, _), (our_rc, our_tree, err) = both(tmp_path, files, diff)
+    assert our_rc == 2, err
+    assert err.startswith("error: p.diff: 'link' is a ") and "(refused)" in err, err
+    assert our_tree == files
