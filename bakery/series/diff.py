@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bakery.errors import PatchParseError
-from bakery.series.headers import DEV_NULL, check_modes, tree_path
+from bakery.series.headers import DEV_NULL, check_modes, header_name, tree_path
 from bakery.series.hunks import FilePatch, Hunk, HunkLine, Hunks, Patch
 
 __all__ = ["HunkLine", "Hunk", "Hunks", "FilePatch", "Patch"]  # the types, from series.hunks
@@ -316,19 +316,24 @@ def _walk(body: bytes, name: str) -> tuple[list[_Section], bool]:
                 current.modes.append(match["mode"])
                 continue
         if first == _REMOVED and (match := _SOURCE.match(line)):
-            source = match["name"]
+            source = header_name(match["name"], line)
             if current is not None and not in_header:
                 current = None
             continue
         if first == _ADDED and (match := _TARGET.match(line)):
-            if current is not None and current.target.rstrip(b"\r") != match["name"].rstrip(b"\r"):
+            target = header_name(match["name"], line)
+            if current is not None and header_name(current.target, b"") != target:
                 raise _not_a_diff(name, "Target without source: ", line)
             if current is None:
                 if source is None:
                     raise _not_a_diff(name, "Target without source: ", line)
-                current = _Section(source, match["name"])
+                current = _Section(source, target)
                 sections.append(current)
                 in_header, source = False, None
+            elif current.target != DEV_NULL.encode():  # GNU takes the ---/+++ names
+                current.target = target
+                if source is not None and current.source != DEV_NULL.encode():
+                    current.source = source
             current.strip_cr = line.endswith(b"\r\n")
             continue
         if first == _MARKER and _NO_NEWLINE.match(line):

@@ -1,6 +1,7 @@
 """A diff header's fields, for ``bakery.series.diff`` (the one reader of the format): a
 header name made a safe tree path (``-p`` strip, renames, no escape), and a git header's
-modes checked (octal, a regular file's).
+modes checked (octal, a regular file's). Names are read as GNU patch reads them: a
+C-quoted name unquoted, an unquoted one ending at whitespace unless a tab follows it.
 """
 
 from __future__ import annotations
@@ -11,10 +12,41 @@ from collections.abc import Sequence
 
 from bakery.errors import PatchParseError, UnsafePathError
 
-__all__ = ["DEV_NULL", "tree_path", "check_modes"]
+__all__ = ["DEV_NULL", "header_name", "tree_path", "check_modes"]
 
 DEV_NULL = "/dev/null"
 _OCTAL = re.compile(rb"^[0-7]+\Z")  # the mode lines take any digits, as unidiff's do
+
+
+_QUOTED = re.compile(rb'"(?:[^"\\\n]|\\.)*"')
+_ESCAPE = re.compile(rb"\\([0-7]{1,3}|.)", re.DOTALL)
+_ESCAPES = {b"a": 7, b"b": 8, b"f": 12, b"n": 10, b"r": 13, b"t": 9, b"v": 11, b"\\": 92, b'"': 34}
+
+
+def header_name(name: bytes, line: bytes) -> bytes:
+    """The name a ``---``/``+++`` line gives, as GNU's ``fetchname`` reads it: a quoted name
+    up to its closing quote; else the text before the tab that starts a timestamp, less
+    trailing blanks, or, with no tab on the line, the text up to the first blank."""
+    if name.startswith(b'"') and (quoted := _QUOTED.match(name)):
+        return quoted[0]
+    if b"\t" in line:
+        return name.rstrip(b" \r\f\v")
+    return name.split(None, 1)[0] if name.strip() else name
+
+
+def _unquote(name: str, patch: str) -> str:
+    """A C-quoted name (git's, GNU's) as its bytes: \\t, \\", \\\\, octal \\303 and the rest."""
+
+    def one(match: re.Match[bytes]) -> bytes:
+        code = match[1]
+        if code[:1].isdigit():
+            return bytes([int(code, 8) & 0xFF])
+        if code not in _ESCAPES:
+            raise PatchParseError(f"{patch}: bad escape in a quoted diff header path: {name!r}")
+        return bytes([_ESCAPES[code]])
+
+    raw = name[1:-1].encode("utf-8", "surrogateescape")
+    return _ESCAPE.sub(one, raw).decode("utf-8", "surrogateescape")
 
 
 def tree_path(raw: str, strip: int, renames: Sequence[tuple[str, str]], patch: str) -> str | None:
@@ -22,7 +54,8 @@ def tree_path(raw: str, strip: int, renames: Sequence[tuple[str, str]], patch: s
     raw = raw.removesuffix("\r")  # GNU ends a name at whitespace; a CRLF header leaves a CR
     if raw == DEV_NULL:
         return None
-    name = raw[1:-1] if len(raw) > 1 and raw.startswith('"') and raw.endswith('"') else raw
+    quoted = len(raw) > 1 and raw.startswith('"') and raw.endswith('"')
+    name = _unquote(raw, patch) if quoted else raw
     if "\0" in name:
         raise PatchParseError(f"{patch}: NUL byte in diff header path (refused): {name!r}")
     if name.startswith("/"):

@@ -130,3 +130,33 @@ def test_a_git_symlink_diff_is_refused_by_name_never_a_mode_000_file(tmp_path, d
     assert our_rc == 2, err
     assert err.startswith("error: p.diff: 'link' is a ") and "(refused)" in err, err
     assert our_tree == files
+
+
+A_TO_X = b"@@ -1 +1 @@\n-a\n+x\n"
+
+
+@pytest.mark.parametrize(
+    "headers, files",
+    [
+        (b'diff --git "a/x\\ty" "b/x\\ty"\n--- "a/x\\ty"\n+++ "b/x\\ty"\n', {"x\ty": b"a\n"}),
+        (b'--- "a/\\303\\251"\n+++ "b/\\303\\251"\n', {"\u00e9": b"a\n"}),
+        (b'--- "a/q\\"\\\\"\n+++ "b/q\\"\\\\"\n', {'q"\\': b"a\n"}),
+        (b"--- a/f \n+++ b/f \n", {"f ": b"a\n", "f": b"a\n"}),
+        (b"--- a/f \t2020-01-01\n+++ b/f \t2020-01-01\n", {"f ": b"a\n", "f": b"a\n"}),
+        (b"--- a/x y\t\n+++ b/x y\t\n", {"x y": b"a\n", "x": b"a\n"}),
+    ],
+    ids=[
+        "c-quoted tab",
+        "c-quoted octal",
+        "c-quoted quote",
+        "trailing space",
+        "space tab",
+        "git space",
+    ],
+)
+def test_header_names_are_read_as_gnu_reads_them(tmp_path, headers, files):
+    """Finding 15. Before: quoted names kept their escapes ('x\\\\ty' "does not exist"), and
+    a trailing blank stayed in the name, so the file 'f ' was patched where GNU patches 'f'."""
+    (gnu_rc, gnu_tree), (our_rc, our_tree, err) = both(tmp_path, files, headers + A_TO_X)
+    assert gnu_rc == 0 and our_rc == 0, err
+    assert our_tree == gnu_tree != files
