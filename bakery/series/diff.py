@@ -385,6 +385,9 @@ def parse_patch(
     # A diff whose own final newline was lost (the seed) means the same diff
     # with it restored; GNU patch only accepts it that way.
     body = data + b"\n" if missing_newline else data
+    # A leading byte-order mark (an editor's) hides the first "---" line; GNU then names the
+    # file from its "+++" line alone, which is the same file: read past it.
+    body = body.removeprefix(b"\xef\xbb\xbf")
     sections, binary = _walk(body, name)
     if binary:
         raise PatchParseError(f"{name}: binary patches are not supported (refused)")

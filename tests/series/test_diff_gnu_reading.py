@@ -160,3 +160,11 @@ def test_header_names_are_read_as_gnu_reads_them(tmp_path, headers, files):
     (gnu_rc, gnu_tree), (our_rc, our_tree, err) = both(tmp_path, files, headers + A_TO_X)
     assert gnu_rc == 0 and our_rc == 0, err
     assert our_tree == gnu_tree != files
+
+
+def test_a_leading_byte_order_mark_is_read_past_as_gnu_does(tmp_path):
+    """Finding 15. Before: 'Target without source' (exit 2) where GNU patches the file."""
+    diff = b"\xef\xbb\xbf--- a/f\n+++ b/f\n" + A_TO_X
+    (gnu_rc, gnu_tree), (our_rc, our_tree, err) = both(tmp_path, {"f": b"a\n"}, diff)
+    assert gnu_rc == 0 and our_rc == 0, err
+    assert our_tree == gnu_tree == {"f": b"x\n"}
