@@ -322,7 +322,7 @@ def _walk(body: bytes, name: str) -> tuple[list[_Section], bool]:
             continue
         if first == _ADDED and (match := _TARGET.match(line)):
             target = header_name(match["name"], line)
-            if current is not None and header_name(current.target, b"") != target:
+            if current is not None and current.target.rstrip(b" \r") != target:
                 raise _not_a_diff(name, "Target without source: ", line)
             if current is None:
                 if source is None:

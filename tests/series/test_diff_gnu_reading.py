@@ -144,6 +144,7 @@ A_TO_X = b"@@ -1 +1 @@\n-a\n+x\n"
         (b"--- a/f \n+++ b/f \n", {"f ": b"a\n", "f": b"a\n"}),
         (b"--- a/f \t2020-01-01\n+++ b/f \t2020-01-01\n", {"f ": b"a\n", "f": b"a\n"}),
         (b"--- a/x y\t\n+++ b/x y\t\n", {"x y": b"a\n", "x": b"a\n"}),
+        (b"diff --git a/x y b/x y\n--- a/x y\t\n+++ b/x y\t\n", {"x y": b"a\n"}),
     ],
     ids=[
         "c-quoted tab",
@@ -151,7 +152,8 @@ A_TO_X = b"@@ -1 +1 @@\n-a\n+x\n"
         "c-quoted quote",
         "trailing space",
         "space tab",
-        "git space",
+        "space tab, plain",
+        "space tab, git",
     ],
 )
 def test_header_names_are_read_as_gnu_reads_them(tmp_path, headers, files):
