@@ -9,6 +9,7 @@ edits "unknown", not a download).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -165,8 +166,22 @@ def collect(
     )
 
 
+# What a terminal would act on rather than show (a CR rewrites the line, ESC starts a sequence).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _shown(line: str) -> str:
+    """``line`` with each control character written as its Python escape (``\\r``, ``\\x1b``)."""
+    return _CONTROL.sub(lambda m: repr(m[0])[1:-1], line)
+
+
 def lines(status: StatusReport) -> list[str]:
-    """The human form of ``collect``'s report."""
+    """The human form of ``collect``'s report, control characters escaped (a header, a path
+    or a server's URL comes from files anyone may have edited)."""
+    return [_shown(line) for line in _lines(status)]
+
+
+def _lines(status: StatusReport) -> list[str]:
     s = status.series
     tool = status.tool.version
     out = [f"bakery {tool}, series {s.name} {s.sha256[:8]} ({s.patches} patches) at {s.root}"]

@@ -14,21 +14,20 @@ context, no timestamps, final newline).
 from __future__ import annotations
 
 import os
-import posixpath
 import re
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bakery.errors import PatchParseError, UnsafePathError
+from bakery.errors import PatchParseError
+from bakery.series.headers import DEV_NULL, check_modes, header_name, tree_path
 from bakery.series.hunks import FilePatch, Hunk, HunkLine, Hunks, Patch
 
 __all__ = ["HunkLine", "Hunk", "Hunks", "FilePatch", "Patch"]  # the types, from series.hunks
 __all__ += ["parse_patch", "parse_renames", "read_patch"]
 __all__ += ["render_file_diff", "split_lines", "OLD_PREFIX", "NEW_PREFIX"]
 
-DEV_NULL = "/dev/null"
 # Header prefixes of the series' own diffs (the seed's convention): the first
 # path component is thrown away on apply, so these only need to be stable.
 OLD_PREFIX = "baked-ours/"
@@ -42,11 +41,10 @@ MAX_PATCH_BYTES = 64 << 20
 # GNU patch refuses line numbers that do not fit its LINENUM ("is too large").
 MAX_LINE_NUMBER = 2**63 - 1
 _NUMBER_DIGITS = len(str(MAX_LINE_NUMBER))
-# GNU patch strips every line's trailing CR once a file's ``---``/``+++``
-# header lines both end in CRLF ("Stripping trailing CRs from patch").
+# GNU patch strips each line's trailing CR from a file's hunks when the later of its
+# ``---``/``+++`` lines ends in CRLF ("Stripping trailing CRs from patch"): per file.
 _ADDED, _REMOVED, _MARKER = b"+-\\"
 _SPACE, _CR, _LF = b" \r\n"
-_HEADERS = re.compile(rb"^--- [^\n]*\n\+\+\+ [^\n]*\n", re.MULTILINE)
 # unidiff's line grammar (the parser bakery used before this one), over bytes: adapted
 # from python-unidiff 1.0.1, MIT license, Copyright (c) 2012 Matias Bordese (LICENSES/unidiff.txt).
 _GIT_HEADERS = (
@@ -54,12 +52,11 @@ _GIT_HEADERS = (
     re.compile(rb"^diff --git (?P<source>.*://[^\t\n]+) (?P<target>.*://[^\t\n]+)"),
     re.compile(rb"^diff --git (?P<source>[^\t\n]+) (?P<target>[^\t\n]+)"),
 )
-_GIT_NEW_FILE = re.compile(rb"^new file mode (?P<mode>\d+)$")
-_GIT_DELETED_FILE = re.compile(rb"^deleted file mode (?P<mode>\d+)$")
-_GIT_OLD_MODE = re.compile(rb"^old mode (?P<mode>\d+)$")
-_GIT_NEW_MODE = re.compile(rb"^new mode (?P<mode>\d+)$")
-_OCTAL = re.compile(rb"^[0-7]+\Z")  # the mode lines take any digits, as unidiff's do
-_GIT_INDEX = re.compile(rb"^index [0-9a-f]+\.\.[0-9a-f]+ (?P<mode>\d+)$")
+_GIT_NEW_FILE = re.compile(rb"^new file mode (?P<mode>\d+)\r?$")
+_GIT_DELETED_FILE = re.compile(rb"^deleted file mode (?P<mode>\d+)\r?$")
+_GIT_OLD_MODE = re.compile(rb"^old mode (?P<mode>\d+)\r?$")
+_GIT_NEW_MODE = re.compile(rb"^new mode (?P<mode>\d+)\r?$")
+_GIT_INDEX = re.compile(rb"^index [0-9a-f]+\.\.[0-9a-f]+ (?P<mode>\d+)\r?$")
 _SOURCE = re.compile(rb'^--- (?P<name>"?[^\t\n]*"?)(?:\t[^\n]+)?')
 _TARGET = re.compile(rb'^\+\+\+ (?P<name>"?[^\t\n]*"?)(?:\t[^\n]+)?')
 _HUNK_HEADER = re.compile(rb"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")  # matched at a line start
@@ -113,69 +110,68 @@ def read_patch(path: Path) -> bytes:
     return data
 
 
-def _tree_path(raw: str, strip: int, renames: Sequence[tuple[str, str]], patch: str) -> str | None:
-    """Header path -> safe tree-relative path (None for /dev/null)."""
-    raw = raw.removesuffix("\r")  # GNU ends a name at whitespace; a CRLF header leaves a CR
-    if raw == DEV_NULL:
-        return None
-    name = raw[1:-1] if len(raw) > 1 and raw.startswith('"') and raw.endswith('"') else raw
-    if "\0" in name:
-        raise PatchParseError(f"{patch}: NUL byte in diff header path (refused): {name!r}")
-    if name.startswith("/"):
-        raise UnsafePathError(f"{patch}: absolute path in diff header (refused): {name!r}")
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise UnsafePathError(f"{patch}: '..' in diff header path (refused): {name!r}")
-    if len(parts) <= strip:
-        raise PatchParseError(f"{patch}: path has no component left after -p{strip}: {name!r}")
-    path = "/".join(parts[strip:])
-    for old, new in renames:
-        if path.startswith(old):
-            path = new + path[len(old) :]
-            break
-    normalized = posixpath.normpath(path)
-    if normalized.startswith(("/", "../")) or normalized == "..":
-        raise UnsafePathError(f"{patch}: rename leads outside the tree (refused): {path!r}")
-    return normalized
-
-
 @dataclass(slots=True)  # one file's diff while it is read
 class _Section:
     source: bytes  # the header names as written
     target: bytes
     mode: bytes | None = None  # from a git extended header
+    modes: list[bytes] = field(default_factory=list)  # every mode its header names
     # As in Hunks: 4 bytes a number until one does not fit (30k hunks: 0.8 MB less).
     rows: array[int] = field(default_factory=lambda: array("I"))
-    problem: str | None = None  # the first hunk refused, raised after the walk
+    problem: tuple[int, str] | None = None  # the first hunk refused: raised after the walk
+    strip_cr: bool = False  # its hunks' lines lose their trailing CR (GNU's choice, per file)
 
 
 def _not_a_diff(name: str, message: str, line: bytes = b"") -> PatchParseError:
     return PatchParseError(f"{name}: not a unified diff ({message}{line.decode(*_CODEC)})")
 
 
-def _read_body(body: bytes, pos: int, old_len: int, new_len: int, name: str) -> int:
-    """unidiff's hunk rules, one line at a time: where the counted lines end."""
+def _read_body(
+    body: bytes, pos: int, old_len: int, new_len: int, name: str, strip_cr: bool
+) -> tuple[int, str, int]:
+    """GNU's hunk rules, one line at a time: where the counted lines end, and the first thing
+    in them GNU calls malformed and where ("" if none; the lines are counted all the same, so
+    reading goes on in step). GNU looks for a marker only after the last line of a side (its
+    ``incomplete_line``), and reads a line starting with a CR, or a hunk with no change, as
+    malformed."""
     old = new = 0
     size = len(body)
-    while pos < size:  # at least one line, even for a hunk of no lines (as unidiff reads it)
+    problem, at = "", pos
+    marks = marked = changed = False  # the line before may take a marker / was one
+    while pos < size and (old < old_len or new < new_len):
         end = body.find(b"\n", pos) + 1 or size
         first = body[pos]
+        if first == _MARKER:
+            if not marks and not problem:
+                problem = (
+                    "two 'No newline' markers in a row"
+                    if marked
+                    else "'No newline' marker after a line that is not the last of its side"
+                    if old or new
+                    else "'No newline' marker before any line"
+                )
+                at = pos
+            marks, marked, pos = False, True, end
+            continue
         if first == _ADDED:
             new += 1
+            marks, changed = new == new_len, True
         elif first == _REMOVED:
             old += 1
-        elif first in (_SPACE, _CR, _LF):
+            marks, changed = old == old_len, True
+        elif first in (_SPACE, _LF, _CR):
             old, new = old + 1, new + 1
-        elif first != _MARKER:
+            marks = old == old_len or new == new_len
+            if first == _CR and not problem and not (strip_cr and end - pos == 2):
+                problem, at = "a line that starts with a carriage return", pos
+        else:
             raise _not_a_diff(name, "Hunk diff line expected: ", body[pos:end])
-        pos = end
+        marked, pos = False, end
         if old > old_len or new > new_len:
             raise _not_a_diff(name, "Hunk is longer than expected")
-        if old == old_len and new == new_len:
-            return pos
     if old < old_len or new < new_len:
         raise _not_a_diff(name, "Hunk is shorter than expected")
-    return pos
+    return pos, problem or ("" if changed else "a hunk that changes nothing"), at
 
 
 def _numbers(header: re.Match[bytes]) -> tuple[int, int, int, int]:
@@ -192,7 +188,7 @@ def _read_hunk(body: bytes, pos: int, header: re.Match[bytes], section: _Section
     """The hunk whose ``@@`` line ends at ``pos``, added to ``section``; where reading goes on."""
     numbers = _numbers(header)
     old_start, old_len, new_start, new_len = numbers
-    end = _read_body(body, pos, old_len, new_len, name)
+    end, malformed, at = _read_body(body, pos, old_len, new_len, name, section.strip_cr)
     # GNU's body also takes the marker lines that follow the counted ones; unidiff read them
     # as lines of their own, so the walk still does (see _walk).
     stop = end
@@ -205,15 +201,19 @@ def _read_hunk(body: bytes, pos: int, header: re.Match[bytes], section: _Section
                 g for g, v in zip(header.groups(b"1"), numbers, strict=True) if v > MAX_LINE_NUMBER
             )
             shown = digits.decode() if len(digits) <= 40 else f"{digits[:20].decode()}..."
-            section.problem = f"{name}: hunk #{number}: line number is too large: {shown}"
+            section.problem = number, f"line number is too large: {shown}"
         elif (old_start == 0 < old_len) or (new_start == 0 < new_len):
             written = header[0][: header[0].index(b" @@", 2) + 3].decode()
             section.problem = (
-                f"{name}: hunk #{number}: malformed hunk header (a range that starts at line 0"
-                f" must be empty): {written}"
+                number,
+                (f"malformed hunk header (a range that starts at line 0 must be empty): {written}"),
             )
-        elif stop > pos and body[pos] == _MARKER:
-            section.problem = f"{name}: hunk #{number}: stray 'No newline' marker"
+        elif malformed:
+            line = body.count(b"\n", 0, at) + 1
+            text = body[at : body.find(b"\n", at) + 1 or len(body)].decode(*_CODEC)
+            if at == pos:  # the hunk's own @@ line
+                line, text = line - 1, header[0].decode(*_CODEC)
+            section.problem = number, f"malformed hunk ({malformed}) at line {line}: {text!r}"
     fits = max(numbers) <= MAX_LINE_NUMBER  # else refused above; a row holds only what fits
     row = (number, *(numbers if fits else (0, 0, 0, 0)), pos, stop)
     if section.rows.typecode == "I" and max(row) >= 1 << 32:
@@ -245,7 +245,7 @@ def _read_hunks(body: bytes, pos: int, section: _Section, name: str) -> int:
             lines == context + removed + added
             and context + removed == old_len
             and context + added == new_len
-            and lines
+            and context < lines  # a change (GNU refuses a hunk without one)
             and not (old_start | old_len | new_start | new_len | stop) >> 32  # fits any row
             and (old_start or not old_len)  # else _read_hunk refuses the header
             and (new_start or not new_len)
@@ -295,35 +295,46 @@ def _walk(body: bytes, name: str) -> tuple[list[_Section], bool]:
             if current is None or not in_header:
                 raise _not_a_diff(name, "Unexpected new file found: ", line)
             current.source, current.mode = DEV_NULL.encode(), match["mode"]
+            current.modes.append(match["mode"])
             continue
-        if first == 0x64 and _GIT_DELETED_FILE.match(line):
+        if first == 0x64 and (match := _GIT_DELETED_FILE.match(line)):
             if current is None or not in_header:
                 raise _not_a_diff(name, "Unexpected deleted file found: ", line)
             current.target = DEV_NULL.encode()
+            current.modes.append(match["mode"])
             continue
         if current is not None and in_header:
-            if first == 0x6F and _GIT_OLD_MODE.match(line):  # "o"
+            if first == 0x6F and (match := _GIT_OLD_MODE.match(line)):  # "o"
+                current.modes.append(match["mode"])
                 continue
             if first == 0x6E and (match := _GIT_NEW_MODE.match(line)):
                 current.mode = match["mode"]
+                current.modes.append(match["mode"])
                 continue
             if first == 0x69 and (match := _GIT_INDEX.match(line)):  # "i"
                 current.mode = current.mode or match["mode"]
+                current.modes.append(match["mode"])
                 continue
         if first == _REMOVED and (match := _SOURCE.match(line)):
-            source = match["name"]
+            source = header_name(match["name"], line)
             if current is not None and not in_header:
                 current = None
             continue
         if first == _ADDED and (match := _TARGET.match(line)):
-            if current is not None and current.target != match["name"]:
+            target = header_name(match["name"], line)
+            if current is not None and current.target.rstrip(b" \r") != target:
                 raise _not_a_diff(name, "Target without source: ", line)
             if current is None:
                 if source is None:
                     raise _not_a_diff(name, "Target without source: ", line)
-                current = _Section(source, match["name"])
+                current = _Section(source, target)
                 sections.append(current)
                 in_header, source = False, None
+            elif current.target != DEV_NULL.encode():  # GNU takes the ---/+++ names
+                current.target = target
+                if source is not None and current.source != DEV_NULL.encode():
+                    current.source = source
+            current.strip_cr = line.endswith(b"\r\n")
             continue
         if first == _MARKER and _NO_NEWLINE.match(line):
             if current is None:
@@ -331,19 +342,35 @@ def _walk(body: bytes, name: str) -> tuple[list[_Section], bool]:
             if not current.rows:
                 raise _not_a_diff(name, "Unexpected marker: No newline at end of file")
             continue
-        if line == b"\n" and current is not None and current.rows:
+        if line in (b"\n", b"\r\n") and current is not None and current.rows:
             continue  # a blank line after a hunk
         if not in_header:
             current, in_header = None, True
         if first == 0x42 and (match := _BINARY.match(line)):  # "B"
             source, binary = match["source"], True
             current, in_header = None, False
-        elif line == b"GIT binary patch\n":
-            if current is None:
-                raise _not_a_diff(name, "Unexpected binary patch marker: ", line)
+        elif line in (b"GIT binary patch\n", b"GIT binary patch\r\n") and current is not None:
+            # Only in a git header, as GNU reads it; elsewhere the line is text between files.
             binary = True
             current, in_header = None, False
     return sections, binary
+
+
+def _without_crs(body: bytes, rows: array[int]) -> Hunks:
+    """A file's hunks with each line's trailing CR stripped, as GNU reads them under CRLF
+    headers: the span of its hunks, stripped, and each row's body moved to match. (Every
+    row's start and stop is a line start, so no CRLF straddles one.)"""
+    first = rows[Hunks.WIDTH - 2] - 1  # the newline that ends the first @@ line
+    moved: array[int] = array(rows.typecode)
+    gone, before = 0, first  # CRLFs dropped ahead of ``before``
+    for at in range(0, len(rows), Hunks.WIDTH):
+        start, stop = rows[at + Hunks.WIDTH - 2], rows[at + Hunks.WIDTH - 1]
+        gone += body.count(b"\r\n", before, start)
+        new_start = start - first - gone
+        gone += body.count(b"\r\n", start, stop)
+        moved.extend((*rows[at : at + Hunks.WIDTH - 2], new_start, stop - first - gone))
+        before = stop
+    return Hunks(body[first:before].replace(b"\r\n", b"\n"), moved)
 
 
 def parse_patch(
@@ -358,35 +385,34 @@ def parse_patch(
     # A diff whose own final newline was lost (the seed) means the same diff
     # with it restored; GNU patch only accepts it that way.
     body = data + b"\n" if missing_newline else data
-    headers = _HEADERS.search(body)
-    if headers and headers[0].count(b"\r\n") == 2:
-        body = body.replace(b"\r\n", b"\n")
+    # A leading byte-order mark (an editor's) hides the first "---" line; GNU then names the
+    # file from its "+++" line alone, which is the same file: read past it.
+    body = body.removeprefix(b"\xef\xbb\xbf")
     sections, binary = _walk(body, name)
-    if binary or b"GIT binary patch" in data:
+    if binary:
         raise PatchParseError(f"{name}: binary patches are not supported (refused)")
     files = []
     for section in sections:
-        old = _tree_path(section.source.decode(*_CODEC), strip, renames, name)
-        new = _tree_path(section.target.decode(*_CODEC), strip, renames, name)
+        old = tree_path(section.source.decode(*_CODEC), strip, renames, name)
+        new = tree_path(section.target.decode(*_CODEC), strip, renames, name)
         if old is None and new is None:
             raise PatchParseError(f"{name}: both sides are /dev/null")
         if old is not None and new is not None and old != new:
             raise PatchParseError(
                 f"{name}: renames inside a diff are not supported (old {old!r}, new {new!r})"
             )
+        check_modes(section.modes, new or old, name)
         if not section.rows:
             raise PatchParseError(f"{name}: no hunks for {new or old!r}")
         if section.problem:
+            number, problem = section.problem
             raise PatchParseError(
-                section.problem, hint="fix that hunk's @@ line or body in the patch file"
-            )
-        if section.mode and not _OCTAL.match(section.mode):
-            raise PatchParseError(
-                f"{name}: a git file mode is not octal: {section.mode.decode()[:20]!r}",
-                hint="a mode is octal digits, as git writes it (100644, 100755)",
+                f"{name}: hunk #{number} of {new or old!r}: {problem}",
+                hint="fix that hunk's @@ line or body in the patch file",
             )
         mode = int(section.mode[-3:], 8) if section.mode and new is not None else None
-        files.append(FilePatch(old, new, Hunks(body, section.rows), new_mode=mode))
+        hunks = _without_crs(body, section.rows) if section.strip_cr else Hunks(body, section.rows)
+        files.append(FilePatch(old, new, hunks, new_mode=mode))
     if not files:
         raise PatchParseError(f"{name}: no file diffs found (is this a unified diff?)")
     return Patch(

@@ -56,7 +56,7 @@ def hunk_diff(tmp_path, header: bytes, extended: bytes = b"") -> list[str]:
 def test_a_hunk_header_number_past_what_int_reads(tmp_path):
     """A line number of 5000 digits (int() refuses past 4300): refused as too large."""
     args = hunk_diff(tmp_path, b"@@ -" + b"9" * 5000 + b" +1,2 @@")
-    refused(run_cli("apply", *args), "01-a.diff: hunk #1: line number is too large")
+    refused(run_cli("apply", *args), "01-a.diff: hunk #1 of 'a.txt': line number is too large")
 
 
 def test_a_git_mode_that_is_not_octal(tmp_path):

@@ -84,3 +84,16 @@ def test_commands_find_the_repo_root_from_a_subfolder(tmp_path):
     assert proc.returncode == 0 and "at ../../patches/dcp2" in proc.stdout
     outside = run_cli("status", cwd=tmp_path, env=HERE)
     assert outside.returncode == 2 and "no series here" in outside.stderr
+
+
+def test_status_escapes_control_characters_from_a_header(loop):
+    """Issue 35, finding 15. Before: a summary's carriage return and escape sequence went to
+    the terminal raw (the line could be overwritten or the screen cleared)."""
+    series, _, cli, _, _ = loop
+    toml = series / "series.toml"
+    text = toml.read_text()
+    at = text.index('summary = "') + len('summary = "')
+    toml.write_text(text[:at] + "hidden\\rshown \\u001b[2J" + text[at:])
+    out = cli("status").stdout
+    assert "\r" not in out and "\x1b" not in out
+    assert "hidden\\rshown \\x1b[2J" in out

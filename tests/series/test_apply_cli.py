@@ -207,7 +207,7 @@ def test_a_hunk_header_at_line_0_with_lines_is_refused_and_nothing_is_written(
     proc = run_cli("apply", *dry_run, str(tree), str(good), str(bad))
     clean_error(proc, 2)
     assert proc.stderr == (
-        "error: 02-b.diff: hunk #1: malformed hunk header"
+        "error: 02-b.diff: hunk #1 of 'pkg/b.py': malformed hunk header"
         " (a range that starts at line 0 must be empty): @@ -0,2 +1,3 @@\n"
         "hint: fix that hunk's @@ line or body in the patch file\n"
     )

@@ -143,16 +143,20 @@ def test_patch_read_is_bounded(tmp_path):
 
 
 def test_an_empty_line_in_a_hunk_is_an_empty_context_line():
-    """Editors and mailers strip the lone space of an empty context line; GNU reads it back."""
-    diff = b"--- a/f\n+++ b/f\n@@ -1,4 +1,4 @@\n a\n\n\r\n-b\n+c\n"
+    """Editors and mailers strip the lone space of an empty context line; GNU reads it back.
+    A bare CRLF line is one only where GNU strips the diff's CRs (its CRLF headers); under LF
+    headers GNU calls it malformed (tests/series/test_diff_malformed.py)."""
+    diff = b"--- a/f\n+++ b/f\n@@ -1,4 +1,4 @@\n a\n\n\n-b\n+c\n"
     hunk = parse_patch(diff, "p").files[0].hunks[0]
     assert [(line.kind, line.text, line.eol) for line in hunk.lines] == [
         (" ", b"a", b"\n"),
         (" ", b"", b"\n"),
-        (" ", b"", b"\r\n"),
+        (" ", b"", b"\n"),
         ("-", b"b", b"\n"),
         ("+", b"c", b"\n"),
     ]
+    crlf = parse_patch(diff.replace(b"\n", b"\r\n"), "p").files[0].hunks[0]
+    assert crlf == hunk
 
 
 def test_a_blank_line_after_a_hunk_is_not_part_of_it():
@@ -181,7 +185,7 @@ LINE_0_HEADERS = {
     "both sides": b"@@ -0,2 +0,3 @@",
 }
 LINE_0_MESSAGE = (
-    "p: hunk #{}: malformed hunk header (a range that starts at line 0 must be empty): {}"
+    "p: hunk #{} of 'f': malformed hunk header (a range that starts at line 0 must be empty): {}"
 )
 
 
