@@ -1,5 +1,5 @@
 # The patched vLLM over the pinned upstream image, with the launcher and its gates. The
-# image brings CUDA, torch, flashinfer and every other dependency of vllm==0.32.0; the
+# image brings CUDA, torch, flashinfer and every other dependency of vllm==0.34.0; the
 # patched wheel has the same dependencies, so it replaces only the vllm package itself
 # (--no-deps).
 #
@@ -10,7 +10,7 @@
 #
 # Keep the tag at the version of [bases.default] in patches/dcp2/series.toml
 # (tests/test_shipping.py checks it).
-FROM vllm/vllm-openai:v0.32.0
+FROM vllm/vllm-openai:v0.34.0
 
 # The default base's patched wheel (vllm-<version>+dcp2.<sha8>-...whl). `bakery bake`
 # keeps one per base in build/dist: with two, pip refuses the double requirement.
