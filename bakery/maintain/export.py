@@ -190,6 +190,11 @@ def _trailers(message: str) -> dict[str, list[str]]:
     return found
 
 
+# Git tree modes a unified diff of the series cannot carry (import would write the link's
+# target or the submodule's commit as a file's text).
+_NOT_A_FILE = {b"120000": "symlink", b"160000": "submodule (gitlink)"}
+
+
 def import_git(series: Series, base_key: str, repo: Path, yes: bool = False) -> list[str]:
     """Write the series from the repository's HEAD; returns one line per change."""
     if not (repo / ".git").exists():
@@ -222,8 +227,14 @@ def import_git(series: Series, base_key: str, repo: Path, yes: bool = False) -> 
             )
         rel = name[len(prefix) :]
         before = inside(package, rel).read_bytes() if inside(package, rel).is_file() else None
-        present = _git(repo, "ls-tree", "--name-only", "HEAD", "--", name).strip()
-        after = _git(repo, "show", f"HEAD:{name}") if present else None
+        listed = _git(repo, "ls-tree", "HEAD", "--", name).split()  # mode type sha name
+        if listed and listed[0] in _NOT_A_FILE:
+            raise UsageError(
+                f"HEAD makes {name!r} a {_NOT_A_FILE[listed[0]]}, which no patch of the "
+                "series can carry",
+                hint="commit it as a regular file, or drop that change, then import again",
+            )
+        after = _git(repo, "show", f"HEAD:{name}") if listed else None
         differing[rel] = (before, after)
     changes = refresh.plan_refresh(series, differing)
     removed = [c.file for c in changes if c.action == "remove"]

@@ -371,3 +371,21 @@ def test_import_refuses_a_series_that_does_not_place(loop, tmp_path):
     assert "pristine" not in proc.stderr
     assert {p.name: p.read_bytes() for p in series.iterdir()} == before
     assert cli("bake").returncode == 0
+
+
+def test_import_refuses_a_file_made_a_symlink(loop, tmp_path):
+    """A symlink committed in place of a file (found by the hostile round: import wrote a
+    patch making the file a text file holding the link's target, exit 0): exit 2, by name,
+    nothing written."""
+    series, _, cli = loop
+    repo = tmp_path / "git"
+    assert bakery(tmp_path, "export", "--git", str(repo)).returncode == 0
+    before = {p.name: p.read_bytes() for p in series.iterdir()}
+    (repo / "vllm" / "a.py").unlink()
+    (repo / "vllm" / "a.py").symlink_to("/etc/passwd")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "a.py becomes a link")
+    proc = bakery(tmp_path, "import", "--git", str(repo), "--yes")
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.startswith("error: HEAD makes 'vllm/a.py' a symlink")
+    assert {p.name: p.read_bytes() for p in series.iterdir()} == before
