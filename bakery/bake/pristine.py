@@ -186,7 +186,7 @@ def _shared_source(wheel: WheelInfo, sha256: str, cache: Path) -> Path | None:
     if _moved_since_extraction(root) == []:
         return root
     note = _asked_path(root)
-    if not note.is_file():
+    if not os.path.lexists(note):  # a folder or a link there counts as asked, never written
         write_atomic(note, b"")
         return None
     return pristine(wheel, sha256, cache)

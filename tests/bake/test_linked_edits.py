@@ -74,6 +74,8 @@ def test_an_append_to_an_untouched_file_never_reaches_the_cache(tmp_path, series
         proc = run_cli(*args, env=env)
         assert proc.returncode == 1 and UNTOUCHED in proc.stdout, (args, proc.stdout)
     proc = run_cli("bake", "--base", "cpu", "--build", str(build), env=env)
+    assert proc.returncode == 2 and UNTOUCHED in proc.stderr  # a bake would drop the edit
+    proc = run_cli("bake", "--base", "cpu", "--build", str(build), "--discard-edits", env=env)
     assert proc.returncode == 0 and "copied again from the cache" in proc.stderr, proc.stderr
     cached = private / "pristine" / pin.sha256 / UNTOUCHED
     assert _digest(build / "baked-cpu" / UNTOUCHED) == _digest(cached)
@@ -179,6 +181,19 @@ def test_the_first_bake_extracts_into_its_build_folder_and_the_second_fills_the_
     copies = [own, cached, *tmp_path.glob(f"build-*/.pristine/*/{UNTOUCHED}")]
     assert len({os.stat(p).st_ino for p in copies}) == 4  # four real copies, none linked
     assert first.read_bytes() == second.read_bytes() == third.read_bytes()
+
+
+def test_a_folder_where_the_cache_note_goes_is_read_as_asked(tmp_path):
+    """A folder at ``pristine/<sha>.asked`` (the hostile round: every first bake failed,
+    naming a temp file): the bake reads it as a note already left and fills the cache."""
+    series, build, _, _, _ = make_loop(tmp_path)
+    cache = tmp_path / "cache" / "pristine"
+    (note,) = cache.glob("*.asked")
+    note.unlink()
+    note.mkdir()
+    _bake_another(tmp_path, series, "build-2")
+    assert (cache / note.name.removesuffix(".asked") / UNTOUCHED).is_file()
+    assert note.is_dir()  # left as it was
 
 
 @pytest.mark.parametrize("plant", ["never fills", "always fills"])
