@@ -273,6 +273,7 @@ def _write_wheel(
     data: manifest.BakedManifest,
     errata: dict[str, str],
     trash: Path,
+    modes: dict[str, int],
 ) -> Path:
     """The patched wheel in ``build``/dist. Its bytes follow from its inputs alone, so a
     rebake of the same inputs keeps the wheel the last bake wrote while its trust record
@@ -291,7 +292,7 @@ def _write_wheel(
     tmp = dist / f".{name}.tmp-{os.getpid()}"
     with step(f"building {name}"):
         try:
-            write_patched_wheel(base, tmp, version, changed, extra, errata)
+            write_patched_wheel(base, tmp, version, changed, extra, errata, modes)
             started = trust.settle(tmp)
             swap_into_place(tmp, out, trash)  # freeing a 300 MB file is slow: trash it
         finally:
@@ -421,6 +422,7 @@ def bake(
                     data,
                     errata,
                     trash,
+                    modes,
                 )
             swap_into_place(staging, tree, trash)
             write_atomic(_tree_stamp_path(tree), tree_stamp)

@@ -259,8 +259,11 @@ def write_patched_wheel(
     replaced: Mapping[str, bytes | None],
     extra_dist_info: Mapping[str, bytes],
     errata: Mapping[str, str] | None = None,
+    modes: Mapping[str, int] | None = None,
 ) -> None:
-    """Write ``out``: ``base`` with ``replaced`` members (None deletes) under ``version``.
+    """Write ``out``: ``base`` with ``replaced`` members (None deletes) under ``version``;
+    ``modes`` gives a replaced member the permission bits the series sets (git's ``new
+    mode``), as the baked tree has them.
 
     ``errata`` (``record_errata``'s answer) gives the real hash of each untouched member
     whose RECORD hash is wrong: pip copies a wheel's hashes into the installed RECORD
@@ -292,7 +295,10 @@ def write_patched_wheel(
             info = sources.get(name)
             if name in contents:  # new bytes: deflated here, hashed here
                 data = contents[name]
-                writer.add_bytes(name, data, info.external_attr if info else _FILE_ATTR)
+                attr = info.external_attr if info else _FILE_ATTR
+                if modes and name in modes:
+                    attr = (stat.S_IFREG | (modes[name] & 0o7777)) << 16
+                writer.add_bytes(name, data, attr)
                 rows.append((name, record_hash(data), len(data)))
             else:  # every other name is a base member: copied raw
                 info = sources[name]

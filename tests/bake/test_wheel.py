@@ -396,3 +396,22 @@ def test_a_failed_extraction_leaves_nothing_for_the_retry(tmp_path, monkeypatch)
             pristine_mod.pristine(info(tmp_path / "w.whl"), "ab" * 32, cache)
         assert list((cache / "pristine").iterdir()) == []  # nothing piles up
     assert len(calls) == 3
+
+
+def test_a_mode_the_series_sets_reaches_the_wheel_as_the_tree(tmp_path):
+    """A patch with git's ``new mode 100755`` (the hostile round: the tree got it, the
+    wheel kept 0644): the member's Unix mode in the wheel, read by zipfile, is the tree's."""
+    from _synthetic_release import make_loop
+
+    series, build, cli, _, _ = make_loop(tmp_path)
+    diff = series / "01-a.py.diff"
+    mode_lines = b"diff --git baked-ours/a.py baked/a.py\nold mode 100644\nnew mode 100755\n"
+    diff.write_bytes(mode_lines + diff.read_bytes())
+    proc = cli("bake")
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE((build / "baked" / "vllm" / "a.py").stat().st_mode) == 0o755
+    (wheel,) = (build / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        modes = {i.filename: stat.S_IMODE(i.external_attr >> 16) for i in zf.infolist()}
+    assert modes["vllm/a.py"] == 0o755
+    assert modes["vllm/b.py"] != 0o755  # a patched file without a mode line keeps its own
