@@ -215,9 +215,9 @@ def test_the_keyless_crash_planted_back_fails_the_batched_matrix_within_its_boun
     tree = bake(load_series(series), "cpu", build=tmp_path / "build", cache=cache).tree
     doc = tomlkit.parse(BATCH_MATRIX.read_text())
     doc["candidates"][0]["name"] = "planted"
+    doc["request_timeout_s"] = bound = 180  # the keyless case takes under a minute unplanted
     one = tmp_path / "matrix.toml"
     one.write_text(tomlkit.dumps(doc))
-    bound = doc["request_timeout_s"]
     started = time.monotonic()
     proc = _matrix(
         one, tree.parent, tmp_path / "out", tmp_path / "artifacts",
@@ -230,3 +230,6 @@ def test_the_keyless_crash_planted_back_fails_the_batched_matrix_within_its_boun
     assert row["passed"] is not True, row
     # booting, the one failed request's bound and the stop, not a hang
     assert took < bound + 900, took
+    # and it failed where the plant is: the rank holding no key raised in the exchange
+    (log,) = (tmp_path / "artifacts").glob("cpu-v41-dcp2/*/serve.log")
+    assert "cannot reshape tensor of 0 elements" in log.read_text(errors="replace")
