@@ -71,10 +71,19 @@ UNORDERED_SCALES = (
     "scales = gathered(k_scale)[order].view(k_scale.dtype)",
     "scales = gathered(k_scale).view(k_scale.dtype)",
 )
-# The exchange's gather keeps this rank's copy only, as if it were every rank's.
-SKIPPED_GATHER = (
-    "dist.all_gather_into_tensor(out, x.contiguous(), group=group)",
-    "out.copy_(torch.cat([x.contiguous()] * world))",
+# The exchange's gathers keep this rank's copy only, as if it were every rank's, and the
+# index-K row bounds stay this rank's: with the wire-byte rule the tiny model's prefill
+# chunks take index K, so skipping the exchange skips those collectives too.
+SKIPPED_GATHERS = (
+    (
+        "dist.all_gather_into_tensor(out, x.contiguous(), group=group)",
+        "out.copy_(torch.cat([x.contiguous()] * world))",
+    ),
+    (
+        "dist.all_gather_into_tensor(out, send, group=group)",
+        "out.copy_(torch.cat([send] * dcp_world_size))",
+    ),
+    ("dist.all_reduce(bounds, group=get_dcp_group().device_group)", "bounds.mul_(1)"),
 )
 
 
@@ -143,8 +152,9 @@ def test_a_planted_bug_fails_the_v41_matrix_and_names_the_first_divergence(
     shutil.copytree(REPO / "patches" / "dcp2", series)
     patch, old, new = PLANTS[name]
     plant(series, patch, old, new)
-    if name == "exchange-skipped":  # the all-gather of the same exchanges goes too
-        plant(series, patch, *SKIPPED_GATHER)
+    if name == "exchange-skipped":  # the all-gathers of the same exchanges go too
+        for skipped in SKIPPED_GATHERS:
+            plant(series, patch, *skipped)
     if name == "index-k-order":
         plant(series, patch, *UNORDERED_SCALES)
     entry, case = PLANT_RUNS[name]
