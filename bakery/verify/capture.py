@@ -150,7 +150,7 @@ class _Capture:
         what = f"case {case.case}"
         started = time.monotonic()
         sequences: list[set[tuple[str, ...]]] = [set() for _ in prompts]
-        documents: list[Json] = []
+        first: list[tuple[Json, CaseRecord]] = []  # the first answer's, written below
         for attempt in range(self.client.settings.repeat):
             response = await self.client.call("POST", COMPLETIONS_PATH, what, request)
             elapsed = round(time.monotonic() - started, 3)
@@ -169,13 +169,12 @@ class _Capture:
                 record = _checked_record(document, self.out_dir / f"{document['name']}.json")
                 sequences[i].add(record.completion.tokens)
                 if attempt == 0:
-                    documents.append(document)
+                    first.append((document, record))
         results = []
-        for document, seen in zip(documents, sequences, strict=True):
-            record = _checked_record(document, self.out_dir / f"{document['name']}.json")
+        for member, (document, record), seen in zip(case.members, first, sequences, strict=True):
             write_case_file(self.out_dir, document)
             if self.teacher_forced:
-                await self._teacher(record.name.removeprefix(record_name("")), record)
+                await self._teacher(member, record)
             results.append(_CaseResult(record, len(seen)))
         return results
 
