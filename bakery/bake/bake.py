@@ -149,15 +149,16 @@ def restamp(tree: Path) -> None:
     write_atomic(_tree_stamp_path(tree), stamp_bytes(tree))
 
 
-def _moved_in_tree(tree: Path) -> list[str]:
+def _moved_in_tree(tree: Path, *, new_files: bool = False) -> list[str]:
     """Files of the tree whose size or mtime moved since the bake: an append to an
     untouched file, which the per-file hashes of BAKED.json do not cover ([] if none, or
-    no stamp: an older bake)."""
+    no stamp: an older bake); with ``new_files``, files added since too."""
     then = read_stamp(_tree_stamp_path(tree))
     if then is None:
         return []
     now = stamp(tree)
-    moved = {rel for rel in then if then[rel] != now.get(rel)}  # a new file is refresh's
+    names = then.keys() | now.keys() if new_files else then.keys()  # else a new one is refresh's
+    moved = {rel for rel in names if then.get(rel) != now.get(rel)}
     return sorted(r for r in moved if "__pycache__" not in r.split("/"))
 
 
@@ -206,11 +207,8 @@ def edits_since_bake(tree: Path) -> list[str]:
     data = manifest.load(path)
     drift = manifest.drift(tree, data)
     found = {*drift.modified, *drift.missing, *drift.extra}
-    then = read_stamp(_tree_stamp_path(tree))
-    if then is not None:  # the files BAKED.json hashes are judged by their hash alone
-        now = stamp(tree)
-        moved = {rel for rel in then.keys() | now.keys() if then.get(rel) != now.get(rel)}
-        found |= moved - set(data.files)
+    # the files BAKED.json hashes are judged by their hash alone
+    found |= set(_moved_in_tree(tree, new_files=True)) - set(data.files)
     found.discard(manifest.MANIFEST)
     return sorted(r for r in found if "__pycache__" not in r.split("/"))
 
