@@ -52,8 +52,8 @@ def test_cpu_bake_outputs(cpu_bake, series, pristine_cpu):
 
 
 @pytest.fixture(scope="module")
-def default_bake(tmp_path_factory, series, cache):
-    return bake(series, "default", build=tmp_path_factory.mktemp("build-default"), cache=cache)
+def default_bake(module_tmp, series, cache):
+    return bake(series, "default", build=module_tmp("build-default"), cache=cache)
 
 
 def test_default_bake_of_the_real_pin(default_bake, series):

@@ -18,8 +18,8 @@ UNPATCHED = "vllm/envs.py"
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory, cpu_bake):
-    root = tmp_path_factory.mktemp("vllm-env") / "venv"
+def venv(module_tmp, cpu_bake):
+    root = module_tmp("vllm-env") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     python = root / "bin" / "python"
     install = subprocess.run(

@@ -134,12 +134,12 @@ BUGS = {
 
 
 @pytest.fixture(scope="module")
-def candidate_variants(tmp_path_factory, cache) -> dict[str, tuple[Path, dict]]:
+def candidate_variants(module_tmp, cache) -> dict[str, tuple[Path, dict]]:
     trees = {}
     for name, bug in BUGS.items():
         old, new = bug[:2] if bug else (None, None)
         patch = bug[3] if bug and len(bug) > 3 else PATCH
-        trees[name] = bake_planted(tmp_path_factory.mktemp(name), cache, patch, old, new)
+        trees[name] = bake_planted(module_tmp(name), cache, patch, old, new)
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = dict(zip(trees, pool.map(run_driver, trees.values()), strict=True))
     return {name: (trees[name], results[name]) for name in trees}

@@ -252,10 +252,10 @@ BUGS = {
 
 
 @pytest.fixture(scope="module")
-def planted(tmp_path_factory, cache) -> dict[str, tuple[Path, dict]]:
+def planted(module_tmp, cache) -> dict[str, tuple[Path, dict]]:
     trees = {}
     for name, (old, new, _, _) in BUGS.items():
-        trees[name] = bake_planted(tmp_path_factory.mktemp(name), cache, PATCH, old, new)
+        trees[name] = bake_planted(module_tmp(name), cache, PATCH, old, new)
     with ThreadPoolExecutor(max_workers=min(len(trees), os.cpu_count() or 1)) as pool:
         runs = pool.map(lambda tree: run_forward(tree, quick=True), trees.values())
         results = dict(zip(trees, runs, strict=True))

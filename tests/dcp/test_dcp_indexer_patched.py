@@ -70,11 +70,11 @@ BUGS = {
 
 
 @pytest.fixture(scope="module")
-def variants(tmp_path_factory, cache) -> dict[str, tuple[Path, dict]]:
+def variants(module_tmp, cache) -> dict[str, tuple[Path, dict]]:
     trees = {}
     for name, bug in BUGS.items():
         patch, old, new, after = bug[:4] if bug else (INDEXER, None, None, None)
-        trees[name] = bake_planted(tmp_path_factory.mktemp(name), cache, patch, old, new, after)
+        trees[name] = bake_planted(module_tmp(name), cache, patch, old, new, after)
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = dict(zip(trees, pool.map(run_driver, trees.values()), strict=True))
     return {name: (trees[name], results[name]) for name in trees}

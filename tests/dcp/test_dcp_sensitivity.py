@@ -34,11 +34,11 @@ MUST_PASS = {"gather_kv", "gather_lens", *OTHER_CHECKS, *(set(SERIES_CHECKS) - s
 
 
 @pytest.fixture(scope="module")
-def variants(tmp_path_factory, cache) -> dict[str, tuple[Path, dict]]:
+def variants(module_tmp, cache) -> dict[str, tuple[Path, dict]]:
     trees = {}
     for name, bug in BUGS.items():
         old, new = bug or (None, None)
-        trees[name] = bake_planted(tmp_path_factory.mktemp(name), cache, PATCH, old, new)
+        trees[name] = bake_planted(module_tmp(name), cache, PATCH, old, new)
     # the three children are independent: overlap their 20 s vLLM imports
     with ThreadPoolExecutor(max_workers=min(len(trees), os.cpu_count() or 1)) as pool:
         results = dict(zip(trees, pool.map(run_driver, trees.values()), strict=True))

@@ -56,11 +56,11 @@ def parser_unavailable(plan) -> dict:
 
 
 @pytest.fixture(scope="module")
-def default_bake(tmp_path_factory, series, cache):
+def default_bake(module_tmp, series, cache):
     """A real bake of the default (GPU) vLLM base: the done-when runs against it."""
     from bakery.bake.bake import bake
 
-    return bake(series, "default", build=tmp_path_factory.mktemp("build-default"), cache=cache)
+    return bake(series, "default", build=module_tmp("build-default"), cache=cache)
 
 
 @pytest.fixture

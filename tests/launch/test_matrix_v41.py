@@ -98,8 +98,8 @@ def _matrix(matrix: Path, build: Path, out: Path, art: Path, *more: str, spec: s
 
 
 @pytest.fixture(scope="module")
-def v41_run(cpu_bake, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("v41-matrix")
+def v41_run(cpu_bake, module_tmp):
+    tmp = module_tmp("v41-matrix")
     proc = _matrix(MATRIX, cpu_bake.tree.parent, tmp / "out", tmp / "artifacts")
     print(proc.stdout[-3000:])
     return proc, tmp / "out"
@@ -189,8 +189,8 @@ KEYLESS_RESHAPE = (
 
 
 @pytest.fixture(scope="module")
-def batch_run(cpu_bake, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("v41-batch")
+def batch_run(cpu_bake, module_tmp):
+    tmp = module_tmp("v41-batch")
     build = cpu_bake.tree.parent
     proc = _matrix(BATCH_MATRIX, build, tmp / "out", tmp / "artifacts", spec="batch")
     print(proc.stdout[-3000:])

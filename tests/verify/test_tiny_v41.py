@@ -194,8 +194,8 @@ def _run_driver(mode: str, folder: Path, timeout: float, tree: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def fast_folder(tmp_path_factory, cpu_bake):
-    folder = tmp_path_factory.mktemp("v41") / "fast"
+def fast_folder(module_tmp, cpu_bake):
+    folder = module_tmp("v41") / "fast"
     return tiny_v41.build(folder, tiny_v41.SPECS["fast"], tree=cpu_bake.tree)
 
 
