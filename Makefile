@@ -76,7 +76,16 @@ $(VENV)/.plots: $(VENV)/.tool
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[plots]'
 	touch $@
 
-verify: $(VENV)/.plots
+# The tiny models the CPU matrices serve, built when their folder is missing.
+TINY_MODEL_matrix-cpu.toml         := build/tiny-llama-perturbed
+TINY_MODEL_matrix-cpu-v41.toml     := build/tiny-v41-fast
+TINY_MODEL_matrix-cpu-v41-batch.toml := build/tiny-v41-batch
+build/tiny-llama-perturbed: | $(VENV)/.test
+	$(PY) tools/tiny_model.py --perturbed
+build/tiny-v41-%: | $(VENV)/.test
+	$(PY) tools/tiny_model.py --v41 $*
+
+verify: $(VENV)/.plots $(if $(MODEL),,$(TINY_MODEL_$(notdir $(MATRIX))))
 	launcher/dcp2/run.sh matrix --matrix $(MATRIX) $(if $(MODEL),--model $(MODEL)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(GATES),--gates $(GATES))
 
 # GPU numbers come from the device machine (see docs/gpu-dcp.md); CI has no GPU.

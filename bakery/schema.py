@@ -7,41 +7,19 @@ with one line naming the file and every bad field path (``$.bases.default.sha256
 expected str, got int``). Ranges and formats live in the types too
 (``Annotated[int, Meta(ge=0, le=3)]``); what types cannot say (cross-field rules, safe
 paths) stays with the loader, after decoding. A document type is also the value the rest
-of bakery sees: one frozen type per document, no copy.
+of bakery sees: one frozen type per document, no copy (tests/test_house.py's TWO_TYPES
+names the values built from more than their document, with why).
 
 Outputs: ``encode_json`` is the one JSON encoder (``write_json_atomic`` writes through
 it); a typed output is written from its type, with the bytes the dicts before it gave.
 
-- Typed both ways (written by ``encode_json``, decoded here like any input): BAKED.json
-  (``bake.manifest.BakedManifest``), the cache's release index (``bake.fetch.ReleaseIndex``),
-  the rebase loop's state.json (``maintain.rebase_state.RebaseState``), a run's server.pid
-  (``launch.run_record.PidRecord``) and run_environment.json
-  (``launch.run_record.RunEnvironment``: unknown fields are ignored and missing ones
-  default, as it is read from run folders of any bakery version), the stamps of baked
-  and pristine trees (``bake.pristine.TreeStamp``) and a pristine tree's RECORD errata
-  (``bake.pristine.RecordErrata``), both one line (``one_line``; one that does not decode
-  is none), the trust records verified.json and .baked.wheel.json (``bake.trust.Record``;
-  one line as well, read by msgspec's own JSON: a damaged one is no trust), a matrix
-  bundle's serving.json (``launch.serving.FiguresDoc``), the gates file calibrate writes
-  (``verify.compare.GatesFileDoc``, its ``calibration`` a ``verify.compare.Calibration``)
-  and the parity report (``compare --json``, the matrix's reports/<entry>.json:
-  ``verify.compare.ParityReport``; each case's metrics, the diagnosis and the gates stay
-  dicts inside it).
-- Read through a narrow view: the launcher reads BAKED.json as ``bake.manifest.ServedBake``
-  (series and base only, other fields ignored), so a manifest of another bakery version
-  still names what a run serves.
-- Written only, as frozen types: rebase.json (``maintain.rebase.RebaseReport``),
-  matrix.json (``maintain.matrix.MatrixTable``), `status --json`
-  (``maintain.status.StatusReport``; each patch's header and the server rows stay dicts
-  inside it), the parity matrix's summary.json (``launch.matrix_report.MatrixSummary``;
-  gates, serving figures and each candidate's diagnosis stay dicts inside it) and a
-  captured bundle's bundle.json (``verify.bundle.BundleMeta``; a bundle's metadata is
-  read back as it is, since bundles of other tools carry their own).
-- Still dicts (each writer listed in tests/test_house.py with why): the bundle case and
-  teacher files (the server's answers kept verbatim; ``CaseDoc`` and ``TeacherDoc`` judge
-  them) and the tiny test models' notes and config.json. Read as dicts, not decoded: a
-  model's config.json (Hugging Face's format, read leniently by ``launch.model_config``),
-  a tiny model's note and a bundle's bundle.json.
+Which JSON outputs are typed (and by which type), and why the few others are dicts, is
+listed in one place, tests/test_house.py (``TYPED_WRITERS``, ``UNTYPED_WRITERS``,
+``OTHER_JSON``), which fails on a writer it does not list. A document read back is decoded
+by the type that wrote it; a narrow view (``bake.manifest.ServedBake``: series and base
+only) reads a manifest of another bakery version. Read as dicts, not decoded: a model's
+config.json (Hugging Face's format, read leniently by ``launch.model_config``), a tiny
+model's note and a bundle's bundle.json (bundles of other tools carry their own).
 """
 
 from __future__ import annotations

@@ -137,17 +137,10 @@ _HINT = f"see {project.MATRIX} for the expected fields and types"
 
 @dataclass(frozen=True)
 class Matrix:
+    """A matrix file, decoded and checked: its document, and where it was read."""
+
     source: Path
-    suite: str
-    baseline: Entry
-    candidates: tuple[Entry, ...]
-    gates: tuple[tuple[str, Any], ...]
-    low_margin: float
-    top_n: int
-    concurrency: int
-    bench: Bench | None = None
-    teacher_forced: bool = False
-    request_timeout_s: int = 600
+    doc: MatrixDoc
 
 
 @dataclass(frozen=True)
@@ -193,19 +186,7 @@ def matrix_from_data(data: object, path: Path) -> Matrix:
         raise ProfileError(
             f"{where}: needs one or more candidates with distinct names: {names}", hint=_HINT
         )
-    return Matrix(
-        source=Path(path),
-        suite=doc.suite,
-        baseline=doc.baseline,
-        candidates=candidates,
-        gates=tuple(sorted(doc.gates.items())),
-        low_margin=doc.low_margin,
-        top_n=doc.top_n,
-        concurrency=doc.concurrency,
-        request_timeout_s=doc.request_timeout_s,
-        bench=doc.bench,
-        teacher_forced=doc.teacher_forced,
-    )
+    return Matrix(Path(path), doc)
 
 
 def _plan(entry: Entry, ctx: Context) -> LaunchPlan:
@@ -239,7 +220,7 @@ def _preflight_all(entries: list[Entry], ctx: Context, say) -> dict[str, tuple[L
 
 def _gates(matrix: Matrix, gates_file: Path | None) -> ParityGates:
     base = load_gates(gates_file) if gates_file else ParityGates()
-    values = dict(matrix.gates)
+    values = dict(matrix.doc.gates)
     return base.with_values(f"matrix {matrix.source.name}", **values) if values else base
 
 
@@ -312,13 +293,13 @@ def _candidate_row(
     """Serve and capture one candidate, compare it with the baseline, write its reports."""
     plan = checked[0]
     run = _serve_and_capture(
-        entry, checked, bundle, suite, settings, ctx, say, matrix.bench,
-        matrix.teacher_forced, baseline_dir if matrix.teacher_forced else None,
+        entry, checked, bundle, suite, settings, ctx, say, matrix.doc.bench,
+        matrix.doc.teacher_forced, baseline_dir if matrix.doc.teacher_forced else None,
     )  # fmt: skip
     boundaries = serving.layout_boundaries(plan)
     report = compare_bundles(
-        baseline_dir, bundle, gates, top_n=matrix.top_n, low_margin=matrix.low_margin,
-        teacher_forced=matrix.teacher_forced, boundaries=boundaries,
+        baseline_dir, bundle, gates, top_n=matrix.doc.top_n, low_margin=matrix.doc.low_margin,
+        teacher_forced=matrix.doc.teacher_forced, boundaries=boundaries,
         decode=tokenizer_decoder(serving.model_folder(plan)),
         cases=[record_name(m) for case in suite.cases if case.case in cases for m in case.members],
     )  # fmt: skip
@@ -380,24 +361,25 @@ def run_matrix(
 ) -> MatrixSummary:
     """Preflight all, then boot/capture/stop each entry, compare, write the summary.
     ``cases`` (none: all) runs only those cases of the suite."""
-    suite = load_suite(matrix.suite).only(cases)
+    suite = load_suite(matrix.doc.suite).only(cases)
     gates = _gates(matrix, gates_file)
     out = out or ctx.artifacts / "matrix" / utc_stamp(FOLDER)
-    entries = ([] if baseline_dir else [matrix.baseline]) + list(matrix.candidates)
+    entries = ([] if baseline_dir else [matrix.doc.baseline]) + list(matrix.doc.candidates)
     checked = _preflight_all(entries, ctx, say)
     settings = CaptureSettings(
-        concurrency=matrix.concurrency, timeout_s=float(matrix.request_timeout_s)
+        concurrency=matrix.doc.concurrency, timeout_s=float(matrix.doc.request_timeout_s)
     )
     runs: dict[str, dict] = {}
+    base = matrix.doc.baseline
     if baseline_dir is None:
-        baseline_dir = own_path(out / "bundles", matrix.baseline.name, "a matrix name")
-        runs[matrix.baseline.name] = _serve_and_capture(
-            matrix.baseline, checked[matrix.baseline.name], baseline_dir, suite, settings, ctx,
-            say, matrix.bench, matrix.teacher_forced,
+        baseline_dir = own_path(out / "bundles", base.name, "a matrix name")
+        runs[base.name] = _serve_and_capture(
+            base, checked[base.name], baseline_dir, suite, settings, ctx, say, matrix.doc.bench,
+            matrix.doc.teacher_forced,
         )  # fmt: skip
     rows: list[CandidateRow] = []
     candidate_figures: dict[str, serving.FiguresDoc] = {}
-    for entry in matrix.candidates:
+    for entry in matrix.doc.candidates:
         bundle = own_path(out / "bundles", entry.name, "a matrix name")
         try:
             row = _candidate_row(
@@ -412,21 +394,21 @@ def run_matrix(
         rows.append(row)
         say(f"{entry.name}: {'pass' if row.passed else 'FAIL'} (expected {entry.expect})")
     # A reused baseline bundle keeps the figures of the run that captured it.
-    figures = {matrix.baseline.name: serving.read_figures(baseline_dir)} | candidate_figures
+    figures = {matrix.doc.baseline.name: serving.read_figures(baseline_dir)} | candidate_figures
     summary = MatrixSummary(
         matrix=str(matrix.source),
-        suite=matrix.suite,
+        suite=matrix.doc.suite,
         gates=gates.as_dict(),
-        low_margin=matrix.low_margin,
-        top_n=matrix.top_n,
+        low_margin=matrix.doc.low_margin,
+        top_n=matrix.doc.top_n,
         baseline=BaselineRow(
-            name=matrix.baseline.name,
+            name=matrix.doc.baseline.name,
             bundle=str(baseline_dir),
-            reused=matrix.baseline.name not in runs,
-            **runs.get(matrix.baseline.name, {}),
+            reused=matrix.doc.baseline.name not in runs,
+            **runs.get(matrix.doc.baseline.name, {}),
         ),
         candidates=rows,
-        serving=serving.with_ratios(figures, matrix.baseline.name),
+        serving=serving.with_ratios(figures, matrix.doc.baseline.name),
         passed=all(r.as_expected for r in rows),
         cases=list(cases) if cases else msgspec.UNSET,
     )

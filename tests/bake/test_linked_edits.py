@@ -160,7 +160,7 @@ def _bake_another(tmp_path, series, name) -> Path:
 
 
 def test_the_first_bake_extracts_into_its_build_folder_and_the_second_fills_the_cache(tmp_path):
-    """A first bake on a machine writes the tree once (README, Benchmarks: cold bake); the
+    """A first bake on a machine writes the tree once (docs/benchmarks.md: cold bake); the
     next build folder fills the shared cache, and later ones copy from it. Every way gives
     the same wheel, byte for byte."""
     series, build, _, _, _ = make_loop(tmp_path)  # the first bake

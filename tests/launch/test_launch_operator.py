@@ -215,7 +215,8 @@ def test_matrix_model_reaches_every_entry(tmp_path, monkeypatch, capsys):
     seen = {}
 
     def capture(matrix, ctx, **kwargs):
-        seen["plans"] = [matrix_mod._plan(e, ctx) for e in (matrix.baseline, *matrix.candidates)]
+        entries = (matrix.doc.baseline, *matrix.doc.candidates)
+        seen["plans"] = [matrix_mod._plan(e, ctx) for e in entries]
         raise BakeryError("captured")
 
     monkeypatch.setattr(matrix_mod, "run_matrix", capture)

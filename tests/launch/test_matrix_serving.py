@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
+import msgspec
 import pytest
 from _launch_support import REPO
 from _plot_reading import assert_bars, assert_heatmap, png
@@ -288,7 +289,7 @@ def test_matrix_bench_and_expect_are_checked(tmp_path):
         matrix_mod.matrix_from_data({**base, "baseline": {"profile": "p", "expect": "fail"}},
                                     Path("m"))  # fmt: skip
     matrix = matrix_mod.matrix_from_data({**base, "bench": {"request_rate": 2.5}}, Path("m"))
-    assert matrix.bench is not None and matrix.bench.request_rate == 2.5
+    assert matrix.doc.bench is not None and matrix.doc.bench.request_rate == 2.5
 
 
 def test_case_runs_only_the_named_cases_and_a_fuller_baseline_is_compared_on_them(
@@ -305,7 +306,7 @@ def test_case_runs_only_the_named_cases_and_a_fuller_baseline_is_compared_on_the
         "".join(json.dumps({"case": n, "max_tokens": 1, "prompt": "x"}) + "\n" for n in names)
     )
     matrix, sources = make_matrix(MTP)
-    matrix = matrix_mod.Matrix(**{**matrix.__dict__, "suite": str(suite)})
+    matrix = matrix_mod.Matrix(matrix.source, msgspec.structs.replace(matrix.doc, suite=str(suite)))
     fake_servers.update(sources)
     served = matrix_mod._serve_and_capture
 

@@ -149,11 +149,11 @@ def test_the_gpu_matrix_sets_gates_that_the_real_b200_data_passes():
     from bakery.verify.compare import ParityGates
 
     matrix = load_matrix(Path(__file__).resolve().parents[2] / project.MATRIX)
-    values = dict(matrix.gates)
+    values = dict(matrix.doc.gates)
     assert {"min_topk_overlap_min", "min_topk_overlap_mean", "min_fork_topk_overlap"} <= set(values)
     gates = ParityGates().with_values("matrix", **values)
     from _verify_support import MTP
 
     assert compare_bundles(
-        NOMTP, MTP, gates, top_n=matrix.top_n, low_margin=matrix.low_margin
+        NOMTP, MTP, gates, top_n=matrix.doc.top_n, low_margin=matrix.doc.low_margin
     ).passed
