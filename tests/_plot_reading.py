@@ -12,8 +12,8 @@ from matplotlib import colormaps
 from matplotlib.colors import to_rgb
 from PIL import Image
 
-from bakery.verify import plots
-from bakery.verify.plots import HeatRow
+from bakery.parity import plots
+from bakery.parity.plots import HeatRow
 
 
 def png(path: Path) -> tuple[Image.Image, dict]:

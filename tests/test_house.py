@@ -28,10 +28,12 @@ ALLOWED = {
     "check": {GROUND, "series", "bake"},
     "verify": {GROUND},
     "dcp": {GROUND},
-    "launch": {GROUND, "series", "bake", "verify"},
+    "launch": {GROUND, "series", "bake"},
+    # launch serves, verify captures and compares; parity conducts both (the matrix)
+    "parity": {GROUND, "series", "bake", "launch", "verify"},
     # Not launch: `bakery status` gets the running servers from the command line.
     "maintain": {GROUND, "series", "bake", "check"},
-    "cli": {GROUND, "series", "bake", "check", "verify", "launch", "maintain", "cli"},
+    "cli": {GROUND, "series", "bake", "check", "verify", "launch", "parity", "maintain", "cli"},
 }
 # Entry points that run the command line: the only importers of bakery.cli outside it.
 CLI_DOORS = {"bakery.__main__", "bakery.launch.__main__"}
@@ -170,7 +172,17 @@ def graph() -> dict[str, set[str]]:
 def test_every_folder_is_a_known_room(graph):
     rooms = {room_of(m) for m in graph}
     assert rooms <= set(ALLOWED), f"a room without import rules: {rooms - set(ALLOWED)}"
-    assert {"series", "bake", "check", "maintain", "launch", "verify", "dcp", "cli"} <= rooms
+    assert {
+        "series",
+        "bake",
+        "check",
+        "maintain",
+        "launch",
+        "parity",
+        "verify",
+        "dcp",
+        "cli",
+    } <= rooms
 
 
 def test_rooms_import_downward_only(graph):
@@ -425,7 +437,7 @@ def test_a_misplaced_test_is_seen(tmp_path):
     (copy / "rebase").mkdir()
     assert misplaced_tests(copy) == [
         "tests/rebase: no room of bakery/ (rooms: bake, check, cli, dcp, launch, maintain, "
-        "series, verify)",
+        "parity, series, verify)",
         "tests/test_planted.py: move it into the tests/<room>/ of what it tests",
     ]
 
@@ -446,12 +458,12 @@ TYPED_WRITERS = {
     "bakery.launch.run_record.write_pid": "PidRecord",
     "bakery.maintain.rebase.rebase": "RebaseReport",
     "bakery.maintain.rebase_state.write_state": "RebaseState",
-    "bakery.launch.matrix.run_matrix": "MatrixSummary",
+    "bakery.parity.matrix.run_matrix": "MatrixSummary",
     "bakery.verify.calibrate.write_calibration": "GatesFileDoc",
     "bakery.verify.report.write_reports": "ParityReport",
     "bakery.cli.verify.compare": "ParityReport",
     "bakery.verify.bundle.write_bundle_meta": "BundleMeta",
-    "bakery.launch.serving.write_figures": "FiguresDoc",
+    "bakery.parity.serving.write_figures": "FiguresDoc",
     "bakery.bake.trust.remember": "Record",
 }
 UNTYPED_WRITERS = {
@@ -470,7 +482,7 @@ OTHER_JSON = {
     "bakery.launch.probe.main": "one line to the launcher from the serving Python",
     "bakery.verify.tiny_v41._run_child": "argv of the child that builds the model",
     "bakery.verify.tiny_v41._child": "one line to the parent from that child",
-    "bakery.verify.plots._save": "a PNG's metadata text",
+    "bakery.parity.plots._save": "a PNG's metadata text",
     "bakery.verify.report.code": "a token shown JSON-quoted in Markdown",
     "bakery.verify.tiny_v41.build": "a model folder for vLLM: config.json in HF's layout",
     "bakery.verify.tiny_model.build": "a model folder's note, beside HF's files",
@@ -548,7 +560,7 @@ def test_an_untyped_or_unlisted_json_writer_is_seen(tmp_path):
     record.write_text(text)
     # the two writers typed last: serving.json from a dict again, a trust record by msgspec
     for module, typed, untyped in [
-        ("launch/serving.py", "FIGURES, figures,", "FIGURES, asdict(figures),"),
+        ("parity/serving.py", "FIGURES, figures,", "FIGURES, asdict(figures),"),
         ("bake/trust.py", "encode_json(what, one_line=True)", "msgspec.json.encode(what)"),
     ]:
         source = copy / module
@@ -562,5 +574,5 @@ def test_an_untyped_or_unlisted_json_writer_is_seen(tmp_path):
         "bakery.launch.run_record.planted_too: json.dumps: write JSON through "
         "bakery.schema.encode_json",
         "bakery.launch.run_record.write_pid: writes a dict, not its PidRecord",
-        "bakery.launch.serving.write_figures: writes a dict, not its FiguresDoc",
+        "bakery.parity.serving.write_figures: writes a dict, not its FiguresDoc",
     ]

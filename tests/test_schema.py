@@ -23,8 +23,8 @@ from bakery.cli.root import main
 from bakery.errors import BakeryError, SeriesError
 from bakery.launch.errors import ProfileError
 from bakery.launch.gates import gate_table_of, load_gate_table
-from bakery.launch.matrix import matrix_from_data
 from bakery.launch.profiles import profile_from_data
+from bakery.parity.matrix import matrix_from_data
 from bakery.schema import Document, decode, encode_json
 from bakery.series.series import Pin, validate
 from bakery.series.stages import StagesDoc

@@ -422,7 +422,7 @@ def matrix_cmd(
     artifacts,
 ) -> None:
     """Boot each matrix entry, capture, stop, compare to the baseline; exit 1 on a failure."""
-    from bakery.launch import matrix as matrix_mod  # imports the parity harness
+    from bakery.parity import matrix as matrix_mod  # imports the parity harness
     from bakery.verify.errors import ParityFailure
 
     ctx = matrix_mod.Context(

@@ -12,7 +12,8 @@ Modules: ``gates`` (the stage table from stages.toml), ``profiles`` (profile
 files and flag overrides), ``plan`` (the command and env), ``preflight`` (every
 refusal, all reported in one run: pure rules in ``checks``, host facts in ``host``,
 ``model_config`` and ``vllm_args``; the installed wheel in ``installed``), ``doctor``
-(host checks without a profile), ``matrix`` (the parity matrix), ``lifecycle`` (start/stop/status),
+(host checks without a profile), ``lifecycle`` (start/stop/status; ``bakery.parity`` starts
+its matrix's servers through it),
 ``run_record`` (the record each run leaves, read back by stop/status/logs),
 ``processes`` (process groups and run markers), and two stdlib-only scripts run by the serving
 Python: ``probe`` (where vllm imports from, does it accept the flags) and

@@ -2,8 +2,8 @@
 
 capture (server -> bundle directory) -> compare (two bundles -> report dict under
 gates) -> report (JSON + Markdown); calibrate turns repeated baseline captures into
-gate thresholds. The CLI lives in ``bakery.cli.verify``; the launcher's matrix calls
-``capture_bundle`` and ``compare_bundles``.
+gate thresholds. The CLI lives in ``bakery.cli.verify``; the parity matrix
+(``bakery.parity``) calls ``capture_bundle`` and ``compare_bundles``.
 """
 
 from bakery.verify.bundle import Bundle, load_bundle

@@ -1,5 +1,5 @@
 """What a served run exercised (emulate/bakery_emulate/counts.py), as the parity matrix's
-summary reads it (bakery.launch.serving.exercised_counts): a publish by patch 06's index-K
+summary reads it (bakery.parity.serving.exercised_counts): a publish by patch 06's index-K
 exchange is counted as one, and a run folder from before it was counted still reads."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 from _emu import stand_in
 
-from bakery.launch import serving
+from bakery.parity import serving
 
 
 @pytest.fixture

@@ -210,7 +210,7 @@ def test_dry_run_prints_the_shell_command_and_json_on_request(tmp_path, cpu_bake
 def test_matrix_model_reaches_every_entry(tmp_path, monkeypatch, capsys):
     """`make verify MODEL=...` -> `run.sh matrix --model`: each entry's plan serves it."""
     from bakery.errors import BakeryError
-    from bakery.launch import matrix as matrix_mod
+    from bakery.parity import matrix as matrix_mod
 
     seen = {}
 

@@ -33,7 +33,7 @@ _CHILD = """
 import dataclasses, sys, time
 from pathlib import Path
 from types import SimpleNamespace
-from bakery.launch import matrix
+from bakery.parity import matrix
 from bakery.launch.gates import load_gate_table
 from bakery.launch.plan import make_plan
 from bakery.launch.preflight import Facts

@@ -144,7 +144,7 @@ def test_a_null_bound_switches_the_fork_gate_off(different, tmp_path):
 
 def test_the_gpu_matrix_sets_gates_that_the_real_b200_data_passes():
     from bakery import project
-    from bakery.launch.matrix import load_matrix
+    from bakery.parity.matrix import load_matrix
     from bakery.verify import compare_bundles
     from bakery.verify.compare import ParityGates
 

@@ -1,6 +1,6 @@
 """The matrix's summary: its types (summary.json), and for a person summary.md (parity,
 serving figures, diagnosis, the plots linked) and the PNG plots beside it (drawn by
-``bakery.verify.plots``)."""
+``bakery.parity.plots``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import msgspec
 
 from bakery import markdown
 from bakery.launch.errors import LaunchError
+from bakery.parity import plots
 from bakery.schema import decode, read_json
-from bakery.verify import plots
 from bakery.verify.compare import ParityReport
 from bakery.verify.diagnose import case_views
 from bakery.verify.report import format_value

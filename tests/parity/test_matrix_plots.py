@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 from _plot_reading import assert_bars, assert_heatmap, png
 
-from bakery.verify import plots
-from bakery.verify.plots import HeatRow
+from bakery.parity import plots
+from bakery.parity.plots import HeatRow
 
 
 def test_kv_plot_bars_are_the_kv_tokens(tmp_path):

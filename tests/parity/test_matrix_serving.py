@@ -22,12 +22,11 @@ from _plot_reading import assert_bars, assert_heatmap, png
 from _verify_support import MTP, NOMTP, copy_bundle
 from markdown_it import MarkdownIt
 
-from bakery.launch import matrix as matrix_mod
-from bakery.launch import serving
-from bakery.verify import plots
+from bakery.parity import matrix as matrix_mod
+from bakery.parity import plots, serving
+from bakery.parity.plots import HeatRow
 from bakery.verify.diagnose import case_views
 from bakery.verify.errors import ParityFailure
-from bakery.verify.plots import HeatRow
 
 BENCH = {"ttft_ms_p50": 20.0, "ttft_ms_p99": 40.0, "itl_ms_p50": 2.0, "itl_ms_p99": 5.0,
          "output_tok_s": 500.0}  # fmt: skip

@@ -30,18 +30,20 @@ from bakery.bake.bake import tree_dir
 from bakery.bake.manifest import MANIFEST
 from bakery.clock import FOLDER, utc_stamp
 from bakery.errors import BakeryError
-from bakery.launch import lifecycle, matrix_report, preflight, serving
+from bakery.launch import lifecycle, preflight
 from bakery.launch.errors import PreflightError, Problem, ProfileError
 from bakery.launch.gates import GateTable
-from bakery.launch.matrix_report import (
+from bakery.launch.plan import LaunchPlan, make_plan
+from bakery.launch.profiles import Port, TimeoutS, load_profile, override
+from bakery.parity import serving
+from bakery.parity.serving import Bench
+from bakery.parity.summary import (
     BaselineRow,
     CandidateRow,
     MatrixSummary,
     summary_markdown,
+    write_plots,
 )
-from bakery.launch.plan import LaunchPlan, make_plan
-from bakery.launch.profiles import Port, TimeoutS, load_profile, override
-from bakery.launch.serving import Bench
 from bakery.schema import Document, decode, read_toml, refuse, write_json_atomic
 from bakery.series.series import Series
 from bakery.tree import own_path, write_text_atomic
@@ -412,7 +414,7 @@ def run_matrix(
         passed=all(r.as_expected for r in rows),
         cases=list(cases) if cases else msgspec.UNSET,
     )
-    plotted = matrix_report.write_plots(summary, out, say)
+    plotted = write_plots(summary, out, say)
     summary = msgspec.structs.replace(summary, plots=plotted)
     # A killed run leaves the old summary or the new one, never half of one.
     write_json_atomic(out / "summary.json", summary, default=str, ascii_only=True)

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 from _launch_support import PROFILES, REPO
 
-from bakery.launch.serving import kv_capacity
+from bakery.parity.serving import kv_capacity
 from bakery.verify import tiny_v41
 
 DATA = REPO / "tests" / "data" / "serving"
