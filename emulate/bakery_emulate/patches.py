@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from bakery_emulate.hooks import after
+from bakery_emulate.hooks import after, enable
+
+
+def install() -> None:
+    """Register every stand-in below and turn the hooks on. Idempotent: sitecustomize
+    and a test driver may both call it."""
+    enable()
 
 
 @after("vllm.triton_utils.importing")

@@ -17,9 +17,9 @@ import os
 import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
-import bakery_emulate.hooks  # noqa: E402
+import bakery_emulate.patches  # noqa: E402
 
-bakery_emulate.hooks.install()
+bakery_emulate.patches.install()
 
 import torch  # noqa: E402
 import triton  # noqa: E402
