@@ -18,6 +18,7 @@ __all__ = [
     "ARTIFACTS",
     "PROFILES",
     "MATRIX",
+    "TINY_MODELS",
     "root",
 ]
 
@@ -28,6 +29,14 @@ BUILD = Path("build")
 ARTIFACTS = Path("artifacts/dcp2")
 PROFILES = Path("launcher/dcp2/profiles")
 MATRIX = Path("launcher/dcp2/matrix.toml")
+# The tiny test models' folders and the command that builds each: bakery.verify builds
+# them there, and the launcher's refusal of a missing model folder names the command.
+TINY_MODELS = {
+    BUILD / "tiny-llama": "python tools/tiny_model.py",
+    BUILD / "tiny-llama-perturbed": "python tools/tiny_model.py --perturbed",
+    **{BUILD / f"tiny-v41-{name}": f"python tools/tiny_model.py --v41 {name}"
+       for name in ("fast", "released", "batch")},
+}  # fmt: skip
 
 
 def root(start: Path | None = None) -> Path:

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from bakery import project
 from bakery.launch.errors import Problem
 
 __all__ = ["ModelConfig", "find_config", "hub_cache", "text_config", "candidate_blocks"]
@@ -115,7 +116,9 @@ def find_config(model: str, cwd: Path, env: dict[str, str], revision: str | None
     kind = _kind(path)
     if kind == "dir":
         return _read(path / "config.json")
-    if kind is None and _looks_like_hub_id(model, cwd):
+    # a tiny test model's folder, not yet built, is no hub id though it reads as one
+    tiny = next((c for d, c in project.TINY_MODELS.items() if path == cwd / d), None)
+    if kind is None and tiny is None and _looks_like_hub_id(model, cwd):
         cached = _cached_config(model, revision, env)
         if cached is not None:
             return _read(cached)
@@ -129,7 +132,7 @@ def find_config(model: str, cwd: Path, env: dict[str, str], revision: str | None
         "model folder missing",
         "the path does not exist" if kind is None else "not a folder",
         model,
-        "build or copy the model there, or pass --model",
+        f"build it: {tiny}" if tiny else "build or copy the model there, or pass --model",
     )
     return ModelConfig(None, None, (problem,))
 

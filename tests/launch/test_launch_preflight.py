@@ -29,6 +29,7 @@ from _launch_support import (
     tiny_model_dir,
 )
 
+from bakery import project
 from bakery.launch import preflight
 from bakery.launch.gates import load_gate_table
 
@@ -401,6 +402,20 @@ def test_missing_model_folder(capsys, env):
     assert refused(capsys, env, "--model", "./no-such-model") == [
         "model folder missing (the path does not exist): ./no-such-model"
     ]
+
+
+def test_a_missing_tiny_model_names_the_command_that_builds_it(capsys, env):
+    code, _, err = launch(capsys, env, "--model", "build/tiny-v41-fast", profile="cpu-tiny")
+    assert code == 3, err
+    assert "    fix: build it: python tools/tiny_model.py --v41 fast" in err.splitlines()
+    # every folder the table names is one the door builds by default (its help says which)
+    from bakery.verify import tiny_model, tiny_v41
+
+    built = {tiny_model.DEFAULT_DIR, tiny_model.PERTURBED_DIR, *tiny_v41.DEFAULT_DIRS.values()}
+    assert set(project.TINY_MODELS) == built
+    for folder, command in project.TINY_MODELS.items():
+        name = folder.name.removeprefix("tiny-v41-")
+        assert command.endswith(f"--v41 {name}") == (name in tiny_v41.SPECS)
 
 
 def test_port_in_use(capsys, env):
