@@ -112,6 +112,24 @@ def test_logs_follow_prints_until_the_run_ends(capsys, tmp_path):
     assert proc.wait(timeout=10) == 0
 
 
+def test_logs_follow_loses_no_line_written_while_the_last_lines_are_shown(tmp_path):
+    """A line the server writes just after --follow read the last lines is still shown
+    (follow used to open the log again and go on from its end then, losing that line)."""
+    log = tmp_path / "art" / "cpu-tiny" / "20260101T000000Z" / "serve.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("one\n")
+    shown: list[str] = []
+
+    def write(text: str) -> None:
+        if not shown:
+            with open(log, "a") as handle:
+                handle.write("two\n")
+        shown.append(text)
+
+    run_record.follow(log, 3, write)  # no live run: it returns once the log is shown
+    assert "".join(shown).split() == ["one", "two"]
+
+
 def test_logs_with_no_run_is_one_error(capsys, tmp_path):
     code = main(["logs", "--artifacts", str(tmp_path)])
     err = capsys.readouterr().err
