@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Apply unified diffs to a tree with GNU patch semantics (a door onto `bakery apply`).
 
-usage: python tools/apply.py [--fuzz N] [--rename OLD=NEW]... [--dry-run] [--reverse] [--json]
-                             TREE PATCH...
+usage: python tools/apply.py [--fuzz N] [--rename OLD=NEW]... [-p N|--strip N] [--dry-run]
+                             [--reverse] [--json] TREE PATCH...
 """
 
 import sys

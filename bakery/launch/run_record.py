@@ -21,6 +21,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import msgspec
 
@@ -384,21 +385,36 @@ def printable(text: str) -> str:
     return _CONTROL.sub("?", text)
 
 
-def tail(path: Path, lines: int = TAIL_LINES) -> str:
-    """The last ``lines`` lines of a log (at most ``MAX_TAIL``), control bytes shown as
-    "?"; opened non-blocking, so a FIFO or a device in its place never hangs it."""
+def _open_log(path: Path) -> BinaryIO | str:
+    """``path`` opened for reading, or why it is no log. Opened non-blocking, so a FIFO or
+    a device in its place never hangs it."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         return f"(no log: {exc.strerror})"
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return "(no log: not a regular file)"
-        handle.seek(max(0, info.st_size - _TAIL_BYTES))
-        text = handle.read(_TAIL_BYTES).decode(errors="replace")
+    handle = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        handle.close()
+        return "(no log: not a regular file)"
+    return handle
+
+
+def _last_lines(handle: BinaryIO, lines: int) -> str:
+    """The last ``lines`` lines (at most ``MAX_TAIL``) up to where the read stops, which
+    leaves ``handle`` there; control bytes shown as "?"."""
+    handle.seek(max(0, os.fstat(handle.fileno()).st_size - _TAIL_BYTES))
+    text = handle.read(_TAIL_BYTES).decode(errors="replace")
     kept = deque(text.splitlines(keepends=True), maxlen=min(lines, MAX_TAIL))
     return printable("".join(kept).rstrip()) if lines else ""
+
+
+def tail(path: Path, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log (at most ``MAX_TAIL``), control bytes shown as "?"."""
+    opened = _open_log(path)
+    if isinstance(opened, str):
+        return opened
+    with opened:
+        return _last_lines(opened, lines)
 
 
 def latest_log(artifacts: Path, profile: str | None) -> Path:
@@ -418,13 +434,15 @@ def _run_order(log: Path) -> tuple[str, str]:
 
 
 def follow(log: Path, lines: int, write, poll_s: float = 0.5) -> None:
-    """Write the last ``lines`` of ``log``, then what is appended while the run lives."""
-    write(tail(log, lines) + "\n")
-    run_dir = log.parent
-    if not log.is_file():
+    """Write the last ``lines`` of ``log``, then what is appended while the run lives: read
+    on from where the last lines were read, so a line written meanwhile is not lost."""
+    opened = _open_log(log)
+    if isinstance(opened, str):
+        write(opened + "\n")
         return
-    with open(log, "rb") as handle:
-        handle.seek(0, os.SEEK_END)
+    run_dir = log.parent
+    with opened as handle:
+        write(_last_lines(handle, lines) + "\n")
         while True:
             chunk = handle.read(1 << 20)
             if chunk:

@@ -2,7 +2,7 @@
 # Serve the baked dcp2 tree: a thin door onto `bakery.cli.launch` (as `python -m bakery.launch`).
 #   run.sh start|stop|restart|status [--profile NAME|FILE] [--dry-run] [flags] [-- vLLM args]
 #   run.sh profiles                                         (every profile, with its description)
-#   run.sh logs [--profile NAME] [-f]                       (the newest run's server log)
+#   run.sh logs [--profile NAME] [-f] [-n N]                (the newest run's server log)
 #   run.sh matrix [--matrix FILE] [--baseline BUNDLE_DIR]   (the DCP parity matrix)
 # Profiles: launcher/dcp2/profiles/*.toml. Every check, the record and the
 # process-group lifecycle live in bakery/launch/; see `run.sh start --help`.

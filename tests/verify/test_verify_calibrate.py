@@ -98,6 +98,40 @@ def test_calibrated_gates_drive_compare(tmp_path: Path) -> None:
     assert code == 1 and "completion_code_probe_logprobs20" in log
 
 
+def calibrate_cli(out: Path, *flags: str) -> tuple[int, str, dict]:
+    code, log = run_cli(["calibrate", "--out", str(out), "--bundle", str(NOMTP),
+                         "--bundle", str(MTP), *flags])  # fmt: skip
+    return code, log, json.loads((out / "gates.json").read_text())
+
+
+def test_factor_widens_every_threshold_by_that_factor(tmp_path: Path) -> None:
+    """--factor 3 puts each threshold 1.5x as far from perfect as --factor 2 (the default)
+    does: above the floor for an upper bound, below 1 for an overlap's lower bound."""
+    code, log, two = calibrate_cli(tmp_path / "two")
+    assert code == 0, log
+    code, log, three = calibrate_cli(tmp_path / "three", "--factor", "3")
+    assert code == 0, log
+    assert three["calibration"]["policy"]["factor"] == 3.0
+    for name in ("max_chosen_token_logprob_abs_error", "max_common_logprob_abs_error"):
+        assert three["gates"][name] == pytest.approx(1.5 * two["gates"][name])
+    for name in ("min_topk_overlap_mean", "min_topk_overlap_min"):
+        assert 1 - three["gates"][name] == pytest.approx(1.5 * (1 - two["gates"][name]))
+
+
+def test_low_margin_decides_whether_the_baseline_forks_at_high_margin(tmp_path: Path) -> None:
+    """The fixtures fork at step 7 of the long prompt with a smaller top-1 margin of 0.25:
+    a near tie under the default --low-margin 0.5, a high-margin fork under 0.2, which
+    calibrate warns about and lists."""
+    code, log, gates = calibrate_cli(tmp_path / "default")
+    assert code == 0 and "warning" not in log, log
+    assert gates["calibration"]["high_margin_mismatches"] == []
+    code, log, gates = calibrate_cli(tmp_path / "tight", "--low-margin", "0.2")
+    assert code == 0 and "warning: the baseline forks at high margin against itself" in log
+    fork = f"{MTP}: completion_long_prefill_2048_logprobs20 step 7"
+    assert gates["calibration"]["high_margin_mismatches"] == [fork]
+    assert f"- {fork}" in (tmp_path / "tight" / "calibration.md").read_text()
+
+
 def test_calibrate_needs_two_bundles() -> None:
     code, out = run_cli(["calibrate", "--out", "unused", "--bundle", str(NOMTP)])
     assert code == 2 and "at least two baseline bundles" in out

@@ -378,6 +378,29 @@ def test_teacher_forced_capture_and_compare(tmp_path: Path) -> None:
     assert run_cli(args)[0] == 0
 
 
+@pytest.mark.parametrize(
+    "flag, gate",
+    [
+        ("--max-tf-logprob-delta", "max_tf_abs_logprob_delta"),
+        ("--max-tf-mean-logprob-delta", "max_tf_mean_abs_logprob_delta"),
+    ],
+)
+def test_teacher_forced_logprob_delta_gates(tmp_path: Path, flag: str, gate: str) -> None:
+    """Every scored position moved by 0.3: off by default it passes, a 0.2 bound fails it
+    (the report says the bound came from the command line), a 0.4 bound passes it."""
+    base = capture_teacher(tmp_path, "base", 0.0, None)
+    shifted = capture_teacher(tmp_path, "shifted", 0.3, base)
+    report = tmp_path / "r.json"
+    args = ["compare", str(base), str(shifted), "--teacher-forced", "--json", str(report)]
+    assert run_cli(args)[0] == 0
+    code, out = run_cli([*args, flag, "0.2"])
+    assert code == 1 and "parity failed for 2 of 2 cases" in out, out
+    doc = json.loads(report.read_text())
+    assert doc["gates"][gate] == {"source": "cli", "value": 0.2}
+    assert any(gate in failure for failure in doc["cases"]["completion_alpha"]["gate_failures"])
+    assert run_cli([*args, flag, "0.4"])[0] == 0
+
+
 def test_a_killed_captures_staging_is_swept_by_the_next(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()  # fmt: skip
@@ -439,3 +462,100 @@ def test_a_batch_answer_missing_a_prompt_is_a_capture_error(tmp_path: Path, monk
     finally:
         gen.close()
     assert not (tmp_path / "b").exists()  # no half bundle
+
+
+# ---- the command line's own flags, end to end --------------------------------------------
+
+
+def cli_capture(fake: FakeVllm, out: Path, suite: Path, *flags: str) -> tuple[int, str]:
+    """``bakery verify capture`` of ``suite`` from ``fake`` into ``out``: (exit code, output)."""
+    gen, url = run_server(fake)
+    try:
+        return run_cli(["capture", "--url", url, "--out", str(out), "--suite", str(suite),
+                        "--retries", "0", *flags])  # fmt: skip
+    finally:
+        gen.close()
+
+
+def test_capture_flags_reach_the_server_and_the_bundle(tmp_path: Path) -> None:
+    """--concurrency bounds the requests in flight, --token-keys strings asks for token
+    strings, --server-cmd is recorded; the bundle then compares like the fixture."""
+    require_fixtures()
+    fake = FakeVllm(delay=0.3)
+    fake.record(NOMTP)
+    out = tmp_path / "b"
+    flags = ["--concurrency", "3", "--token-keys", "strings", "--server-cmd", "vllm serve m"]
+    code, log = cli_capture(fake, out, fixture_suite(tmp_path), *flags)
+    assert code == 0, log
+    assert fake.completion_calls == 5 and fake.max_in_flight == 3  # the default is 4
+    meta = json.loads((out / "bundle.json").read_text())
+    assert meta["server_command"] == "vllm serve m" and meta["settings"]["token_keys"] == "strings"
+    for path in out.glob("completion_*.json"):
+        assert "return_tokens_as_token_ids" not in json.loads(path.read_text())["request"]
+    assert run_cli(["compare", str(NOMTP), str(out)])[0] == 0
+
+
+def test_capture_repeat_sends_each_case_n_times_and_counts_distinct_outputs(
+    tmp_path: Path, monkeypatch
+) -> None:
+    fake = FakeVllm()
+    real = fake.complete
+
+    def second_call_differs(body: dict[str, Any]) -> dict[str, Any]:
+        answer = real(body)
+        if fake.completion_calls == 2:  # alpha's second answer: another first token
+            logprobs = answer["choices"][0]["logprobs"]
+            logprobs["tokens"] = ["token_id:999", *logprobs["tokens"][1:]]
+            logprobs["top_logprobs"][0] = {"token_id:999": -0.1, "token_id:1": -3.0}
+        return answer
+
+    monkeypatch.setattr(fake, "complete", second_call_differs)
+    out = tmp_path / "b"
+    code, log = cli_capture(fake, out, synthetic(tmp_path), "--repeat", "3", "--concurrency", "1")
+    assert code == 0, log
+    assert fake.completion_calls == 2 * 3
+    meta = json.loads((out / "bundle.json").read_text())
+    assert meta["settings"]["repeat"] == 3
+    assert meta["repeat_unique_sequences"] == {"completion_alpha": 2, "completion_beta": 1}
+
+
+def test_capture_reference_scores_the_baseline_bundles_outputs(tmp_path: Path) -> None:
+    suite = synthetic(tmp_path)
+    base, cand = tmp_path / "base", tmp_path / "cand"
+    assert cli_capture(FakeVllm(), base, suite, "--teacher-forced")[0] == 0
+    code, log = cli_capture(
+        FakeVllm(shift=0.3), cand, suite, "--teacher-forced", "--reference", str(base)
+    )
+    assert code == 0, log
+    own = json.loads((base / "teacher_alpha.json").read_text())
+    scored = json.loads((cand / "teacher_alpha.json").read_text())
+    assert own["scored_from"] == "self" and scored["scored_from"] == str(base)
+    assert scored["sequence"] == own["sequence"]
+    assert json.loads((cand / "bundle.json").read_text())["teacher_forced"] == {
+        "enabled": True,
+        "reference": str(base),
+    }
+
+
+def test_calibrate_captures_runs_from_url_with_the_capture_flags(tmp_path: Path) -> None:
+    """--runs bundles from --url (the default is 3), each captured under --concurrency and
+    --token-keys, and every pair of them compared."""
+    fake = FakeVllm(delay=0.1)
+    gen, url = run_server(fake)
+    out = tmp_path / "cal"
+    try:
+        code, log = run_cli(["calibrate", "--url", url, "--runs", "2", "--out", str(out),
+                             "--suite", str(synthetic(tmp_path)), "--concurrency", "1",
+                             "--token-keys", "strings"])  # fmt: skip
+    finally:
+        gen.close()
+    assert code == 0, log
+    assert fake.completion_calls == 2 * 2 and fake.max_in_flight == 1  # the default is 4
+    runs = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert runs == ["run_01", "run_02"]
+    for run in runs:
+        meta = json.loads((out / run / "bundle.json").read_text())
+        assert meta["settings"]["token_keys"] == "strings"
+    calibration = json.loads((out / "gates.json").read_text())["calibration"]
+    assert calibration["bundles"] == [str(out / run) for run in runs]
+    assert calibration["pairs"] == 1

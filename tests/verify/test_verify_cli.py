@@ -12,6 +12,7 @@ from bakery.verify import compare_bundles
 
 MATH = "completion_short_math_logprobs20"
 CODE = "completion_code_probe_logprobs20"
+LONG = "completion_long_prefill_2048_logprobs20"
 
 
 @pytest.fixture
@@ -83,6 +84,25 @@ def test_logprob_bound_gate_flips_on_a_perturbed_logprob(candidate: Path) -> Non
     assert code == 1, out
     # The same bound on the unperturbed data passes: the perturbation is what fails it.
     assert run_cli(["compare", str(NOMTP), str(MTP), "--max-chosen-logprob-error", "0.5"])[0] == 0
+
+
+def test_low_margin_sets_which_forks_are_near_ties_and_a_high_one_can_be_allowed(tmp_path):
+    """The real fork at step 7 of the long prompt has a smaller top-1 margin of 0.25: low
+    under the default --low-margin 0.5, high under 0.2, and then excused only by
+    --allow-high-margin-mismatch (which the report names as the command line's)."""
+    report = tmp_path / "r.json"
+    plain = ["compare", str(NOMTP), str(MTP), "--json", str(report)]
+    assert run_cli(plain)[0] == 0
+    args = [*plain, "--low-margin", "0.2"]
+    code, out = run_cli(args)
+    assert code == 1 and f"parity failed for 1 of 5 cases: {LONG}" in out, out
+    doc = json.loads(report.read_text())
+    assert doc["settings"]["low_margin"] == 0.2
+    assert doc["cases"][LONG]["gate_failures"] == ["high-margin token mismatch at step 7"]
+    code, out = run_cli([*args, "--allow-high-margin-mismatch"])
+    assert code == 0, out
+    gate = json.loads(report.read_text())["gates"]["fail_on_high_margin_mismatch"]
+    assert gate == {"source": "cli", "value": False}
 
 
 def test_prompt_id_mismatch_fails(candidate: Path) -> None:
