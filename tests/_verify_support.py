@@ -15,9 +15,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from bakery.cli.root import main
+from bakery.verify.bundle import Completion
+from bakery.verify.metrics import compare_completions
+from bakery.verify.result import CaseResult
 
 ORACLE = Path(__file__).resolve().parent / "data" / "oracle"
 NOMTP = ORACLE / "b200_tp2_nomtp"
@@ -57,3 +61,19 @@ def run_cli(args: Sequence[str]) -> tuple[int, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         code = main(["verify", *args])
     return code, out.getvalue()
+
+
+def case_result(**changes: Any) -> CaseResult:
+    """A ``CaseResult`` of a run compared with itself (every token and prompt id the same,
+    nothing teacher-forced), with ``changes`` (field name -> value) over it: a case made
+    to order for the gates."""
+    steps = ({"a": -0.1, "b": -2.0}, {"b": -0.2, "a": -3.0})
+    run = Completion(
+        tokens=("a", "b"),
+        token_logprobs=(-0.1, -0.2),
+        top_logprobs=steps,
+        prompt_token_ids=(1, 2),
+        token_ids=None,
+    )
+    case = compare_completions("c", run, run, top_n=20, low_margin=0.5)
+    return msgspec.structs.replace(case, **changes)

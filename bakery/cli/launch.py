@@ -27,6 +27,7 @@ from bakery.launch.gates import load_gate_table
 from bakery.launch.plan import make_plan, render_plan
 from bakery.launch.profiles import BACKENDS, load_profile, override, profile_names
 from bakery.launch.run_record import command_script
+from bakery.schema import encode_json
 from bakery.series.series import load_series
 
 __all__ = ["launch", "doctor_cmd", "main"]
@@ -238,20 +239,17 @@ def status_cmd(profile, as_json, artifacts) -> None:
     servers are recorded and none is healthy (0 when none is recorded)."""
     rows = lifecycle.status(artifacts, _profile_name(profile))
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(encode_json(rows).decode(), nl=False)
     for row in [] if as_json else rows:
-        click.echo(
-            f"{row['profile']}: {row['health']} pgid {row['pgid']} "
-            f"{row['url'] or ''} ({row['run_dir']})"
-        )
-        if row["rebaked"]:
-            click.echo(f"  warning: re-baked under the running server: {row['rebaked']}")
+        click.echo(f"{row.profile}: {row.health} pgid {row.pgid} {row.url or ''} ({row.run_dir})")
+        if row.rebaked:
+            click.echo(f"  warning: re-baked under the running server: {row.rebaked}")
             click.echo("  hint: `run.sh restart` serves the new bake")
     if not rows and not as_json:
         click.echo("no server running" + (f" for {profile}" if profile else ""))
     # Nothing recorded (say, after `stop`) is a clean state; a recorded one that is
     # dead or unhealthy is not.
-    if rows and not any(r["running"] and r["health"] in ("healthy", "headless") for r in rows):
+    if rows and not any(r.healthy for r in rows):
         raise LaunchError(
             f"none of the {len(rows)} recorded server(s) is healthy",
             hint="`run.sh logs` shows why; `run.sh restart` starts it again",
@@ -267,8 +265,8 @@ def status_cmd(profile, as_json, artifacts) -> None:
 def restart_cmd(profile, grace, artifacts) -> None:
     """Stop a running server and start it again with the same `start` arguments (read
     from its run record), e.g. after a re-bake."""
-    rows = [r for r in lifecycle.status(artifacts, _profile_name(profile)) if r["running"]]
-    names = sorted({r["profile"] for r in rows})
+    rows = [r for r in lifecycle.status(artifacts, _profile_name(profile)) if r.running]
+    names = sorted({r.profile for r in rows})
     if not rows:
         raise UsageError(
             "no running server to restart" + (f" for {profile}" if profile else ""),
@@ -282,8 +280,8 @@ def restart_cmd(profile, grace, artifacts) -> None:
     # Every run's own start command, each preflighted before anything is stopped (the
     # ports these servers hold count as free): a start that would be refused leaves
     # them all running.
-    argvs = [run_record.launcher_argv(Path(r["run_dir"])) for r in rows]
-    held = sorted({port for r in rows if (port := port_of(r["url"])) is not None})
+    argvs = [run_record.launcher_argv(Path(r.run_dir)) for r in rows]
+    held = sorted({port for r in rows if (port := port_of(r.url)) is not None})
     for argv in argvs:
         obj = {"start_argv": argv, "preflight_only": True, "held_ports": held}
         _say(f"preflight for: run.sh {' '.join(argv)}")

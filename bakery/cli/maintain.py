@@ -407,7 +407,7 @@ def rebase_matrix_cmd(
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON on stdout.")
 def status_cmd(series_dir, build_dir, artifacts, as_json) -> None:
     """What is baked (series, pins), whether it is stale, pending edits, rebase, servers."""
-    servers = [row for row in lifecycle.status(artifacts, None) if row["running"]]
+    servers = [row for row in lifecycle.status(artifacts, None) if row.running]
     report = status_mod.collect(load_series(series_dir), build_dir, servers)
     if as_json:
         click.echo(encode_json(report).decode(), nl=False)

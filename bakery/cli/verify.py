@@ -8,7 +8,7 @@ failure, 2 usage error or unreadable input).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from bakery.errors import UsageError
 from bakery.schema import encode_json
 from bakery.verify.calibrate import CalibrationPolicy, calibrate_bundles, write_calibration
 from bakery.verify.capture import CaptureSettings, ServerInfo, capture_bundle
-from bakery.verify.compare import ParityGates, compare_bundles, load_gates
+from bakery.verify.compare import CaseResult, ParityGates, compare_bundles, load_gates
 from bakery.verify.errors import ParityFailure
 from bakery.verify.report import format_value, write_reports
 from bakery.verify.suite import load_suite
@@ -189,18 +189,17 @@ def _gate_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def _summary_line(name: str, case: Mapping[str, Any]) -> str:
-    verdict = "pass" if case["passed"] else "FAIL"
-    mismatch = case["first_token_mismatch"]
+def _summary_line(name: str, case: CaseResult) -> str:
+    verdict = "pass" if case.passed else "FAIL"
     where = (
         "tokens match"
-        if mismatch is None
+        if case.fork_step is None
         else (
-            f"fork at step {mismatch['step']} "
-            f"({'low' if case['first_token_mismatch_low_margin'] else 'HIGH'} margin)"
+            f"fork at step {case.fork_step} "
+            f"({'low' if case.first_token_mismatch_low_margin else 'HIGH'} margin)"
         )
     )
-    overlap = format_value(case["topk_overlap_mean"])
+    overlap = format_value(case.topk_overlap_mean)
     return f"{verdict}  {name}: {where}, top-k overlap {overlap}"
 
 
@@ -267,7 +266,7 @@ def compare(
     write_reports(report, json_path=json_path, markdown_path=markdown_path)
     for name, case in report.cases.items():
         click.echo(_summary_line(name, case), err=to_stdout)
-    failed = sorted(name for name, case in report.cases.items() if not case["passed"])
+    failed = report.failing()
     if failed:
         where = markdown_path or json_path
         raise ParityFailure(

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import msgspec
 
 from bakery.launch import keeper as keeper_module
 from bakery.launch.errors import LaunchError, LaunchInterrupted
@@ -43,7 +44,7 @@ from bakery.launch.run_record import (
     write_record,
 )
 
-__all__ = ["start", "stop", "stop_record", "status", "wait_ready"]
+__all__ = ["start", "stop", "stop_record", "status", "ServerRow", "wait_ready"]
 
 HEADLESS_SETTLE_S = 10.0
 PROGRESS_S = 15.0  # seconds between two "waiting" lines during start
@@ -284,7 +285,25 @@ def health(url: str | None) -> str:
     return "healthy" if code == 200 else f"unhealthy (HTTP {code})"
 
 
-def status(artifacts: Path, profile: str | None) -> list[dict]:
+class ServerRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One recorded server as `status` shows it (``launch status --json`` prints these rows,
+    `bakery status` its running ones): ``health`` in words, ``rebaked`` the bake that
+    replaced the one it serves (None: none, or not running)."""
+
+    profile: str
+    pgid: int
+    url: str | None
+    running: bool
+    health: str
+    run_dir: str
+    rebaked: str | None
+
+    @property
+    def healthy(self) -> bool:
+        return self.running and self.health in ("healthy", "headless")
+
+
+def status(artifacts: Path, profile: str | None) -> list[ServerRow]:
     rows = []
     for run in recorded(artifacts, profile):
         alive = run.alive
@@ -293,14 +312,14 @@ def status(artifacts: Path, profile: str | None) -> list[dict]:
         else:
             shown = health(run.url) if alive else "dead (stale pid file)"
         rows.append(
-            {
-                "profile": run.profile,
-                "pgid": run.pgid,
-                "url": run.url,
-                "running": alive,
-                "health": shown,
-                "run_dir": str(run.run_dir),
-                "rebaked": rebaked_under(run.run_dir) if alive else None,
-            }
+            ServerRow(
+                profile=run.profile,
+                pgid=run.pgid,
+                url=run.url,
+                running=alive,
+                health=shown,
+                run_dir=str(run.run_dir),
+                rebaked=rebaked_under(run.run_dir) if alive else None,
+            )
         )
     return rows

@@ -10,8 +10,9 @@ edits "unknown", not a download).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -82,16 +83,32 @@ class RebaseProgress(msgspec.Struct, frozen=True):
     conflicts: list[str]
 
 
+class Server(Protocol):
+    """A running server as `bakery status` shows it: the launcher's row (its type is the
+    launcher's, ``bakery.launch.lifecycle.ServerRow``; this room does not import it)."""
+
+    @property
+    def profile(self) -> str: ...
+    @property
+    def pgid(self) -> int: ...
+    @property
+    def url(self) -> str | None: ...
+    @property
+    def health(self) -> str: ...
+    @property
+    def rebaked(self) -> str | None: ...
+
+
 class StatusReport(msgspec.Struct, frozen=True):
-    """`bakery status --json`. ``patches`` (each patch's header) and ``servers`` (the
-    launcher's rows) are free-form dicts: other rooms own their shapes."""
+    """`bakery status --json`. ``patches`` (each patch's header) is a free-form dict, and
+    ``servers`` are the launcher's rows: other rooms own their shapes."""
 
     tool: manifest.Tool
     series: SeriesFacts
     patches: list[dict]
     bases: dict[str, UnbakedBase | BakedBase]
     rebase: RebaseProgress | None
-    servers: list[dict]
+    servers: Sequence[Server]
 
 
 def _pending(series: Series, key: str, tree: Path, cache: Path) -> dict:
@@ -146,7 +163,7 @@ def _base(
 
 
 def collect(
-    series: Series, build: Path, servers: list[dict], cache: Path | None = None
+    series: Series, build: Path, servers: Sequence[Server], cache: Path | None = None
 ) -> StatusReport:
     """Where the checkout stands; ``servers`` are the running servers, as the command line
     lists them from the launcher's records (this room knows nothing of the launcher)."""
@@ -222,9 +239,9 @@ def _lines(status: StatusReport) -> list[str]:
         out.append(f"rebase onto {rebase.release} in progress; conflicts left: {left}")
     servers = status.servers
     for r in servers:
-        out.append(f"server {r['profile']}: {r['health']} pgid {r['pgid']} {r['url'] or ''}")
-        if r.get("rebaked"):
-            out.append(f"  re-baked under it: {r['rebaked']} (`run.sh restart` serves it)")
+        out.append(f"server {r.profile}: {r.health} pgid {r.pgid} {r.url or ''}")
+        if r.rebaked:
+            out.append(f"  re-baked under it: {r.rebaked} (`run.sh restart` serves it)")
     if not servers:
         out.append("servers: none running")
     return out

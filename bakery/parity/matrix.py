@@ -40,6 +40,7 @@ from bakery.parity.serving import Bench
 from bakery.parity.summary import (
     BaselineRow,
     CandidateRow,
+    FirstDivergence,
     MatrixSummary,
     summary_markdown,
     write_plots,
@@ -61,6 +62,7 @@ from bakery.verify.bundle import record_name
 from bakery.verify.compare import ParityReport
 from bakery.verify.diagnose import tokenizer_decoder
 from bakery.verify.errors import ParityFailure
+from bakery.verify.result import ForkText
 
 __all__ = [
     "Entry",
@@ -266,15 +268,16 @@ def _serve_and_capture(
     return {**run, "exercised": exercised} if exercised else run
 
 
-def _first_divergence(report: ParityReport) -> dict | None:
+def _first_divergence(report: ParityReport) -> FirstDivergence | None:
     for name, case in sorted(report.cases.items()):
-        if not case["passed"]:
-            return {
-                "case": name,
-                "first_token_mismatch": case.get("first_token_mismatch"),
-                "text": case.get("first_token_mismatch_text"),
-                "gate_failures": case.get("gate_failures"),
-            }
+        if not case.passed:
+            text = case.first_token_mismatch_text
+            return FirstDivergence(
+                case=name,
+                first_token_mismatch=case.first_token_mismatch,
+                text=text if isinstance(text, ForkText) else None,
+                gate_failures=case.gate_failures,
+            )
     return None
 
 
@@ -315,7 +318,7 @@ def _candidate_row(
         **_entry_fields(entry),
         passed=report.passed,
         as_expected=report.passed == (entry.expect == "pass"),
-        failing_cases=sorted(n for n, c in report.cases.items() if not c["passed"]),
+        failing_cases=report.failing(),
         first_divergence=_first_divergence(report),
         diagnosis=report.diagnosis,
         layout_boundaries=boundaries,
@@ -400,7 +403,7 @@ def run_matrix(
     summary = MatrixSummary(
         matrix=str(matrix.source),
         suite=matrix.doc.suite,
-        gates=gates.as_dict(),
+        gates=gates.table(),
         low_margin=matrix.doc.low_margin,
         top_n=matrix.doc.top_n,
         baseline=BaselineRow(

@@ -16,8 +16,10 @@ from bakery.schema import decode, read_json
 from bakery.verify.compare import ParityReport
 from bakery.verify.diagnose import case_views
 from bakery.verify.report import format_value
+from bakery.verify.result import Diagnosis, Fork, ForkText, GateSetting
 
 __all__ = [
+    "FirstDivergence",
     "CandidateRow",
     "BaselineRow",
     "MatrixSummary",
@@ -29,6 +31,16 @@ __all__ = [
 
 KV_PLOT = "kv_tokens.png"
 BENCH_PLOT = "bench.png"
+
+
+class FirstDivergence(msgspec.Struct, frozen=True, kw_only=True):
+    """A candidate's first failing case (by name): its fork (None: the tokens match, a
+    bound failed), the fork as text when compare decoded it, and the gates it failed."""
+
+    case: str
+    first_token_mismatch: Fork | None
+    text: ForkText | None
+    gate_failures: tuple[str, ...]
 
 
 class CandidateRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -44,8 +56,8 @@ class CandidateRow(msgspec.Struct, frozen=True, kw_only=True):
     as_expected: bool
     error: str | msgspec.UnsetType = msgspec.UNSET
     failing_cases: list[str]
-    first_divergence: dict[str, Any] | None
-    diagnosis: dict[str, Any] | None
+    first_divergence: FirstDivergence | None
+    diagnosis: Diagnosis | None
     layout_boundaries: list[int]
     report_json: str | None
     report_markdown: str | None
@@ -66,12 +78,12 @@ class BaselineRow(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class MatrixSummary(msgspec.Struct, frozen=True, kw_only=True):
-    """summary.json. ``gates`` and ``serving`` (figures and ratios) are free-form dicts;
-    ``plots`` is set once they are drawn."""
+    """summary.json. ``serving`` (figures and ratios) is a free-form dict; ``plots`` is set
+    once they are drawn."""
 
     matrix: str
     suite: str
-    gates: dict[str, Any]
+    gates: dict[str, GateSetting]
     low_margin: float
     top_n: int
     baseline: BaselineRow
@@ -116,9 +128,9 @@ def write_plots(summary: MatrixSummary, out: Path, say=print) -> list[str]:
             for v in case_views(report.cases)
         ]
         name = f"parity-{row.name}.png"
-        title = f"{row.name} vs {names[0]}: {(row.diagnosis or {})['pattern']}"
-        bounds = report.diagnosis.get("boundary")
-        plots.parity_heatmap(rows, out / name, title=title, boundaries=_bounds(row, bounds))
+        title = f"{row.name} vs {names[0]}: {report.diagnosis.pattern}"
+        bounds = _bounds(row, report.diagnosis.boundary)
+        plots.parity_heatmap(rows, out / name, title=title, boundaries=bounds)
         written.append(name)
     return written
 
@@ -131,16 +143,15 @@ def _divergence_text(row: CandidateRow) -> str:
     first = row.first_divergence
     if first is None:
         return "–"
-    mismatch = first.get("first_token_mismatch")
-    if mismatch:
-        text = first.get("text")
+    fork, text = first.first_token_mismatch, first.text
+    if fork is not None:
         said = (
-            f": …`{text['context']!r}` → `{text['baseline']!r}` vs `{text['candidate']!r}`"
+            f": …`{text.context!r}` → `{text.baseline!r}` vs `{text.candidate!r}`"
             if text
-            else f": `{mismatch['oracle']!r}` vs `{mismatch['actual']!r}`"
+            else f": `{fork.oracle!r}` vs `{fork.actual!r}`"
         )
-        return f"{first['case']} step {mismatch['step']}{said}"
-    return f"{first['case']}: {'; '.join(first.get('gate_failures') or [])}"
+        return f"{first.case} step {fork.step}{said}"
+    return f"{first.case}: {'; '.join(first.gate_failures)}"
 
 
 def _value(field: Any) -> Any:
@@ -254,7 +265,7 @@ def summary_markdown(summary: MatrixSummary) -> str:
     for row in summary.candidates:
         diagnosis = row.diagnosis
         if diagnosis:
-            lines.append(f"- `{row.name}`: {diagnosis['line']}; next: {diagnosis['next_step']}")
+            lines.append(f"- `{row.name}`: {diagnosis.line}; next: {diagnosis.next_step}")
     lines.append("")
     lines += _serving_section(summary) + _plots_section(summary)
     return "\n".join(lines).rstrip() + "\n"

@@ -44,12 +44,8 @@ def noise_floor(reports: Sequence[ParityReport]) -> dict[str, float | None]:
     """Worst value of each bound gate's field over all cases of all reports (None: unseen)."""
     floor: dict[str, float | None] = {}
     for name, (key, kind) in BOUND_GATES.items():
-        seen = [
-            case[key]
-            for report in reports
-            for case in report.cases.values()
-            if case.get(key) is not None
-        ]
+        values = (case.value(key) for report in reports for case in report.cases.values())
+        seen = [value for value in values if value is not None]
         pick = max if kind == "max" else min
         floor[name] = pick(seen) if seen else None
     return floor
@@ -57,9 +53,9 @@ def noise_floor(reports: Sequence[ParityReport]) -> dict[str, float | None]:
 
 def _high_margin(report: ParityReport) -> list[str]:
     return [
-        f"{report.candidate.path}: {name} step {case['first_token_mismatch']['step']}"
+        f"{report.candidate.path}: {name} step {case.fork_step}"
         for name, case in sorted(report.cases.items())
-        if not case["tokens_match"] and not case["first_token_mismatch_low_margin"]
+        if case.fork_step is not None and not case.first_token_mismatch_low_margin
     ]
 
 

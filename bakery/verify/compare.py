@@ -1,4 +1,4 @@
-"""Compare two bundles under configurable gates and produce the report dict.
+"""Compare two bundles under configurable gates and produce the report (``ParityReport``).
 
 ``compare_bundles`` is the whole pipeline: load both bundles, check they ask the
 same questions, compute each case's metrics, apply the gates. It writes nothing;
@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from bakery.schema import Document, decode, refuse
 from bakery.verify.bundle import (
     Bundle,
@@ -21,9 +23,10 @@ from bakery.verify.bundle import (
     load_bundle,
     load_json_object,
 )
-from bakery.verify.diagnose import case_fields, case_views, diagnose, first_divergence_text
+from bakery.verify.diagnose import case_views, diagnose, first_divergence_text
 from bakery.verify.errors import BundleError, GatesError
 from bakery.verify.metrics import compare_completions, compare_teacher_forced
+from bakery.verify.result import CaseResult, GateSetting, ParityReport, ReportSettings, ReportSide
 
 __all__ = [
     "ParityGates",
@@ -31,6 +34,7 @@ __all__ = [
     "Calibration",
     "GatesFileDoc",
     "ParityReport",
+    "CaseResult",
     "derive_threshold",
     "load_gates",
     "compare_bundles",
@@ -43,7 +47,7 @@ __all__ = [
 # out on purpose: a candidate may serve a copy of the model under another path.
 COMPARABLE_REQUEST_FIELDS = ("prompt", "max_tokens", "temperature", "logprobs")
 
-# gate name -> (report field it reads, "max" = value must be <= bound, "min" = >=).
+# gate name -> (CaseResult field it reads, "max" = value must be <= bound, "min" = >=).
 # Bounds read the trajectory_* fields: after a low-margin fork the two runs condition
 # on different text, so their distributions may differ legitimately.
 BOUND_GATES: dict[str, tuple[str, str]] = {
@@ -81,9 +85,10 @@ class ParityGates:
     def values(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "sources"}
 
-    def as_dict(self) -> dict[str, Any]:
+    def table(self) -> dict[str, GateSetting]:
+        """Each gate's value and who set it, as the report and the matrix's summary show them."""
         return {
-            name: {"value": value, "source": self.sources.get(name, "default")}
+            name: GateSetting(value, self.sources.get(name, "default"))
             for name, value in self.values().items()
         }
 
@@ -195,34 +200,33 @@ def load_gates(path: Path) -> ParityGates:
     return replace(ParityGates(), **values, sources={k: doc.sources.get(k, "file") for k in values})
 
 
-def evaluate_gates(case: Mapping[str, Any], gates: ParityGates) -> list[str]:
+def evaluate_gates(case: CaseResult, gates: ParityGates) -> list[str]:
     """Every gate this case breaks, as one readable line each (empty list = pass)."""
     failures: list[str] = []
-    if gates.require_prompt_ids_equal and case.get("prompt_token_ids_match") is not True:
-        state = "could not be checked" if case.get("prompt_token_ids_match") is None else "differ"
+    if gates.require_prompt_ids_equal and case.prompt_token_ids_match is not True:
+        state = "could not be checked" if case.prompt_token_ids_match is None else "differ"
         failures.append(f"prompt token ids {state}")
-    if gates.fail_on_high_margin_mismatch and not case["tokens_match"]:
-        if not case["first_token_mismatch_low_margin"]:
-            step = case["first_token_mismatch"]["step"]
-            failures.append(f"high-margin token mismatch at step {step}")
-    if not case["tokens_match"] and gates.min_fork_topk_overlap is not None and not failures:
-        failures.extend(_fork_failure(case, gates.min_fork_topk_overlap))
+    fork = case.first_token_mismatch
+    if gates.fail_on_high_margin_mismatch and fork is not None:
+        if not case.first_token_mismatch_low_margin:
+            failures.append(f"high-margin token mismatch at step {fork.step}")
+    if fork is not None and gates.min_fork_topk_overlap is not None and not failures:
+        failures.extend(_fork_failure(case, fork.step, gates.min_fork_topk_overlap))
     for name, (key, kind) in BOUND_GATES.items():
-        failures.extend(_bound_failure(name, case.get(key), getattr(gates, name), kind, key))
+        failures.extend(_bound_failure(name, case.value(key), getattr(gates, name), kind, key))
     return failures
 
 
-def _fork_failure(case: Mapping[str, Any], bound: float) -> list[str]:
+def _fork_failure(case: CaseResult, step: int, bound: float) -> list[str]:
     """The fork is no near tie: a chosen token outside the other's top-k, or top-k lists
     that share less than ``bound`` (or that could not be compared)."""
-    step = case["first_token_mismatch"]["step"]
     ranks = (
-        case.get("first_token_mismatch_oracle_actual_rank"),
-        case.get("first_token_mismatch_actual_oracle_rank"),
+        case.first_token_mismatch_oracle_actual_rank,
+        case.first_token_mismatch_actual_oracle_rank,
     )
     if None in ranks:
         return [f"fork at step {step}: a chosen token is not in the other side's top-k"]
-    overlap = case.get("first_token_mismatch_topk_overlap")
+    overlap = case.first_token_mismatch_topk_overlap
     if overlap is None or not math.isfinite(overlap) or overlap < bound:
         return [f"fork at step {step}: top-k overlap {overlap} < {FORK_GATE} {bound:g}"]
     return []
@@ -282,14 +286,14 @@ def _teacher_of(record: CaseRecord, role: str) -> TeacherScores:
     return record.teacher
 
 
-def _teacher_fields(base: CaseRecord, cand: CaseRecord) -> dict[str, Any]:
+def _with_teacher(case: CaseResult, base: CaseRecord, cand: CaseRecord) -> CaseResult:
     base_scores, cand_scores = _teacher_of(base, "baseline"), _teacher_of(cand, "candidate")
     if base_scores.sequence != cand_scores.sequence:
         raise BundleError(
             f"case {base.name!r}: the candidate scored another token sequence than the baseline "
             "(capture the candidate with --teacher-forced --reference BASELINE_DIR)"
         )
-    return compare_teacher_forced(base_scores, cand_scores).as_dict()
+    return compare_teacher_forced(base_scores, cand_scores).onto(case)
 
 
 def _case_report(
@@ -300,49 +304,20 @@ def _case_report(
     low_margin: float,
     teacher_forced: bool,
     decode: Callable[[Sequence[int]], str] | None,
-) -> dict[str, Any]:
+) -> CaseResult:
     case = compare_completions(
         base.name, base.completion, cand.completion, top_n=top_n, low_margin=low_margin
-    ).as_dict()
+    )
     if teacher_forced:
-        case.update(_teacher_fields(base, cand))
-    case["gate_failures"] = evaluate_gates(case, gates)
-    case["passed"] = not case["gate_failures"]
-    case.update(case_fields(base.completion, cand.completion))
-    fork = case["first_token_mismatch"]
-    if decode is not None and fork is not None:
-        case["first_token_mismatch_text"] = first_divergence_text(
-            base.completion, cand.completion, fork["step"], decode
+        case = _with_teacher(case, base, cand)
+    failures = evaluate_gates(case, gates)
+    case = msgspec.structs.replace(case, gate_failures=tuple(failures), passed=not failures)
+    if decode is not None and case.first_token_mismatch is not None:
+        text = first_divergence_text(
+            base.completion, cand.completion, case.first_token_mismatch.step, decode
         )
+        case = msgspec.structs.replace(case, first_token_mismatch_text=text)
     return case
-
-
-class ReportSettings(Document, frozen=True, kw_only=True):
-    top_n: int
-    low_margin: float
-    teacher_forced: bool
-
-
-class ReportSide(Document, frozen=True, kw_only=True):
-    """A compared bundle: its folder, its bundle.json as captured, the servers' fingerprints."""
-
-    path: str
-    meta: dict[str, Any]
-    system_fingerprints: tuple[str, ...]
-
-
-class ParityReport(Document, frozen=True, kw_only=True):
-    """The comparison report (``compare --json``, the matrix's reports/<entry>.json). Each
-    case's metrics (named by ``CASE_METRICS`` and the gates), the diagnosis and the gates
-    (name -> value and source) stay dicts inside it."""
-
-    cases: dict[str, dict[str, Any]]
-    diagnosis: dict[str, Any]
-    passed: bool
-    gates: dict[str, dict[str, Any]]
-    settings: ReportSettings
-    baseline: ReportSide
-    candidate: ReportSide
 
 
 def _side(bundle: Bundle) -> ReportSide:
@@ -377,12 +352,11 @@ def compare_bundles(
         b.name: _case_report(b, cand[b.name], gates, top_n, low_margin, teacher_forced, decode)
         for b in sorted(baseline.cases, key=lambda c: c.name)
     }
-    found = diagnose(case_views(compared), boundaries)
     return ParityReport(
         cases=compared,
-        diagnosis=found.as_dict(),
-        passed=all(case["passed"] for case in compared.values()),
-        gates=gates.as_dict(),
+        diagnosis=diagnose(case_views(compared), boundaries),
+        passed=all(case.passed for case in compared.values()),
+        gates=gates.table(),
         settings=ReportSettings(top_n=top_n, low_margin=low_margin, teacher_forced=teacher_forced),
         baseline=_side(baseline),
         candidate=_side(candidate),

@@ -1,8 +1,8 @@
 """What a parity failure looks like, in words a person can act on.
 
 ``case_views`` reads, per case, what the pictures and the diagnosis need (prompt length,
-|Δ chosen logprob| per step, the first fork and its margin) from the two bundles and the
-compare report. ``diagnose`` names the pattern in one line and the next step:
+|Δ chosen logprob| per step, the first fork and its margin) from the compare report's
+``CaseResult`` values. ``diagnose`` names the pattern in one line and the next step:
 
 - every case diverges at step 0: **systematic** (wrong on any prompt: a stage, a combine
   or a kernel, not rounding): bisect by stage or combine;
@@ -23,18 +23,16 @@ tokens of context, then both continuations.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from bakery.verify.bundle import Completion
-from bakery.verify.metrics import chosen_deltas
+from bakery.verify.result import CaseResult, Diagnosis, ForkText
 
 __all__ = [
     "CaseView",
     "Diagnosis",
     "case_views",
-    "case_fields",
     "diagnose",
     "first_divergence_text",
     "tokenizer_decoder",
@@ -71,44 +69,22 @@ class CaseView:
     max_chosen_error: float | None = None  # |Δ chosen logprob| up to the fork
 
 
-@dataclass(frozen=True)
-class Diagnosis:
-    pattern: str  # pass | systematic | noise | layout | drift | mixed
-    line: str
-    next_step: str
-    boundary: int | None = None  # layout: the page or shard length the failures lie past
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def case_views(cases: Mapping[str, Mapping[str, Any]]) -> list[CaseView]:
+def case_views(cases: Mapping[str, CaseResult]) -> list[CaseView]:
     """One view per case of a compare report's ``cases``, shortest prompt first (ties by
     name)."""
     views = [
         CaseView(
             case=name,
-            prompt_tokens=case.get("prompt_tokens"),
-            deltas=tuple(case.get("chosen_logprob_abs_deltas") or ()),
-            fork_step=None
-            if case["first_token_mismatch"] is None
-            else case["first_token_mismatch"]["step"],
-            low_margin=bool(case.get("first_token_mismatch_low_margin")),
-            passed=bool(case["passed"]),
-            max_chosen_error=case.get("trajectory_max_chosen_token_logprob_abs_error"),
+            prompt_tokens=case.prompt_tokens,
+            deltas=case.chosen_logprob_abs_deltas,
+            fork_step=case.fork_step,
+            low_margin=case.first_token_mismatch_low_margin,
+            passed=case.passed,
+            max_chosen_error=case.trajectory_max_chosen_token_logprob_abs_error,
         )
         for name, case in cases.items()
     ]
     return sorted(views, key=lambda v: (v.prompt_tokens or 0, v.case))
-
-
-def case_fields(base: Completion, cand: Completion) -> dict[str, Any]:
-    """What compare adds to a case for the pictures and the diagnosis."""
-    ids = base.prompt_token_ids
-    return {
-        "prompt_tokens": None if ids is None else len(ids),
-        "chosen_logprob_abs_deltas": list(chosen_deltas(base, cand)),
-    }
 
 
 def _noise_like(view: CaseView) -> bool:
@@ -185,15 +161,15 @@ def tokenizer_decoder(model_dir: Path | None) -> Callable[[Sequence[int]], str] 
 
 def first_divergence_text(
     base: Completion, cand: Completion, step: int, decode: Callable[[Sequence[int]], str]
-) -> dict[str, str] | None:
-    """``{context, baseline, candidate}``: the last few tokens before the fork (prompt and
-    common output), then each side's next few tokens, decoded; None without token ids."""
+) -> ForkText | None:
+    """The last few tokens before the fork (prompt and common output), then each side's
+    next few tokens, decoded; None without token ids."""
     base_ids, cand_ids = base.token_ids, cand.token_ids
     if base_ids is None or cand_ids is None:
         return None
     before = list(base.prompt_token_ids or ()) + list(base_ids[:step])
-    return {
-        "context": decode(before[-CONTEXT_TOKENS:]),
-        "baseline": decode(base_ids[step : step + CONTINUATION_TOKENS]),
-        "candidate": decode(cand_ids[step : step + CONTINUATION_TOKENS]),
-    }
+    return ForkText(
+        context=decode(before[-CONTEXT_TOKENS:]),
+        baseline=decode(base_ids[step : step + CONTINUATION_TOKENS]),
+        candidate=decode(cand_ids[step : step + CONTINUATION_TOKENS]),
+    )

@@ -1,4 +1,4 @@
-"""Parity metrics: pure functions from two parsed completions to flat snake_case numbers.
+"""Parity metrics: pure functions from two parsed completions to a case's ``CaseResult``.
 
 Free-running metrics follow jasl/vllm-ds4-sm120-harness ``oracle-compare`` (same field
 names, same definitions): tokens come from ``logprobs.tokens``; a step's top-1 margin
@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+
+import msgspec
 
 from bakery.verify.bundle import Completion, TeacherScores
+from bakery.verify.result import CaseResult, Fork
 
 __all__ = [
     "StepStats",
     "FirstMismatch",
-    "CaseMetrics",
     "TeacherForced",
     "compare_completions",
     "compare_teacher_forced",
@@ -65,19 +66,19 @@ def top1_margin(step: Mapping[str, float]) -> float | None:
     return values[0] - values[1] if len(values) >= 2 else None
 
 
-def first_mismatch(oracle: Sequence[str], actual: Sequence[str]) -> dict[str, Any] | None:
-    """``{step, oracle, actual}`` at the first differing step, or the shorter run's end."""
+def first_mismatch(oracle: Sequence[str], actual: Sequence[str]) -> Fork | None:
+    """The first differing step, or the shorter run's end; None when the runs agree."""
     for step, (a, b) in enumerate(zip(oracle, actual, strict=False)):
         if a != b:
-            return {"step": step, "oracle": a, "actual": b}
+            return Fork(step, a, b)
     if len(oracle) == len(actual):
         return None
     step = min(len(oracle), len(actual))
-    return {
-        "step": step,
-        "oracle": oracle[step] if step < len(oracle) else None,
-        "actual": actual[step] if step < len(actual) else None,
-    }
+    return Fork(
+        step,
+        oracle[step] if step < len(oracle) else None,
+        actual[step] if step < len(actual) else None,
+    )
 
 
 def matching_prefix(oracle: Sequence[str], actual: Sequence[str]) -> int:
@@ -169,11 +170,9 @@ def step_stats(oracle: Completion, actual: Completion, steps: int, top_n: int) -
 
 @dataclass(frozen=True)
 class FirstMismatch:
-    """Where the two runs first fork, with each side's confidence there."""
+    """Where the two runs first fork (``fork``), with each side's confidence there."""
 
-    step: int
-    oracle: str | None
-    actual: str | None
+    fork: Fork
     oracle_top1_margin: float | None
     actual_top1_margin: float | None
     oracle_actual_rank: int | None
@@ -194,19 +193,17 @@ def _first_mismatch_detail(
     found = first_mismatch(oracle.tokens, actual.tokens)
     if found is None:
         return None
-    step = found["step"]
+    step = found.step
     o_step = _step_or_empty(oracle.top_logprobs, step)
     a_step = _step_or_empty(actual.top_logprobs, step)
     o_margin, a_margin = top1_margin(o_step), top1_margin(a_step)
     both = step < len(oracle.top_logprobs) and step < len(actual.top_logprobs)
     return FirstMismatch(
-        step=step,
-        oracle=found["oracle"],
-        actual=found["actual"],
+        fork=found,
         oracle_top1_margin=o_margin,
         actual_top1_margin=a_margin,
-        oracle_actual_rank=_rank(found["actual"], top_keys(o_step, top_n)),
-        actual_oracle_rank=_rank(found["oracle"], top_keys(a_step, top_n)),
+        oracle_actual_rank=_rank(found.actual, top_keys(o_step, top_n)),
+        actual_oracle_rank=_rank(found.oracle, top_keys(a_step, top_n)),
         topk_overlap=topk_overlap(o_step, a_step, top_n) if both else None,
         low_margin=is_low_margin(o_margin, a_margin, threshold),
         oracle_top5=tuple(list(o_step.items())[:TOP_LIST_SIZE]),
@@ -225,71 +222,6 @@ def _margin_stats(completion: Completion) -> MarginStats:
     return MarginStats(mean=_mean(known), min=_min(known))
 
 
-@dataclass(frozen=True)
-class CaseMetrics:
-    """Everything compare reports for one case; ``as_dict`` gives the flat field names."""
-
-    case: str
-    tokens_match: bool
-    prompt_token_ids_match: bool | None
-    matching_prefix_tokens: int
-    oracle_token_count: int
-    actual_token_count: int
-    steps: StepStats
-    trajectory: StepStats
-    trajectory_stop_step: int | None
-    mismatch: FirstMismatch | None
-    oracle_margins: MarginStats
-    actual_margins: MarginStats
-
-    @property
-    def first_token_mismatch_low_margin(self) -> bool:
-        return self.mismatch is not None and self.mismatch.low_margin
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "case": self.case,
-            "tokens_match": self.tokens_match,
-            "prompt_token_ids_match": self.prompt_token_ids_match,
-            "matching_prefix_tokens": self.matching_prefix_tokens,
-            "oracle_token_count": self.oracle_token_count,
-            "actual_token_count": self.actual_token_count,
-            **asdict(self.steps),
-            **{f"trajectory_{k}": v for k, v in asdict(self.trajectory).items()},
-            "trajectory_stopped_at_low_margin_fork": self.trajectory_stop_step is not None,
-            "trajectory_stop_step": self.trajectory_stop_step,
-            "oracle_top1_margin_mean": self.oracle_margins.mean,
-            "oracle_top1_margin_min": self.oracle_margins.min,
-            "actual_top1_margin_mean": self.actual_margins.mean,
-            "actual_top1_margin_min": self.actual_margins.min,
-        }
-        out.update(_mismatch_fields(self.mismatch))
-        out["first_token_mismatch_low_margin"] = self.first_token_mismatch_low_margin
-        return out
-
-
-def _mismatch_fields(mismatch: FirstMismatch | None) -> dict[str, Any]:
-    names = (
-        "oracle_top1_margin",
-        "actual_top1_margin",
-        "oracle_actual_rank",
-        "actual_oracle_rank",
-        "topk_overlap",
-        "oracle_top5",
-        "actual_top5",
-    )
-    if mismatch is None:
-        return {"first_token_mismatch": None, **{f"first_token_mismatch_{n}": None for n in names}}
-    fields = asdict(mismatch)
-    out: dict[str, Any] = {
-        "first_token_mismatch": {k: fields[k] for k in ("step", "oracle", "actual")},
-    }
-    for name in names:
-        value = fields[name]
-        out[f"first_token_mismatch_{name}"] = [list(p) for p in value] if "top5" in name else value
-    return out
-
-
 def _prompt_ids_match(oracle: Completion, actual: Completion) -> bool | None:
     if oracle.prompt_token_ids is None or actual.prompt_token_ids is None:
         return None
@@ -303,26 +235,61 @@ def compare_completions(
     *,
     top_n: int,
     low_margin: float,
-) -> CaseMetrics:
-    """Compare a baseline (``oracle``) and a candidate (``actual``) free-running completion."""
+) -> CaseResult:
+    """Compare a baseline (``oracle``) and a candidate (``actual``) free-running completion.
+
+    The result is ungated (no failures, not passed): ``compare`` applies the gates."""
     steps = min(
         len(oracle.tokens), len(actual.tokens), len(oracle.top_logprobs), len(actual.top_logprobs)
     )
-    mismatch = _first_mismatch_detail(oracle, actual, top_n, low_margin)
-    stop = mismatch.step if mismatch is not None and mismatch.low_margin else None
-    return CaseMetrics(
+    m = _first_mismatch_detail(oracle, actual, top_n, low_margin)
+    stop = m.fork.step if m is not None and m.low_margin else None
+    every = step_stats(oracle, actual, steps, top_n)
+    path = step_stats(oracle, actual, steps if stop is None else min(steps, stop), top_n)
+    o_margins, a_margins = _margin_stats(oracle), _margin_stats(actual)
+    ids = oracle.prompt_token_ids
+    return CaseResult(
         case=case,
-        tokens_match=mismatch is None,
+        tokens_match=m is None,
         prompt_token_ids_match=_prompt_ids_match(oracle, actual),
         matching_prefix_tokens=matching_prefix(oracle.tokens, actual.tokens),
         oracle_token_count=len(oracle.tokens),
         actual_token_count=len(actual.tokens),
-        steps=step_stats(oracle, actual, steps, top_n),
-        trajectory=step_stats(oracle, actual, steps if stop is None else min(steps, stop), top_n),
+        compared_steps=every.compared_steps,
+        top1_matches=every.top1_matches,
+        top1_match_rate=every.top1_match_rate,
+        topk_overlap_mean=every.topk_overlap_mean,
+        topk_overlap_min=every.topk_overlap_min,
+        max_common_logprob_abs_error=every.max_common_logprob_abs_error,
+        mean_common_logprob_abs_error=every.mean_common_logprob_abs_error,
+        max_chosen_token_logprob_abs_error=every.max_chosen_token_logprob_abs_error,
+        mean_chosen_token_logprob_abs_error=every.mean_chosen_token_logprob_abs_error,
+        trajectory_compared_steps=path.compared_steps,
+        trajectory_top1_matches=path.top1_matches,
+        trajectory_top1_match_rate=path.top1_match_rate,
+        trajectory_topk_overlap_mean=path.topk_overlap_mean,
+        trajectory_topk_overlap_min=path.topk_overlap_min,
+        trajectory_max_common_logprob_abs_error=path.max_common_logprob_abs_error,
+        trajectory_mean_common_logprob_abs_error=path.mean_common_logprob_abs_error,
+        trajectory_max_chosen_token_logprob_abs_error=path.max_chosen_token_logprob_abs_error,
+        trajectory_mean_chosen_token_logprob_abs_error=path.mean_chosen_token_logprob_abs_error,
+        trajectory_stopped_at_low_margin_fork=stop is not None,
         trajectory_stop_step=stop,
-        mismatch=mismatch,
-        oracle_margins=_margin_stats(oracle),
-        actual_margins=_margin_stats(actual),
+        oracle_top1_margin_mean=o_margins.mean,
+        oracle_top1_margin_min=o_margins.min,
+        actual_top1_margin_mean=a_margins.mean,
+        actual_top1_margin_min=a_margins.min,
+        first_token_mismatch=None if m is None else m.fork,
+        first_token_mismatch_oracle_top1_margin=None if m is None else m.oracle_top1_margin,
+        first_token_mismatch_actual_top1_margin=None if m is None else m.actual_top1_margin,
+        first_token_mismatch_oracle_actual_rank=None if m is None else m.oracle_actual_rank,
+        first_token_mismatch_actual_oracle_rank=None if m is None else m.actual_oracle_rank,
+        first_token_mismatch_topk_overlap=None if m is None else m.topk_overlap,
+        first_token_mismatch_oracle_top5=None if m is None else m.oracle_top5,
+        first_token_mismatch_actual_top5=None if m is None else m.actual_top5,
+        first_token_mismatch_low_margin=m is not None and m.low_margin,
+        prompt_tokens=None if ids is None else len(ids),
+        chosen_logprob_abs_deltas=chosen_deltas(oracle, actual),
     )
 
 
@@ -353,33 +320,53 @@ class TeacherForced:
     logprob_deltas: tuple[float | None, ...]
     kls: tuple[float | None, ...]
 
-    def as_dict(self) -> dict[str, Any]:
+    def onto(self, case: CaseResult) -> CaseResult:
+        """``case`` with these scores and their summaries: over every position (``tf_*``)
+        and over the completion only (``tf_completion_*``)."""
         start = self.completion_start
-        out: dict[str, Any] = {
-            "tf_positions": len(self.kls),
-            "tf_completion_start": start,
-            "tf_logprob_delta": list(self.logprob_deltas),
-            "tf_kl": list(self.kls),
-        }
-        out.update(_tf_summary("tf", self.logprob_deltas, self.kls, 0))
-        tail = (self.logprob_deltas[start:], self.kls[start:])
-        out.update(_tf_summary("tf_completion", *tail, start))
-        return out
+        every = _tf_summary(self.logprob_deltas, self.kls, 0)
+        tail = _tf_summary(self.logprob_deltas[start:], self.kls[start:], start)
+        return msgspec.structs.replace(
+            case,
+            tf_positions=len(self.kls),
+            tf_completion_start=start,
+            tf_logprob_delta=self.logprob_deltas,
+            tf_kl=self.kls,
+            tf_max_abs_logprob_delta=every.max_abs_logprob_delta,
+            tf_mean_abs_logprob_delta=every.mean_abs_logprob_delta,
+            tf_max_kl=every.max_kl,
+            tf_max_kl_position=every.max_kl_position,
+            tf_mean_kl=every.mean_kl,
+            tf_completion_max_abs_logprob_delta=tail.max_abs_logprob_delta,
+            tf_completion_mean_abs_logprob_delta=tail.mean_abs_logprob_delta,
+            tf_completion_max_kl=tail.max_kl,
+            tf_completion_max_kl_position=tail.max_kl_position,
+            tf_completion_mean_kl=tail.mean_kl,
+        )
+
+
+@dataclass(frozen=True)
+class _TfSummary:
+    max_abs_logprob_delta: float | None
+    mean_abs_logprob_delta: float | None
+    max_kl: float | None
+    max_kl_position: int | None
+    mean_kl: float | None
 
 
 def _tf_summary(
-    prefix: str, deltas: Sequence[float | None], kls: Sequence[float | None], offset: int
-) -> dict[str, Any]:
+    deltas: Sequence[float | None], kls: Sequence[float | None], offset: int
+) -> _TfSummary:
     abs_deltas = [abs(d) for d in deltas if d is not None]
     known_kls = [(k, i + offset) for i, k in enumerate(kls) if k is not None]
     worst = max(known_kls, default=None)
-    return {
-        f"{prefix}_max_abs_logprob_delta": _max(abs_deltas),
-        f"{prefix}_mean_abs_logprob_delta": _mean(abs_deltas),
-        f"{prefix}_max_kl": worst[0] if worst else None,
-        f"{prefix}_max_kl_position": worst[1] if worst else None,
-        f"{prefix}_mean_kl": _mean([k for k, _ in known_kls]),
-    }
+    return _TfSummary(
+        max_abs_logprob_delta=_max(abs_deltas),
+        mean_abs_logprob_delta=_mean(abs_deltas),
+        max_kl=worst[0] if worst else None,
+        max_kl_position=worst[1] if worst else None,
+        mean_kl=_mean([k for k, _ in known_kls]),
+    )
 
 
 def _position_delta(

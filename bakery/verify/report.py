@@ -1,6 +1,6 @@
 """Render a comparison report as JSON and as Markdown, and write both atomically.
 
-The JSON is the report dict itself (sorted keys, so reruns diff cleanly); the
+The JSON is the ``ParityReport`` itself (sorted keys, so reruns diff cleanly); the
 Markdown is for a person: a gate table, a summary row per case, then per case its
 metrics and the first divergence with both sides' top-5 lists. Rendering is pure;
 only ``write_reports`` touches the disk.
@@ -16,11 +16,11 @@ from typing import Any
 from bakery import markdown
 from bakery.schema import write_json_atomic
 from bakery.tree import write_text_atomic
-from bakery.verify.compare import ParityReport
+from bakery.verify.result import CaseResult, Diagnosis, ForkText, GateSetting, ParityReport
 
 __all__ = ["render_markdown", "write_reports", "format_value", "code"]
 
-CASE_METRICS = (
+CASE_METRICS = (  # CaseResult fields, in the order the table shows them
     "tokens_match",
     "prompt_token_ids_match",
     "matching_prefix_tokens",
@@ -65,22 +65,22 @@ def code(token: Any) -> str:
     return f"`` {json.dumps(token, ensure_ascii=False)} ``"
 
 
-def _gates_section(gates: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def _gates_section(gates: Mapping[str, GateSetting]) -> list[str]:
     rows = [
-        (name, format_value(g["value"]) if g["value"] is not None else "off", g["source"])
+        (name, format_value(g.value) if g.value is not None else "off", g.source)
         for name, g in sorted(gates.items())
     ]
     return ["## Gates", "", markdown.table(("gate", "value", "source"), rows), ""]
 
 
-def _mismatch_cell(case: Mapping[str, Any]) -> str:
-    mismatch = case["first_token_mismatch"]
-    if mismatch is None:
+def _mismatch_cell(case: CaseResult) -> str:
+    fork = case.first_token_mismatch
+    if fork is None:
         return "–"
-    return f"{mismatch['step']}: {code(mismatch['oracle'])} vs {code(mismatch['actual'])}"
+    return f"{fork.step}: {code(fork.oracle)} vs {code(fork.actual)}"
 
 
-def _summary_section(cases: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def _summary_section(cases: Mapping[str, CaseResult]) -> list[str]:
     header = (
         "case",
         "result",
@@ -95,57 +95,55 @@ def _summary_section(cases: Mapping[str, Mapping[str, Any]]) -> list[str]:
     rows = [
         (
             name,
-            "pass" if c["passed"] else "**FAIL**",
-            format_value(c["tokens_match"]),
-            format_value(c["matching_prefix_tokens"]),
+            "pass" if c.passed else "**FAIL**",
+            format_value(c.tokens_match),
+            format_value(c.matching_prefix_tokens),
             _mismatch_cell(c),
-            format_value(c["first_token_mismatch_low_margin"]),
-            format_value(c["top1_match_rate"]),
-            format_value(c["topk_overlap_mean"]),
-            format_value(c["max_chosen_token_logprob_abs_error"]),
+            format_value(c.first_token_mismatch_low_margin),
+            format_value(c.top1_match_rate),
+            format_value(c.topk_overlap_mean),
+            format_value(c.max_chosen_token_logprob_abs_error),
         )
         for name, c in sorted(cases.items())
     ]
     return ["## Summary", "", markdown.table(header, rows), ""]
 
 
-def _divergence_section(case: Mapping[str, Any]) -> list[str]:
-    mismatch = case["first_token_mismatch"]
-    if mismatch is None:
+def _divergence_section(case: CaseResult) -> list[str]:
+    fork = case.first_token_mismatch
+    if fork is None:
         return ["No divergence: every generated token matches.", ""]
-    low = "low-margin" if case["first_token_mismatch_low_margin"] else "HIGH-margin"
+    low = "low-margin" if case.first_token_mismatch_low_margin else "HIGH-margin"
     intro = (
-        f"### First divergence at step {mismatch['step']} ({low})",
+        f"### First divergence at step {fork.step} ({low})",
         "",
-        f"- baseline chose {code(mismatch['oracle'])}, top-1 margin "
-        f"{format_value(case['first_token_mismatch_oracle_top1_margin'])}, its rank in the "
-        f"candidate's top-k: {format_value(case['first_token_mismatch_actual_oracle_rank'])}",
-        f"- candidate chose {code(mismatch['actual'])}, top-1 margin "
-        f"{format_value(case['first_token_mismatch_actual_top1_margin'])}, its rank in the "
-        f"baseline's top-k: {format_value(case['first_token_mismatch_oracle_actual_rank'])}",
+        f"- baseline chose {code(fork.oracle)}, top-1 margin "
+        f"{format_value(case.first_token_mismatch_oracle_top1_margin)}, its rank in the "
+        f"candidate's top-k: {format_value(case.first_token_mismatch_actual_oracle_rank)}",
+        f"- candidate chose {code(fork.actual)}, top-1 margin "
+        f"{format_value(case.first_token_mismatch_actual_top1_margin)}, its rank in the "
+        f"baseline's top-k: {format_value(case.first_token_mismatch_oracle_actual_rank)}",
         "",
     )
-    text = case.get("first_token_mismatch_text")
+    text = case.first_token_mismatch_text
     said = []
-    if text:
+    if isinstance(text, ForkText):
         said = [
-            f"- as text (the served model's tokenizer): …{code(text['context'])}",
-            f"  - the baseline continues {code(text['baseline'])}",
-            f"  - the candidate continues {code(text['candidate'])}",
+            f"- as text (the served model's tokenizer): …{code(text.context)}",
+            f"  - the baseline continues {code(text.baseline)}",
+            f"  - the candidate continues {code(text.candidate)}",
             "",
         ]
     return [*intro, *said, _top5_table(case), ""]
 
 
-def _diagnosis_section(diagnosis: Mapping[str, Any] | None) -> list[str]:
-    if not diagnosis:
-        return []
-    return ["## Diagnosis", "", f"- {diagnosis['line']}", f"- next: {diagnosis['next_step']}", ""]
+def _diagnosis_section(diagnosis: Diagnosis) -> list[str]:
+    return ["## Diagnosis", "", f"- {diagnosis.line}", f"- next: {diagnosis.next_step}", ""]
 
 
-def _top5_table(case: Mapping[str, Any]) -> str:
-    base = case["first_token_mismatch_oracle_top5"] or []
-    cand = case["first_token_mismatch_actual_top5"] or []
+def _top5_table(case: CaseResult) -> str:
+    base = case.first_token_mismatch_oracle_top5 or ()
+    cand = case.first_token_mismatch_actual_top5 or ()
     rows = []
     for rank in range(max(len(base), len(cand))):
         b = base[rank] if rank < len(base) else (None, None)
@@ -155,13 +153,13 @@ def _top5_table(case: Mapping[str, Any]) -> str:
     return markdown.table(header, rows)
 
 
-def _case_section(name: str, case: Mapping[str, Any]) -> list[str]:
-    verdict = "passed" if case["passed"] else "FAILED"
+def _case_section(name: str, case: CaseResult) -> list[str]:
+    verdict = "passed" if case.passed else "FAILED"
     lines = [f"## {name}: {verdict}", ""]
-    lines.extend(f"- gate failed: {failure}" for failure in case["gate_failures"])
-    if case["gate_failures"]:
+    lines.extend(f"- gate failed: {failure}" for failure in case.gate_failures)
+    if case.gate_failures:
         lines.append("")
-    rows = [(key, format_value(case[key])) for key in CASE_METRICS if key in case]
+    rows = [(key, format_value(case.value(key))) for key in CASE_METRICS if case.has(key)]
     lines.extend([markdown.table(("metric", "value"), rows), ""])
     return lines + _divergence_section(case)
 

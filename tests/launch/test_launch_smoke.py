@@ -138,8 +138,8 @@ def _teacher_forced_parity_against_the_real_server(url: str, tmp: Path) -> None:
     report = compare_bundles(base, cand, ParityGates(max_tf_kl=1e-6), teacher_forced=True)
     assert report.passed, report
     for case in report.cases.values():
-        assert case["tf_positions"] > case["tf_completion_start"] > 0
-        assert case["tf_max_kl"] == 0.0
+        assert case.tf_positions > case.tf_completion_start > 0
+        assert case.tf_max_kl == 0.0
 
 
 @pytest.mark.parametrize(

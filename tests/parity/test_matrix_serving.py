@@ -27,6 +27,7 @@ from bakery.parity import plots, serving
 from bakery.parity.plots import HeatRow
 from bakery.verify.diagnose import case_views
 from bakery.verify.errors import ParityFailure
+from bakery.verify.result import ParityReport
 
 BENCH = {"ttft_ms_p50": 20.0, "ttft_ms_p99": 40.0, "itl_ms_p50": 2.0, "itl_ms_p99": 5.0,
          "output_tok_s": 500.0}  # fmt: skip
@@ -119,8 +120,10 @@ def test_summary_carries_the_serving_figures_ratios_and_plots(fake_servers, tmp_
     assert_bars(out / "kv_tokens.png", "kv", [1000, 2000, 1500], colors)
     assert_bars(out / "bench.png", "throughput", [500.0, 750.0, 0.0][:2],
                 [plots.CANDIDATE_COLOR] * 2)  # fmt: skip
-    report = json.loads(Path(rows["planted"]["report_json"]).read_text())
-    views = case_views(report["cases"])
+    report = msgspec.json.decode(
+        Path(rows["planted"]["report_json"]).read_bytes(), type=ParityReport
+    )
+    views = case_views(report.cases)
     heat = [HeatRow(v.case, v.prompt_tokens, v.deltas, v.fork_step) for v in views]
     assert_heatmap(out / "parity-planted.png", heat)
     lengths = [r.prompt_tokens for r in heat]

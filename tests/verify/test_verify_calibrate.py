@@ -45,7 +45,7 @@ def test_calibration_from_bundles_uses_the_worst_pair(tmp_path: Path) -> None:
     calibration = calibrate_bundles([NOMTP, MTP, again], POLICY)
     assert calibration.pairs == 3
     worst = max(
-        c["trajectory_max_chosen_token_logprob_abs_error"]
+        c.trajectory_max_chosen_token_logprob_abs_error
         for c in compare_bundles(NOMTP, MTP).cases.values()
     )
     assert calibration.noise_floor["max_chosen_token_logprob_abs_error"] == worst

@@ -224,8 +224,8 @@ def test_round_trip_reproduces_the_fixture_bundle(fixture_server, tmp_path: Path
     same = compare_bundles(NOMTP, out)
     assert same.passed is True
     for case in same.cases.values():
-        assert case["tokens_match"] is True and case["prompt_token_ids_match"] is True
-        assert case["max_common_logprob_abs_error"] == 0.0
+        assert case.tokens_match is True and case.prompt_token_ids_match is True
+        assert case.max_common_logprob_abs_error == 0.0
     # Key order survived the round trip: the captured bundle scores exactly like the original.
     assert compare_bundles(out, MTP).cases == compare_bundles(NOMTP, MTP).cases
     meta = json.loads((out / "bundle.json").read_text())
@@ -363,12 +363,12 @@ def test_teacher_forced_capture_and_compare(tmp_path: Path) -> None:
     assert teacher["request"]["prompt_logprobs"] == 20 and teacher["request"]["echo"] is True
 
     report = compare_bundles(base, same, teacher_forced=True)
-    assert report.cases["completion_alpha"]["tf_max_kl"] == 0.0
+    assert report.cases["completion_alpha"].tf_max_kl == 0.0
     report = compare_bundles(base, shifted, teacher_forced=True)
     alpha = report.cases["completion_alpha"]
-    assert alpha["tf_positions"] == 7  # 3 prompt + 4 generated
-    assert alpha["tf_max_abs_logprob_delta"] == pytest.approx(0.3)
-    assert alpha["tf_max_kl"] > 0.0
+    assert alpha.tf_positions == 7  # 3 prompt + 4 generated
+    assert alpha.tf_max_abs_logprob_delta == pytest.approx(0.3)
+    assert alpha.tf_max_kl > 0.0
 
     code, out = run_cli(
         ["compare", str(base), str(shifted), "--teacher-forced", "--max-tf-kl", "1e-6"]

@@ -75,8 +75,8 @@ def test_logprob_bound_gate_flips_on_a_perturbed_logprob(candidate: Path) -> Non
         lp["top_logprobs"][10][first] -= 1.0
 
     edit_case(candidate, CODE, bump)
-    before = compare_bundles(NOMTP, MTP).cases[CODE]["max_chosen_token_logprob_abs_error"]
-    after = compare_bundles(NOMTP, candidate).cases[CODE]["max_chosen_token_logprob_abs_error"]
+    before = compare_bundles(NOMTP, MTP).cases[CODE].max_chosen_token_logprob_abs_error
+    after = compare_bundles(NOMTP, candidate).cases[CODE].max_chosen_token_logprob_abs_error
     assert before == pytest.approx(0.14795970916748047, abs=1e-12)
     assert after > 1.0
     args = ["compare", str(NOMTP), str(candidate), "--max-chosen-logprob-error", "0.5"]

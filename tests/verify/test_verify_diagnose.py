@@ -79,22 +79,22 @@ def run(tmp_path: Path, plan: dict, gates: ParityGates | None = None, **kwargs) 
 def test_every_case_forking_at_step_0_is_systematic(tmp_path):
     plan = {case: (base_steps(), forked(base_steps(), 0)) for case in LENGTHS}
     diagnosis = run(tmp_path, plan).diagnosis
-    assert diagnosis["pattern"] == "systematic", diagnosis
-    assert diagnosis["next_step"] == NEXT_STEPS["systematic"] and "bisect" in diagnosis["next_step"]
+    assert diagnosis.pattern == "systematic", diagnosis
+    assert diagnosis.next_step == NEXT_STEPS["systematic"] and "bisect" in diagnosis.next_step
 
 
 def test_only_prompts_past_the_page_failing_is_layout(tmp_path):
     plan = {case: (base_steps(), base_steps() if n <= 128 else forked(base_steps(), 1))
             for case, n in LENGTHS.items()}  # fmt: skip
     report = run(tmp_path, plan)
-    assert report.diagnosis["pattern"] == "layout", report.diagnosis
-    assert report.diagnosis["boundary"] == 128
-    assert "--teacher-forced" in report.diagnosis["next_step"]
+    assert report.diagnosis.pattern == "layout", report.diagnosis
+    assert report.diagnosis.boundary == 128
+    assert "--teacher-forced" in report.diagnosis.next_step
     # past the shard only: the boundary named is the shard's
     plan = {case: (base_steps(), base_steps() if n <= 256 else forked(base_steps(), 2))
             for case, n in LENGTHS.items()}  # fmt: skip
     shard = run(tmp_path / "shard", plan).diagnosis
-    assert (shard["pattern"], shard["boundary"]) == ("layout", 256)
+    assert (shard.pattern, shard.boundary) == ("layout", 256)
 
 
 def test_late_low_margin_forks_and_drift_are_noise(tmp_path):
@@ -109,20 +109,20 @@ def test_late_low_margin_forks_and_drift_are_noise(tmp_path):
         "d_long": (base_steps(), base_steps()),
     }
     report = run(tmp_path, plan, gates)
-    assert sorted(n for n, c in report.cases.items() if not c["passed"]) == [
+    assert sorted(n for n, c in report.cases.items() if not c.passed) == [
         "completion_b_page", "completion_c_shard"]  # fmt: skip
-    assert report.cases["completion_b_page"]["first_token_mismatch_low_margin"] is True
-    assert report.diagnosis["pattern"] == "noise", report.diagnosis
-    assert "off by up to 0.01 nats" in report.diagnosis["line"]
-    assert "calibrate" in report.diagnosis["next_step"]
+    assert report.cases["completion_b_page"].first_token_mismatch_low_margin is True
+    assert report.diagnosis.pattern == "noise", report.diagnosis
+    assert "off by up to 0.01 nats" in report.diagnosis.line
+    assert "calibrate" in report.diagnosis.next_step
 
 
 def test_late_forks_above_the_threshold_at_any_length_are_drift(tmp_path):
     plan = {case: (base_steps(), forked(base_steps(), 3 + i % 2))
             for i, case in enumerate(LENGTHS)}  # fmt: skip
     diagnosis = run(tmp_path, plan).diagnosis
-    assert diagnosis["pattern"] == "drift", diagnosis
-    assert "steps [3, 4]" in diagnosis["line"] and "--teacher-forced" in diagnosis["next_step"]
+    assert diagnosis.pattern == "drift", diagnosis
+    assert "steps [3, 4]" in diagnosis.line and "--teacher-forced" in diagnosis.next_step
 
 
 def test_no_single_pattern_is_mixed_and_a_clean_run_passes(tmp_path):
@@ -130,9 +130,9 @@ def test_no_single_pattern_is_mixed_and_a_clean_run_passes(tmp_path):
     plan["a_short"] = (base_steps(), forked(base_steps(), 2))
     plan["d_long"] = (base_steps(), forked(base_steps(), 0))
     mixed = run(tmp_path / "m", plan).diagnosis
-    assert mixed["pattern"] == "mixed" and "--teacher-forced" in mixed["next_step"]
+    assert mixed.pattern == "mixed" and "--teacher-forced" in mixed.next_step
     clean = run(tmp_path / "c", {c: (base_steps(), base_steps()) for c in LENGTHS})
-    assert clean.passed and clean.diagnosis["pattern"] == "pass"
+    assert clean.passed and clean.diagnosis.pattern == "pass"
 
 
 def test_a_planted_wrong_rule_is_caught(tmp_path, monkeypatch):
@@ -165,18 +165,18 @@ def test_the_first_divergence_is_decoded_with_the_models_tokenizer(tmp_path, tok
     write_case(tmp_path / "c", "a_short", prompt, cand)
     report = compare_bundles(tmp_path / "b", tmp_path / "c", decode=tokenizer_decoder(folder))
     case = report.cases["completion_a_short"]
-    assert case["first_token_mismatch"]["step"] == len(common)
-    text = case["first_token_mismatch_text"]
+    assert case.first_token_mismatch.step == len(common)
+    text = case.first_token_mismatch_text
     # the truth is the strings encoded above: each decoded piece is where it must be
-    assert text["context"].endswith(common_text) and len(text["context"]) > len(common_text)
-    assert (prompt_text + common_text).endswith(text["context"])
-    assert text["baseline"] and base_text.startswith(text["baseline"])
-    assert text["candidate"] and cand_text.startswith(text["candidate"])
-    assert text["baseline"] != text["candidate"]
+    assert text.context.endswith(common_text) and len(text.context) > len(common_text)
+    assert (prompt_text + common_text).endswith(text.context)
+    assert text.baseline and base_text.startswith(text.baseline)
+    assert text.candidate and cand_text.startswith(text.candidate)
+    assert text.baseline != text.candidate
     markdown = render_markdown(report)
     assert "## Diagnosis" in markdown and "- next: " in markdown
-    assert json.dumps(text["candidate"], ensure_ascii=False) in markdown
-    assert json.dumps(text["context"], ensure_ascii=False) in markdown
+    assert json.dumps(text.candidate, ensure_ascii=False) in markdown
+    assert json.dumps(text.context, ensure_ascii=False) in markdown
 
 
 def test_a_fork_decoded_one_step_late_is_caught(tmp_path, tokenizer, monkeypatch):

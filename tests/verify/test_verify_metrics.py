@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
+from _verify_support import case_result
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +20,7 @@ from bakery.verify.metrics import (
     top1_margin,
     topk_overlap,
 )
+from bakery.verify.result import CaseResult, Fork
 
 
 def completion(
@@ -57,7 +60,7 @@ def test_low_margin_threshold_is_inclusive_and_uses_the_smaller_margin() -> None
 
 
 def test_first_mismatch_at_length_difference() -> None:
-    assert first_mismatch(["a", "b"], ["a", "b", "c"]) == {"step": 2, "oracle": None, "actual": "c"}
+    assert first_mismatch(["a", "b"], ["a", "b", "c"]) == Fork(2, None, "c")
     assert first_mismatch(["a"], ["a"]) is None
 
 
@@ -69,7 +72,7 @@ def test_overlap_is_relative_to_the_baseline_keys() -> None:
 
 def test_identical_runs() -> None:
     base = completion(STEPS)
-    case = compare_completions("c", base, base, top_n=20, low_margin=0.5).as_dict()
+    case = msgspec.to_builtins(compare_completions("c", base, base, top_n=20, low_margin=0.5))
     assert case["tokens_match"] is True
     assert case["first_token_mismatch"] is None
     assert case["first_token_mismatch_low_margin"] is False
@@ -85,7 +88,7 @@ def test_fork_details_and_trajectory() -> None:
     # Candidate prefers "d" at step 2 by 0.1: a low-margin fork (smaller margin 0.1).
     cand_steps = [STEPS[0], {"b": -0.3, "a": -1.2, "d": -4.0}, {"d": -0.75, "c": -0.85, "e": -3}]
     cand = completion(cand_steps)
-    case = compare_completions("c", base, cand, top_n=20, low_margin=0.5).as_dict()
+    case = msgspec.to_builtins(compare_completions("c", base, cand, top_n=20, low_margin=0.5))
     assert case["first_token_mismatch"] == {"step": 2, "oracle": "c", "actual": "d"}
     assert case["first_token_mismatch_oracle_top1_margin"] == pytest.approx(0.2)
     assert case["first_token_mismatch_actual_top1_margin"] == pytest.approx(0.1)
@@ -93,7 +96,7 @@ def test_fork_details_and_trajectory() -> None:
     assert case["first_token_mismatch_actual_oracle_rank"] == 2  # "c" in the candidate's list
     assert case["first_token_mismatch_topk_overlap"] == pytest.approx(2 / 3)
     assert case["first_token_mismatch_low_margin"] is True
-    assert case["first_token_mismatch_oracle_top5"] == [["c", -0.7], ["d", -0.9], ["a", -5.0]]
+    assert case["first_token_mismatch_oracle_top5"] == (("c", -0.7), ("d", -0.9), ("a", -5.0))
     assert case["trajectory_stop_step"] == 2
     assert case["trajectory_compared_steps"] == 2
     assert case["top1_match_rate"] == pytest.approx(2 / 3)
@@ -105,7 +108,7 @@ def test_fork_details_and_trajectory() -> None:
 def test_high_margin_fork_does_not_stop_the_trajectory() -> None:
     base = completion(STEPS)
     cand = completion([{"z": -0.01, "a": -6.0}, *STEPS[1:]])
-    case = compare_completions("c", base, cand, top_n=20, low_margin=0.5).as_dict()
+    case = msgspec.to_builtins(compare_completions("c", base, cand, top_n=20, low_margin=0.5))
     assert case["first_token_mismatch_low_margin"] is False
     assert case["trajectory_stopped_at_low_margin_fork"] is False
     assert case["trajectory_compared_steps"] == 3
@@ -157,7 +160,7 @@ def test_teacher_forced_per_position_delta_and_kl() -> None:
         seq,
         2,
     )
-    tf = compare_teacher_forced(base, cand).as_dict()
+    tf = msgspec.to_builtins(compare_teacher_forced(base, cand).onto(case_result()))
     assert tf["tf_logprob_delta"][0] is None
     assert tf["tf_logprob_delta"][1] == pytest.approx(0.0)
     assert tf["tf_logprob_delta"][2] == pytest.approx(math.log(0.3 / 0.5))
@@ -205,7 +208,7 @@ def test_bucket_kl_is_a_nonnegative_divergence(
 )
 def test_a_run_compared_with_itself_is_perfect(steps: list[dict[str, float]]) -> None:
     run = completion(steps)
-    case = compare_completions("self", run, run, top_n=20, low_margin=0.5).as_dict()
+    case = msgspec.to_builtins(compare_completions("self", run, run, top_n=20, low_margin=0.5))
     assert case["tokens_match"] is True
     assert case["top1_match_rate"] == 1.0 and case["topk_overlap_min"] == 1.0
     assert case["max_common_logprob_abs_error"] == 0.0
@@ -216,16 +219,15 @@ def test_a_bound_whose_metric_could_not_be_computed_fails_the_gate():
 
     for name, (key, _kind) in BOUND_GATES.items():
         # A low-margin fork at step 0 leaves the trajectory empty: nothing was compared.
-        case = {
-            "prompt_token_ids_match": True,
-            "tokens_match": False,
-            "first_token_mismatch_low_margin": True,
-            "first_token_mismatch": {"step": 0},
-            "first_token_mismatch_oracle_actual_rank": 2,  # a near tie: the fork gate
-            "first_token_mismatch_actual_oracle_rank": 2,  # excuses it
-            "first_token_mismatch_topk_overlap": 1.0,
-            key: None,
-        }
+        case = case_result(
+            tokens_match=False,
+            first_token_mismatch_low_margin=True,
+            first_token_mismatch=Fork(0, "a", "b"),
+            first_token_mismatch_oracle_actual_rank=2,  # a near tie: the fork gate
+            first_token_mismatch_actual_oracle_rank=2,  # excuses it
+            first_token_mismatch_topk_overlap=1.0,
+            **{key: None},
+        )
         assert evaluate_gates(case, ParityGates()) == []
         (failure,) = evaluate_gates(case, ParityGates(**{name: 1.0}))
         assert "could not be computed" in failure and name in failure
@@ -283,7 +285,7 @@ ASYM_EXPECTED = {
 def test_asymmetric_fork_worked_by_hand() -> None:
     base = completion(ASYM_BASELINE, ["a", "x", "q"])
     cand = completion(ASYM_CANDIDATE, ["a", "w"])
-    case = compare_completions("c", base, cand, top_n=20, low_margin=0.5).as_dict()
+    case = msgspec.to_builtins(compare_completions("c", base, cand, top_n=20, low_margin=0.5))
     for field, expected in ASYM_EXPECTED.items():
         if isinstance(expected, float):
             assert case[field] == pytest.approx(expected, abs=1e-12), field
@@ -295,7 +297,7 @@ def test_asymmetric_fork_seen_from_the_other_side() -> None:
     # Swapping the roles swaps the ranks and the overlap denominators.
     base = completion(ASYM_CANDIDATE, ["a", "w"])
     cand = completion(ASYM_BASELINE, ["a", "x", "q"])
-    case = compare_completions("c", base, cand, top_n=20, low_margin=0.5).as_dict()
+    case = msgspec.to_builtins(compare_completions("c", base, cand, top_n=20, low_margin=0.5))
     assert case["first_token_mismatch_oracle_actual_rank"] == 3
     assert case["first_token_mismatch_actual_oracle_rank"] == 4
     assert case["topk_overlap_mean"] == pytest.approx((2 / 2 + 3 / 3) / 2)
@@ -306,14 +308,14 @@ def test_the_teacher_forced_mean_gate_tells_a_few_rounded_positions_from_a_wrong
     from bakery.verify.compare import ParityGates, evaluate_gates
     from bakery.verify.metrics import TeacherForced
 
-    def case(deltas: list[float]) -> dict:
+    def case(deltas: list[float]) -> CaseResult:
         scores = TeacherForced(completion_start=8, logprob_deltas=tuple(deltas), kls=(None,) * 10)
-        return {"prompt_token_ids_match": True, "tokens_match": True, **scores.as_dict()}
+        return scores.onto(case_result())
 
     gates = ParityGates(max_tf_mean_abs_logprob_delta=0.04)
     rounding = case([0.0] * 8 + [0.2, -0.1])  # two positions moved: mean 0.03
     selection = case([0.0] * 4 + [0.07, -0.08, 0.07, 0.09, -0.07, 0.08])  # every late one: 0.046
-    assert rounding["tf_max_abs_logprob_delta"] > selection["tf_max_abs_logprob_delta"]
+    assert rounding.tf_max_abs_logprob_delta > selection.tf_max_abs_logprob_delta
     assert evaluate_gates(rounding, gates) == []
     (failure,) = evaluate_gates(selection, gates)
     assert "max_tf_mean_abs_logprob_delta" in failure

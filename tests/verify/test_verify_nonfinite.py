@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
-from _verify_support import NOMTP, copy_bundle, edit_case, logprobs_of, run_cli
+from _verify_support import NOMTP, case_result, copy_bundle, edit_case, logprobs_of, run_cli
 
 from bakery.verify.bundle import teacher_from_document
 from bakery.verify.compare import ParityGates, evaluate_gates
@@ -80,11 +80,9 @@ def test_a_non_finite_metric_fails_every_bound_even_zero(value):
     gates = ParityGates(require_prompt_ids_equal=False).with_values(
         "test", max_chosen_token_logprob_abs_error=0.0, min_topk_overlap_mean=0.0
     )
-    case = {
-        "tokens_match": True,
-        "trajectory_max_chosen_token_logprob_abs_error": value,
-        "trajectory_topk_overlap_mean": value,
-    }
+    case = case_result(
+        trajectory_max_chosen_token_logprob_abs_error=value, trajectory_topk_overlap_mean=value
+    )
     failures = evaluate_gates(case, gates)
     assert len(failures) == 2 and all("not a finite number" in f for f in failures)
 
