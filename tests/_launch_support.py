@@ -13,6 +13,7 @@ from typing import NamedTuple
 import tomlkit
 
 from bakery.cli.launch import main
+from bakery.launch.host import ProbeAnswer, ProbeArgs
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_SH = REPO / "launcher" / "dcp2" / "run.sh"
@@ -102,7 +103,7 @@ def series_with_stage(dest: Path, number: int, status: str, *more: tuple[int, st
 def canned_probe(**parsed):
     """A probe answer with vLLM's parse of the plan's own layout (``parsed`` overrides)."""
 
-    def probe(plan) -> dict:
+    def probe(plan) -> ProbeAnswer:
         lay, args = plan.profile.layout, plan.profile.vllm_args
         flag = "--cp-kv-cache-interleave-size"
         interleave = int(args[args.index(flag) + 1]) if flag in args else None
@@ -114,13 +115,13 @@ def canned_probe(**parsed):
             "dcp_kv_cache_interleave_size": 1,
             **parsed,
         }
-        return {
-            "vllm_file": str(plan.tree / "vllm" / "__init__.py"),
-            "vllm_version": "0.32.0",
-            "torch_version": "2.13.0+cpu",
-            "ray": False,
-            "args": {"ok": True, "parsed": values},
-        }
+        return ProbeAnswer(
+            vllm_file=str(plan.tree / "vllm" / "__init__.py"),
+            vllm_version="0.32.0",
+            torch_version="2.13.0+cpu",
+            ray=False,
+            args=ProbeArgs(ok=True, parsed=values),
+        )
 
     return probe
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+import msgspec
 import pytest
 from _launch_support import PROFILES, PYTHON, SERIES, canned_probe
 
@@ -17,6 +18,7 @@ from bakery.check.importcheck import import_check
 from bakery.errors import UnsafePathError
 from bakery.launch import doctor, preflight
 from bakery.launch.gates import load_gate_table
+from bakery.launch.host import ProbeAnswer
 from bakery.launch.plan import make_plan
 from bakery.launch.profiles import load_profile
 from bakery.tree import inside
@@ -59,16 +61,17 @@ def test_preflight_refuses_vllm_from_a_sibling_with_the_trees_prefix(tmp_path):
     plan = _plan(tree)
     probe = canned_probe()(plan)
     assert not preflight._probe_problems(plan, probe, None, None)  # from the tree: fine
-    probe = {**probe, "vllm_file": str(elsewhere)}
+    probe = msgspec.structs.replace(probe, vllm_file=str(elsewhere))
     problems = preflight._probe_problems(plan, probe, None, None)
     assert [p.what for p in problems] == ["vLLM would not come from the baked tree"]
 
 
 def test_doctor_refuses_vllm_from_a_sibling_with_the_trees_prefix(tmp_path, monkeypatch):
     tree, elsewhere = _sibling(tmp_path)
-    answer = {"vllm_file": str(tree / "vllm" / "__init__.py"), "vllm_version": "0.32.0"}
+    answer = ProbeAnswer(vllm_file=str(tree / "vllm" / "__init__.py"), vllm_version="0.32.0")
     monkeypatch.setattr(doctor, "_vllm", lambda *_: answer)
     assert doctor._from_tree(PYTHON, tmp_path, tree).ok
-    monkeypatch.setattr(doctor, "_vllm", lambda *_: {**answer, "vllm_file": str(elsewhere)})
+    moved = msgspec.structs.replace(answer, vllm_file=str(elsewhere))
+    monkeypatch.setattr(doctor, "_vllm", lambda *_: moved)
     check = doctor._from_tree(PYTHON, tmp_path, tree)
     assert not check.ok and str(elsewhere.parent) in dataclasses.asdict(check)["detail"]

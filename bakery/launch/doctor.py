@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bakery.bake.bake import staleness, tree_dir
 from bakery.errors import BakeryError
-from bakery.launch.host import gpu_inventory, probe_python
+from bakery.launch.host import ProbeAnswer, gpu_inventory, probe_python
 from bakery.launch.installed import installed_problems
 from bakery.launch.plan import SERVER_MODULE
 from bakery.series.series import Series
@@ -78,7 +78,7 @@ def _tree(series: Series, base: str, build: Path) -> Check:
     return Check("baked tree", False, stale[0] + more, f"run `bakery bake --base {base}`")
 
 
-def _vllm(python: Path, env: dict, cwd: Path, tree: Path | None) -> dict | str:
+def _vllm(python: Path, env: dict, cwd: Path, tree: Path | None) -> ProbeAnswer | str:
     if tree is not None:
         inherited = env.get("PYTHONPATH")
         env = {**env, "PYTHONPATH": str(tree) + (os.pathsep + inherited if inherited else "")}
@@ -86,7 +86,9 @@ def _vllm(python: Path, env: dict, cwd: Path, tree: Path | None) -> dict | str:
         probe = probe_python(python, env, cwd, SERVER_MODULE, ["--model", "doctor"])
     except (OSError, ValueError) as exc:
         return str(exc)
-    return probe.get("import_error") or probe
+    if probe.import_error is not None or probe.vllm_file is None:
+        return probe.import_error or "the probe named no vllm file"
+    return probe
 
 
 def _from_tree(python: Path, cwd: Path, tree: Path) -> Check:
@@ -95,14 +97,14 @@ def _from_tree(python: Path, cwd: Path, tree: Path) -> Check:
     if isinstance(probe, str):
         fix = f"install the pinned vllm into {python} for its dependencies, then bake"
         return Check(name, False, probe, fix)
-    where = Path(probe["vllm_file"]).resolve()
+    where = Path(probe.vllm_file or "").resolve()
     ok = tree.is_dir() and where.is_relative_to(tree.resolve())
     fix = (
         f"bake the tree ({tree} is missing)"
         if not tree.is_dir()
         else f"let nothing before {tree} on PYTHONPATH hold a vllm package"
     )
-    return Check(name, ok, f"{probe['vllm_version']} from {where.parent}", fix)
+    return Check(name, ok, f"{probe.vllm_version} from {where.parent}", fix)
 
 
 def _installed(python: Path, cwd: Path, series: Series, base: str) -> Check:
@@ -111,10 +113,10 @@ def _installed(python: Path, cwd: Path, series: Series, base: str) -> Check:
     name = "vllm installed (run.sh start --installed)"
     if isinstance(probe, str):
         return Check(name, None, probe)
-    manifest, problems = installed_problems(series, base, probe["vllm_file"])
-    where = Path(probe["vllm_file"]).resolve().parent
+    manifest, problems = installed_problems(series, base, probe.vllm_file or "")
+    where = Path(probe.vllm_file or "").resolve().parent
     if manifest is None:
-        return Check(name, None, f"{probe['vllm_version']} from {where}: not a patched wheel")
+        return Check(name, None, f"{probe.vllm_version} from {where}: not a patched wheel")
     if problems:
         fix = (
             "reinstall the current wheel: `pip install --no-deps --force-reinstall WHEEL` "

@@ -10,20 +10,51 @@ from __future__ import annotations
 import ast
 import csv
 import io
-import json
 import os
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
 
 from bakery.launch import probe as probe_module
 from bakery.launch.gates import GateTable
 from bakery.launch.plan import LaunchPlan, server_args
 
-__all__ = ["Gpu", "read_heads", "gpu_inventory", "visible", "run_probe", "probe_python"]
+__all__ = [
+    "Gpu",
+    "ProbeAnswer",
+    "ProbeArgs",
+    "read_heads",
+    "gpu_inventory",
+    "visible",
+    "run_probe",
+    "probe_python",
+]
 
 PROBE_TIMEOUT_S = 300.0
+
+
+class ProbeArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Whether vLLM's own parser took the arguments (``probe._parse``)."""
+
+    ok: bool
+    stage: Literal["parser", "args"] | None = None  # where it failed
+    error: str | None = None
+    parsed: dict[str, Any] = {}  # probe.FIELDS -> the parsed value
+
+
+class ProbeAnswer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The probe's one JSON line (``probe.main``): where vllm imports from, or why not."""
+
+    vllm_file: str | None = None
+    vllm_version: str | None = None
+    torch_version: str | None = None
+    import_error: str | None = None
+    ray: bool | None = None  # None: not asked (vllm did not import)
+    args: ProbeArgs | None = None
 
 
 @dataclass(frozen=True)
@@ -101,13 +132,13 @@ def visible(gpus: tuple[Gpu, ...], env: dict[str, str]) -> tuple[tuple[Gpu, ...]
     return tuple(shown), None
 
 
-def run_probe(plan: LaunchPlan) -> dict:
+def run_probe(plan: LaunchPlan) -> ProbeAnswer:
     """Run the probe with the serving Python, env and cwd. Raises OSError on failure."""
     env = {**os.environ, **dict(plan.env)}
     return probe_python(plan.python, env, plan.cwd, plan.command[2], server_args(plan.profile))
 
 
-def probe_python(python: Path, env: dict, cwd: Path, module: str, args: list[str]) -> dict:
+def probe_python(python: Path, env: dict, cwd: Path, module: str, args: list[str]) -> ProbeAnswer:
     """The probe's answer from ``python`` (bounded). Raises OSError on failure."""
     source = Path(probe_module.__file__).read_text()
     try:
@@ -124,6 +155,9 @@ def probe_python(python: Path, env: dict, cwd: Path, module: str, args: list[str
         raise OSError(f"the probe took over {PROBE_TIMEOUT_S:.0f} s") from None
     for line in out.stdout.splitlines():
         if line.startswith(probe_module.MARKER + " "):
-            return json.loads(line[len(probe_module.MARKER) + 1 :])
+            try:
+                return msgspec.json.decode(line[len(probe_module.MARKER) + 1 :], type=ProbeAnswer)
+            except msgspec.DecodeError as exc:
+                raise OSError(f"the probe's answer does not read: {exc}") from None
     tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
     raise OSError(f"the probe exited {out.returncode}: {tail[:300]}")

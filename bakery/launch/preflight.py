@@ -25,7 +25,16 @@ from bakery.errors import BakeryError
 from bakery.launch.checks import SERIES_MODEL_TYPE, config_problems, model_notes, stage_notes
 from bakery.launch.errors import PreflightError, Problem
 from bakery.launch.gates import GateTable
-from bakery.launch.host import Gpu, gpu_inventory, probe_python, read_heads, run_probe, visible
+from bakery.launch.host import (
+    Gpu,
+    ProbeAnswer,
+    ProbeArgs,
+    gpu_inventory,
+    probe_python,
+    read_heads,
+    run_probe,
+    visible,
+)
 from bakery.launch.installed import installed_problems
 from bakery.launch.model_config import find_config
 from bakery.launch.plan import LaunchPlan, server_args
@@ -55,7 +64,7 @@ class Facts:
     """What the environment checks found; the run record is written from it."""
 
     gpus: tuple[Gpu, ...] | None = None  # None: not queried
-    probe: dict | None = None
+    probe: ProbeAnswer | None = None
     heads: tuple[int, ...] | None = None
     model_config: dict | None = None
     manifest: Path | None = None  # BAKED.json of what serves (the tree's, or the installed wheel's)
@@ -130,7 +139,7 @@ def _gpu_problems(
 
 
 def _probe_problems(
-    plan: LaunchPlan, probe: dict | None, error: str | None, config: dict | None
+    plan: LaunchPlan, probe: ProbeAnswer | None, error: str | None, config: dict | None
 ) -> list[Problem]:
     if error is not None or probe is None:
         return [
@@ -142,17 +151,17 @@ def _probe_problems(
             )
         ]
     assert probe is not None  # no error: the probe answered
-    if "import_error" in probe:
+    if probe.import_error is not None or probe.vllm_file is None:
         return [
             Problem(
                 "vllm does not import",
-                probe["import_error"],
+                probe.import_error or "the probe named no vllm file",
                 str(plan.python),
                 "install the pinned vllm dependencies into this Python",
             )
         ]
     out = []
-    vfile = Path(probe["vllm_file"]).resolve()
+    vfile = Path(probe.vllm_file).resolve()
     if plan.tree is not None and not vfile.is_relative_to(plan.tree.resolve()):
         out.append(
             Problem(
@@ -162,23 +171,23 @@ def _probe_problems(
                 _BAKE_HINT + ", and keep the tree first on PYTHONPATH",
             )
         )
-    args = probe.get("args", {})
-    if args.get("stage") == "parser":
+    args = probe.args or ProbeArgs(ok=False)
+    if args.stage == "parser":
         out.append(
             Problem(
                 "cannot build the pinned vLLM's argument parser",
-                args["error"],
+                args.error or "?",
                 str(plan.python),
                 "run on the hardware this base is for (the default base needs its GPUs)"
                 + _or_cpu(config),
             )
         )
-    elif not args.get("ok"):
+    elif not args.ok:
         out.append(
             Problem(
                 "vLLM refused the arguments",
                 "checked against the baked tree's own parser",
-                args.get("error", "?"),
+                args.error or "?",
                 "drop or fix the flag (see --help of the pinned vLLM)",
             )
         )
@@ -259,12 +268,12 @@ def _read_own_args(plan: LaunchPlan) -> tuple[dict, list[Problem]]:
         ]
 
 
-def _parsed(probe: dict | None, own: dict) -> tuple[dict, list[str]]:
+def _parsed(probe: ProbeAnswer | None, own: dict) -> tuple[dict, list[str]]:
     """vLLM's own parse when the probe got one, else the launcher's reading of the args."""
-    args = (probe or {}).get("args") or {}
-    if args.get("ok"):
+    args = probe.args if probe is not None else None
+    if args is not None and args.ok:
         # a field the probe's answer lacks is read from the args (same spellings)
-        return {**own, **(args.get("parsed") or {})}, []
+        return {**own, **args.parsed}, []
     return own, ["vLLM flags read by the launcher (the pinned vLLM parser gave no answer)"]
 
 
@@ -297,8 +306,8 @@ def run_preflight(
     baked: Path | None
     if plan.tree is not None:
         tree, baked = plan.tree, plan.tree / MANIFEST
-    elif probe and probe.get("vllm_file"):
-        baked, tree_problems = installed_problems(series, plan.profile.base, probe["vllm_file"])
+    elif probe and probe.vllm_file:
+        baked, tree_problems = installed_problems(series, plan.profile.base, probe.vllm_file)
         tree = baked.parent.parent if baked else None
     else:
         tree = baked = None
@@ -316,7 +325,7 @@ def run_preflight(
     problems += tree_problems
     if not skipped:
         problems += _probe_problems(plan, probe, probe_error, config)
-    if plan.profile.layout.backend == "ray" and probe and probe.get("ray") is False:
+    if plan.profile.layout.backend == "ray" and probe and probe.ray is False:
         problems.append(
             Problem(
                 "ray is not installed",

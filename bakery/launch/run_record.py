@@ -29,7 +29,7 @@ from bakery import __version__
 from bakery.bake.manifest import MANIFEST, served
 from bakery.clock import FOLDER, ISO, utc_stamp
 from bakery.launch.errors import LaunchError, ProfileError
-from bakery.launch.host import Gpu
+from bakery.launch.host import Gpu, ProbeAnswer
 from bakery.launch.model_config import candidate_blocks
 from bakery.launch.plan import LaunchPlan
 from bakery.launch.preflight import Facts
@@ -238,7 +238,7 @@ def _baked(plan: LaunchPlan, facts: Facts) -> RunBaked:
 
 
 def environment(plan: LaunchPlan, facts: Facts, argv: list[str]) -> RunEnvironment:
-    probe = facts.probe or {}
+    probe = facts.probe or ProbeAnswer()
     server_env = {**os.environ, **dict(plan.env)}
     return RunEnvironment(
         created_utc=utc_stamp(ISO),
@@ -250,11 +250,11 @@ def environment(plan: LaunchPlan, facts: Facts, argv: list[str]) -> RunEnvironme
         versions=Versions(
             python=platform.python_version(),
             bakery=__version__,
-            vllm=probe.get("vllm_version"),
-            torch=probe.get("torch_version"),
+            vllm=probe.vllm_version,
+            torch=probe.torch_version,
         ),
         python=str(plan.python),
-        vllm_file=probe.get("vllm_file"),
+        vllm_file=probe.vllm_file,
         baked=_baked(plan, facts),
         gpus=facts.gpus,
         supported_heads=tuple(facts.heads) if facts.heads else None,

@@ -29,6 +29,7 @@ from bakery.cli.root import main as bakery_main
 from bakery.launch import doctor, lifecycle, preflight, run_record
 from bakery.launch.errors import LaunchError
 from bakery.launch.gates import load_gate_table
+from bakery.launch.host import ProbeAnswer
 from bakery.launch.plan import make_plan
 from bakery.launch.preflight import Facts
 from bakery.launch.profiles import load_profile, override
@@ -306,7 +307,7 @@ def fake_vllm(monkeypatch, with_tree: str, without_tree: str):
 
     def probe(python, env, cwd, module, args):
         where = with_tree if env.get("PYTHONPATH") else without_tree
-        return {"vllm_file": f"{where}/vllm/__init__.py", "vllm_version": "0.32.0"}
+        return ProbeAnswer(vllm_file=f"{where}/vllm/__init__.py", vllm_version="0.32.0")
 
     monkeypatch.setattr(doctor, "probe_python", probe)
 

@@ -15,6 +15,7 @@ import os
 import re
 import tomllib
 
+import msgspec
 import pytest
 from _launch_support import (
     DATA,
@@ -31,6 +32,7 @@ from _launch_support import (
 from bakery.cli.launch import launch as launch_group
 from bakery.launch import checks, preflight
 from bakery.launch.gates import CANDIDATES, FEATURES, PCP, SPECULATIVE, load_gate_table
+from bakery.launch.host import ProbeArgs
 from bakery.launch.plan import make_plan
 from bakery.launch.profiles import load_profile, override, profile_names
 
@@ -218,9 +220,7 @@ def test_cuda_visible_devices_index_out_of_range(capsys, env, monkeypatch, visib
 
 
 def answer(plan, **replace):
-    base = canned_probe()(plan)
-    base.update(replace)
-    return base
+    return msgspec.structs.replace(canned_probe()(plan), **replace)
 
 
 BRANCHES = [
@@ -230,14 +230,14 @@ BRANCHES = [
     ),
     (
         lambda plan: answer(
-            plan, args={"ok": False, "stage": "args", "error": "error: unrecognized arguments: --x"}
+            plan, args=ProbeArgs(ok=False, stage="args", error="error: unrecognized arguments: --x")
         ),
         "vLLM refused the arguments (checked against the baked tree's own parser): "
         "error: unrecognized arguments: --x",
     ),
     (
         lambda plan: answer(
-            plan, args={"ok": False, "stage": "parser", "error": "RuntimeError: no device"}
+            plan, args=ProbeArgs(ok=False, stage="parser", error="RuntimeError: no device")
         ),
         "cannot build the pinned vLLM's argument parser (RuntimeError: no device): {python}",
     ),

@@ -29,6 +29,7 @@ from _launch_support import (
 )
 
 from bakery.launch import preflight
+from bakery.launch.host import ProbeAnswer, ProbeArgs
 from bakery.launch.model_config import find_config, hub_cache
 from bakery.launch.vllm_args import read_args
 
@@ -40,19 +41,15 @@ HOST_ONLY = [
 ]
 
 
-def parser_unavailable(plan) -> dict:
+def parser_unavailable(plan) -> ProbeAnswer:
     """The probe's answer on a GPU-less host for the default base (seen on this machine)."""
-    return {
-        "vllm_file": str(plan.tree / "vllm" / "__init__.py"),
-        "vllm_version": "0.32.0",
-        "torch_version": "2.13.0+cpu",
-        "ray": False,
-        "args": {
-            "ok": False,
-            "stage": "parser",
-            "error": "RuntimeError: Failed to infer device type",
-        },
-    }
+    return ProbeAnswer(
+        vllm_file=str(plan.tree / "vllm" / "__init__.py"),
+        vllm_version="0.32.0",
+        torch_version="2.13.0+cpu",
+        ray=False,
+        args=ProbeArgs(ok=False, stage="parser", error="RuntimeError: Failed to infer device type"),
+    )
 
 
 @pytest.fixture(scope="module")
