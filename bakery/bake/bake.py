@@ -217,6 +217,22 @@ def refuse_lost_edits(build: Path, base_key: str, discard: bool) -> None:
     """A command about to replace the baked tree refuses while it holds edits since its
     bake (exit 2, as every refusal naming its way out), unless ``discard``."""
     tree = tree_dir(build, base_key)
+    record = tree / manifest.MANIFEST
+    if (
+        not discard
+        and tree.is_dir()
+        and not tree.is_symlink()
+        and (record.is_symlink() or not record.is_file())
+        and any(tree.iterdir())
+    ):
+        # No BAKED.json (removed, or a symlink: never read): nothing tells its files
+        # from the bake's, so every one of them may be an edit this would drop.
+        raise UsageError(
+            f"{tree} holds files but no {manifest.MANIFEST} of its bake (missing, or a "
+            "symlink): this would drop them, and any edit among them",
+            hint="copy out what you want to keep, or replace the tree with "
+            "`bakery bake --discard-edits` (`bakery bisect --discard-edits` for a bisect)",
+        )
     lost = [] if discard else edits_since_bake(tree)
     if lost:
         more = f" (+{len(lost) - 8} more)" if len(lost) > 8 else ""

@@ -212,6 +212,7 @@ def import_git(series: Series, base_key: str, repo: Path, yes: bool = False) -> 
     listing = _git(repo, "diff", "--name-only", "-z", "--no-renames", PRISTINE_TAG, "HEAD")
     package = unpacked(pin) / series.package
     differing: dict[str, tuple[bytes | None, bytes | None]] = {}
+    modes: dict[str, tuple[bytes | None, bytes]] = {}  # rel -> (the tag's git mode, HEAD's)
     for raw in filter(None, listing.split(b"\0")):
         try:
             name = raw.decode()
@@ -236,6 +237,9 @@ def import_git(series: Series, base_key: str, repo: Path, yes: bool = False) -> 
             )
         after = _git(repo, "show", f"HEAD:{name}") if listed else None
         differing[rel] = (before, after)
+        if listed:
+            tagged = _git(repo, "ls-tree", PRISTINE_TAG, "--", name).split()
+            modes[rel] = (tagged[0] if tagged else None, listed[0])
     changes = refresh.plan_refresh(series, differing)
     removed = [c.file for c in changes if c.action == "remove"]
     if removed and not yes:
@@ -243,12 +247,14 @@ def import_git(series: Series, base_key: str, repo: Path, yes: bool = False) -> 
             f"would remove {len(removed)} patch(es) (pass --yes): " + ", ".join(removed)
         )
     headers = _headers_back(series, repo)  # checked by the schema before anything is written
-    _prove_places(series, changes, package, differing, repo)
+    _prove_places(series, changes, package, differing, repo, modes)
     refresh.write_refresh(series, changes, remembered=refresh.remembered_entries(series))
     return [f"{c.action}: {c.file}" for c in changes] + _write_headers(series, headers)
 
 
-def _prove_places(series: Series, changes: list, package: Path, differing: dict, repo: Path):
+def _prove_places(
+    series: Series, changes: list, package: Path, differing: dict, repo: Path, modes: dict
+):
     """The series the import would write, placed on the base in memory: every patch must
     place and give HEAD's files, or nothing is written (a folder of the base made a file,
     a file made a folder, would leave a series no bake takes)."""
@@ -276,6 +282,22 @@ def _prove_places(series: Series, changes: list, package: Path, differing: dict,
             hint="a file of the base made a folder, or a folder made a file, no patch can "
             "carry: undo that change in the repository, commit, then import again",
         ) from None
+    # A mode change (`chmod +x`, committed) is no change of bytes: refresh writes no mode
+    # lines, so it would be dropped without a word. HEAD's executable bit must be the one
+    # the series gives (its mode lines) or, where it sets none, the pristine tag's.
+    chmods = []
+    for rel, (tagged, head) in sorted(modes.items()):
+        given = result.modes.get(rel)
+        want = bool(given & 0o111) if given is not None else tagged == b"100755"
+        if (head == b"100755") != want:
+            chmods.append(f"{series.package}/{rel} ({'+x' if head == b'100755' else '-x'})")
+    if chmods:
+        raise UsageError(
+            "HEAD changes the executable bit of " + ", ".join(chmods[:8]) + ", which no "
+            "patch the import writes carries; nothing written",
+            hint="commit the file with its mode as the series gives it (`git update-index "
+            "--chmod=-x FILE` or `--chmod=+x`), then import again",
+        )
     if wrong:
         raise BakeryError(
             f"the series HEAD of {str(repo)!r} makes does not give HEAD's files: "

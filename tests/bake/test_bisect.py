@@ -97,6 +97,36 @@ def test_commands_that_replace_the_tree_keep_pending_edits(tmp_path):
     assert cli("bake").returncode == 0
 
 
+def test_a_tree_whose_baked_json_is_gone_is_not_replaced_with_its_edits(tmp_path):
+    """build/baked holding an edit, its BAKED.json removed (or a symlink, never read):
+    `bake`, `bake --upto` and `bisect` refuse (exit 2) and the edit stays, as for a tree
+    whose BAKED.json names the edit; --discard-edits replaces it (before: nothing told
+    the edit from the bake, the tree was swapped out and the edit was gone)."""
+    series, build, cli, _, _ = make_loop(tmp_path)
+    tree = build / "baked"
+    edited = tree / "vllm" / "c.py"
+    edited.write_bytes(PATCHED["c.py"] + b"MINE = 1\n")
+    record = tree / "BAKED.json"
+    kept = tmp_path / "BAKED.json"
+    record.rename(kept)
+    for link in (False, True):
+        if link:
+            record.symlink_to(kept)
+        refusals = [
+            cli("bake"),
+            cli("bake", "--upto", "02"),
+            bisect(tmp_path, sys.executable, "-c", "raise SystemExit(1)"),
+        ]
+        for proc in refusals:
+            assert proc.returncode == 2, (proc.args, proc.stdout, proc.stderr)
+            assert "holds files but no BAKED.json of its bake" in proc.stderr
+            assert proc.stderr.count("\n") == 2 and "\nhint: " in proc.stderr
+            assert edited.read_bytes().endswith(b"MINE = 1\n")
+    assert cli("bake", "--discard-edits").returncode == 0
+    assert edited.read_bytes() == PATCHED["c.py"] and not record.is_symlink()
+    assert cli("bake", "--check").returncode == 0
+
+
 def test_bake_never_writes_through_a_symlinked_dist(tmp_path):
     """build/dist a symlink to another folder: bake refuses (exit 2) and that folder is
     untouched (before: the wheel was written there and its older wheels were moved out)."""

@@ -389,3 +389,28 @@ def test_import_refuses_a_file_made_a_symlink(loop, tmp_path):
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert proc.stderr.startswith("error: HEAD makes 'vllm/a.py' a symlink")
     assert {p.name: p.read_bytes() for p in series.iterdir()} == before
+
+
+def test_import_refuses_a_change_of_a_files_executable_bit(loop, tmp_path):
+    """A committed `chmod +x` of a patched file (and one of a file the series never
+    touches) is no change of bytes: refresh writes no mode lines, so import dropped it and
+    exited 0 as if HEAD held nothing more. Now exit 2 naming the file, nothing written;
+    put back, the import brings the bytes as before."""
+    series, _, cli = loop
+    repo = tmp_path / "git"
+    assert bakery(tmp_path, "export", "--git", str(repo)).returncode == 0
+    before = {p.name: p.read_bytes() for p in series.iterdir()}
+    for name in ("c.py", "a.py"):
+        os.chmod(repo / "vllm" / name, 0o755)
+        git(repo, "commit", "-qam", f"chmod +x {name}")
+        proc = bakery(tmp_path, "import", "--git", str(repo))
+        assert proc.returncode == 2, (proc.stdout, proc.stderr)
+        assert f"HEAD changes the executable bit of vllm/{name} (+x)" in proc.stderr
+        assert proc.stderr.count("\n") == 2 and "\nhint: " in proc.stderr
+        assert {p.name: p.read_bytes() for p in series.iterdir()} == before
+        os.chmod(repo / "vllm" / name, 0o644)
+        (repo / "vllm" / name).write_text((repo / "vllm" / name).read_text() + "Z = 9\n")
+        git(repo, "commit", "-qam", f"back to 644, and an edit of {name}")
+    proc = bakery(tmp_path, "import", "--git", str(repo))
+    assert proc.returncode == 0, proc.stderr
+    assert cli("bake").returncode == 0
