@@ -4,7 +4,8 @@ Nothing of the caller's git reaches it: no ``GIT_*`` variable (git sets ``GIT_DI
 ``GIT_INDEX_FILE`` for its hooks: inherited, they turn an export into commits in another
 repository), no global or system config (an ``excludesFile`` empties a commit,
 ``autocrlf`` rewrites a CRLF line), and the settings that change what a commit holds
-are given on the command line. A repository's own ``.git/config`` still holds in it.
+are given on the command line. A repository's own ``.git/config`` still holds in it, but
+for the hook and fsmonitor commands it could name, which never run.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ _CONFIG = (
     "core.attributesFile=/dev/null",  # nor do their eol/filter attributes apply
     "core.hooksPath=/dev/null",  # no hook of theirs runs in our repository
     "commit.gpgSign=false",  # nor does signing, which needs their keys and a prompt
+    "core.fsmonitor=false",  # nor a command an imported repository's config names
 )
 
 

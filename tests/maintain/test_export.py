@@ -208,6 +208,24 @@ def test_export_and_import_ignore_the_users_git_config(loop, tmp_path):
     assert {p.name: p.read_bytes() for p in series.iterdir()} == patches
 
 
+def test_import_runs_no_command_the_imported_repositorys_config_names(loop, tmp_path):
+    """core.fsmonitor in the imported repository's own .git/config is a command git runs
+    for `git status` (import's dirty check): bakery's git turns it off."""
+    repo = tmp_path / "git"
+    assert bakery(tmp_path, "export", "--git", str(repo)).returncode == 0
+    ran = tmp_path / "fsmonitor-ran"
+    monitor = tmp_path / "monitor.sh"
+    monitor.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    monitor.chmod(0o755)
+    git(repo, "config", "core.fsmonitor", str(monitor))
+    git(repo, "status", "--porcelain")  # plain git runs it: the plant is live
+    assert ran.exists()
+    ran.unlink()
+    proc = bakery(tmp_path, "import", "--git", str(repo))
+    assert proc.returncode == 0, proc.stderr
+    assert not ran.exists()
+
+
 def test_export_refuses_a_commit_that_lost_its_patch(loop, tmp_path, monkeypatch):
     """Whatever drops a patch's change from its commit (planted here: git's add skipped
     after the pristine commit), export exits 1 naming the patch, never 0 (before: 0)."""
