@@ -1,7 +1,7 @@
 """The whole DeepSeek-V4.1 at DCP 2 through run.sh start: what the run found stays found.
 
 Serving it, the indexer, the candidate exchange and parity against DCP 1 are
-tests/launch/test_matrix_v41.py (`make verify MATRIX=launcher/dcp2/matrix-cpu-v41.toml`, whose
+tests/parity/test_matrix_v41.py (`make verify MATRIX=launcher/dcp2/matrix-cpu-v41.toml`, whose
 summary counts what each entry exercised). Here the series as it was before the first run
 (patch 09 converting ids in tiles of 128) must not get past the start's completion probe.
 """

