@@ -132,7 +132,7 @@ def test_dockerignore_sends_what_the_image_copies_and_nothing_heavy():
 
 def test_the_image_starts_through_the_launcher_with_real_start_options():
     """The entry point runs container.sh with `run.sh start` options, and the run line in
-    the README and the Dockerfile passes only `start` options too."""
+    docs/serving.md and the Dockerfile passes only `start` options too."""
     import json
 
     from bakery.cli.launch import start_cmd
@@ -145,9 +145,9 @@ def test_the_image_starts_through_the_launcher_with_real_start_options():
     known = {o for p in start_cmd.params for o in [*p.opts, *p.secondary_opts]}
     given = [a for a in entry[1:] if a.startswith("-")]
     assert given and set(given) <= known, set(given) - known
-    readme = (REPO / "README.md").read_text().replace("\\\n", " ")
-    runs = [line for line in readme.splitlines() if line.startswith("docker run ")]
-    assert runs, "README has a docker run line"
+    serving = (REPO / "docs" / "serving.md").read_text().replace("\\\n", " ")
+    runs = [line for line in serving.splitlines() if line.startswith("docker run ")]
+    assert runs, "docs/serving.md has a docker run line"
     for run in runs:
         args = run.split(" vllm-dcp2 ", 1)[1].split()
         assert {a for a in args if a.startswith("-")} <= known, args
