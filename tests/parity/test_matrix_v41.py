@@ -199,11 +199,12 @@ def batch_run(cpu_bake, module_tmp):
 
 # Known (2026-12-05): which prompts share the server's first step depends on when they
 # reach it, and a prompt's first token can depend on that at DCP 1 as at DCP 2 (logprobs
-# shift by rounding-sized amounts with the step's shape): batch_short_00 alone gives token 177 at DCP 1 and DCP 2,
-# in a first step of 13 prompts 328, whose margin is 0.031; batch_short_26's first token is
-# an exact tie (95 or 308). A fork at step 0 leaves the trajectory gates no common step, so
-# they fail ("could not be computed"), and the verdict depends on the two servers'
-# schedules. What the matrix exercised is checked below, strictly.
+# shift by rounding-sized amounts with the step's shape): batch_short_00 alone gives token
+# 177 at DCP 1 and DCP 2, in a first step of 13 prompts 328, whose margin is 0.031;
+# batch_short_26's first token is an exact tie (95 or 308). A fork at step 0 leaves the
+# trajectory gates no common step, so they fail ("could not be computed"), and the verdict
+# depends on the two servers' schedules. What the matrix exercised is checked below,
+# strictly.
 @pytest.mark.xfail(
     strict=False,
     reason="step-0 near ties flip with the first step's batch composition, at DCP 1 too "
