@@ -63,7 +63,15 @@ def _link_pristine(build: Path, series: Series, cache: Path) -> None:
     source = pristine.unpacked(pin, cache)
     own = pristine.own_copy(build, pin.sha256)
     own.parent.mkdir(parents=True)
-    shutil.copytree(source, own, copy_function=os.link)
+    shutil.copytree(source, own, copy_function=_link_or_copy)
     for beside in (pristine._stamp_path, pristine._errata_path):
         if beside(source).is_file():
             shutil.copyfile(beside(source), beside(own))
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """A hard link, or a copy where the cache lies on another filesystem."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
