@@ -86,8 +86,8 @@ def _vllm(python: Path, env: dict, cwd: Path, tree: Path | None) -> ProbeAnswer 
         probe = probe_python(python, env, cwd, SERVER_MODULE, ["--model", "doctor"])
     except (OSError, ValueError) as exc:
         return str(exc)
-    if probe.import_error is not None or probe.vllm_file is None:
-        return probe.import_error or "the probe named no vllm file"
+    if probe.not_imported is not None:
+        return probe.not_imported
     return probe
 
 

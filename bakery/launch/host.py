@@ -56,6 +56,13 @@ class ProbeAnswer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ray: bool | None = None  # None: not asked (vllm did not import)
     args: ProbeArgs | None = None
 
+    @property
+    def not_imported(self) -> str | None:
+        """Why vllm did not import (None: it did, from ``vllm_file``)."""
+        if self.import_error is not None:
+            return self.import_error
+        return None if self.vllm_file is not None else "the probe named no vllm file"
+
 
 @dataclass(frozen=True)
 class Gpu:

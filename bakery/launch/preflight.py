@@ -151,16 +151,17 @@ def _probe_problems(
             )
         ]
     assert probe is not None  # no error: the probe answered
-    if probe.import_error is not None or probe.vllm_file is None:
+    if probe.not_imported is not None:
         return [
             Problem(
                 "vllm does not import",
-                probe.import_error or "the probe named no vllm file",
+                probe.not_imported,
                 str(plan.python),
                 "install the pinned vllm dependencies into this Python",
             )
         ]
     out = []
+    assert probe.vllm_file is not None  # it imported: the probe named its file
     vfile = Path(probe.vllm_file).resolve()
     if plan.tree is not None and not vfile.is_relative_to(plan.tree.resolve()):
         out.append(
