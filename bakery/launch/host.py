@@ -59,9 +59,9 @@ class ProbeAnswer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     @property
     def not_imported(self) -> str | None:
         """Why vllm did not import (None: it did, from ``vllm_file``)."""
-        if self.import_error is not None:
-            return self.import_error
-        return None if self.vllm_file is not None else "the probe named no vllm file"
+        if self.import_error is None and self.vllm_file is not None:
+            return None
+        return self.import_error or "the probe named no vllm file"
 
 
 @dataclass(frozen=True)
