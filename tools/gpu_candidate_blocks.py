@@ -11,7 +11,7 @@ its own columns (interleave K in state units) and, per case:
   ``apply_candidate_mask_dcp`` on its columns.
 
 Checks (exit 1 on any failure): the candidates are identical on every rank and equal to the
-DCP1 kernel's (exactly), equal to ``bakery.dcp.reference`` up to ties at the selection
+DCP1 kernel's (exactly), equal to ``lab.dcp.reference`` up to ties at the selection
 boundary (rows where torch.topk picked other tied blocks than the lowest ids are counted),
 and the consumer mask equals DCP1's on the rank's columns (bit for bit, NaN included).
 fp32 and bf16 logits, decode rows (``max_model_len`` wide, 2048 blocks of 8, as the released
@@ -46,9 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpu_triton_kernels as gtk  # noqa: E402
 
 from bakery import markdown as md  # noqa: E402
-from bakery.dcp import ranks  # noqa: E402
-from bakery.dcp import reference as ref  # noqa: E402
-from bakery.dcp.baked_kernels import load_file  # noqa: E402
+from lab.dcp import ranks  # noqa: E402
+from lab.dcp import reference as ref  # noqa: E402
+from lab.dcp.baked_kernels import load_file  # noqa: E402
 
 CANDIDATES = "vllm/model_executor/kernels/attention/dsa/candidate_blocks.py"
 ROOTS = (

@@ -12,7 +12,7 @@ The baked ``vllm/v1/attention/ops/dcp.py`` kernels run for real (loaded without 
 partials in one process; the all-to-all and the reduce-scatter's sum done locally).
 
 - check: for W in {2, 4} and every rank, the new sequences equal the old ones bit for bit and
-  ``bakery.dcp.reference``'s combines within tolerance (``output`` a row slice of a larger
+  ``lab.dcp.reference``'s combines within tolerance (``output`` a row slice of a larger
   tensor, as patch 09 passes its sub-chunks);
 - time: one rank's local work, old and new sequence, as CUDA-graph replays and eager calls
   (median ms); the wire is not in either (the reduce-scatter's result is a copy of this rank's
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpu_triton_kernels as gtk  # noqa: E402
 
-from bakery.dcp import reference as ref  # noqa: E402
+from lab.dcp import reference as ref  # noqa: E402
 
 HEAD_DIM = 512
 HEADS = 64  # gathered heads (n_local_heads x W), as patch 09 combines them

@@ -15,7 +15,7 @@ Two ranks by default, started with torch.multiprocessing:
    ``bound_fraction = t_allgather / t_combine``;
 3. ``--baked TREE``: the REAL combine patch 09 calls, ``cp_lse_ag_out_rs`` and
    ``dcp_a2a_lse_reduce`` with ``is_lse_base_on_e=False``, loaded from
-   ``TREE/vllm/v1/attention/ops/dcp.py`` by ``bakery.dcp.baked_kernels`` (its Triton kernels,
+   ``TREE/vllm/v1/attention/ops/dcp.py`` by ``lab.dcp.baked_kernels`` (its Triton kernels,
    verbatim) over vLLM's collective calls (``all_gather_into_tensor``,
    ``reduce_scatter_tensor``, ``all_to_all_single``), each checked against the
    reference combine on every rank, then 20 calls captured in one CUDA graph; next to
@@ -41,9 +41,9 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bakery import markdown as md  # noqa: E402
 from bakery.clock import MINUTE, utc_stamp  # noqa: E402
-from bakery.dcp import ranks  # noqa: E402
-from bakery.dcp import reference as ref  # noqa: E402
-from bakery.dcp.baked_kernels import DCP_OPS, load_file  # noqa: E402
+from lab.dcp import ranks  # noqa: E402
+from lab.dcp import reference as ref  # noqa: E402
+from lab.dcp.baked_kernels import DCP_OPS, load_file  # noqa: E402
 
 HEAD_DIM = 512
 PARITY_TOL = {torch.bfloat16: (3e-2, 1e-4), torch.float32: (1e-5, 1e-4)}
@@ -404,7 +404,7 @@ def kernel_markdown(result: dict) -> list[str]:
         "## The baked tree's combine (its Triton kernels + collectives)",
         "",
         f"us per call, slowest rank, median; {timing}. real: `cp_lse_ag_out_rs` / "
-        "`dcp_a2a_lse_reduce` from the baked `dcp.py`; ref: `bakery.dcp.reference`; "
+        "`dcp_a2a_lse_reduce` from the baked `dcp.py`; ref: `lab.dcp.reference`; "
         "bound: `all_gather_into_tensor` of the flavour's bytes per rank; "
         "fraction = bound / combine. parity: real vs ref output, bf16 3e-2, every rank.",
         "",

@@ -1,7 +1,7 @@
 """Run the baked tree's own DCP Triton kernels on a GPU, without vLLM, against the reference.
 
 The device image has torch and Triton but no vLLM, and the kernels live in modules that
-import ``vllm`` at module level. ``bakery.dcp.baked_kernels`` loads them anyway: it picks the
+import ``vllm`` at module level. ``lab.dcp.baked_kernels`` loads them anyway: it picks the
 needed top-level definitions out of the two baked files with ``ast`` and execs them under
 the baked file's own path with the real Triton and stand-ins for vLLM's launch glue (see
 its docstring); the tool asserts that each kernel's ``src`` is a verbatim slice of the file.
@@ -9,7 +9,7 @@ its docstring); the tool asserts that each kernel's ``src`` is a verbatim slice 
 Checks (exit status 1 on any mismatch):
 
 a. ``triton_filter_and_convert_dcp_index(..., return_valid_counts=True)`` against
-   ``bakery.dcp.reference.filter_and_convert`` for W in {2, 4}, K in {1, 2, 4}, page
+   ``lab.dcp.reference.filter_and_convert`` for W in {2, 4}, K in {1, 2, 4}, page
    sizes {4, 16, 64}, every rank: counts equal, the compacted prefix equal as a set (the
    kernel documents its order as unspecified), the tail all -1;
 b. the ``cp_lse_ag_out_rs`` correction (``correct_attn_out``) and the ``dcp_a2a_lse_reduce``
@@ -39,8 +39,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bakery import markdown as md  # noqa: E402
 from bakery.clock import MINUTE, utc_stamp  # noqa: E402
-from bakery.dcp import reference as ref  # noqa: E402
-from bakery.dcp.baked_kernels import DCP_OPS, SPARSE_UTILS, load_file  # noqa: E402
+from lab.dcp import reference as ref  # noqa: E402
+from lab.dcp.baked_kernels import DCP_OPS, SPARSE_UTILS, load_file  # noqa: E402
 
 SPARSE_ROOTS = ("triton_filter_and_convert_dcp_index",)
 DCP_ROOTS = (
