@@ -1,18 +1,20 @@
 """The DCP combine: merge the W ranks' partial attention outputs by their LSE.
 
 ``L = log2(sum_r 2^L_r)``, ``o = sum_r 2^(L_r - L) o_r``, in the ``ag_rs`` and
-``a2a`` flavours of ``vllm/v1/attention/ops/dcp.py``.
+``a2a`` flavours of ``vllm/v1/attention/ops/dcp.py``. The math is ``lab.dcp.merge``'s (the
+one copy, which the emulation's ports of the combine kernels share); this module is the
+exchanges around it.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
+from lab.dcp import merge
 from lab.dcp.reference.groups import Group
 
 Combine = Literal["ag_rs", "a2a"]
@@ -28,16 +30,7 @@ class AttnOut:
 
 def merge_lse(lses: torch.Tensor) -> torch.Tensor:
     """``log2(sum_r 2^L_r)`` over dim 0, max-subtracted like the combine kernels."""
-    lses = lses.float()
-    lses = torch.where(torch.isnan(lses) | (lses == math.inf), -math.inf, lses)
-    m = lses.amax(dim=0)
-    m = torch.where(m == -math.inf, torch.zeros_like(m), m)
-    return torch.log2(torch.exp2(lses - m).sum(dim=0)) + m
-
-
-def _weight(lse: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
-    w = torch.exp2(lse.float() - total)
-    return torch.where(torch.isnan(w), torch.zeros_like(w), w)
+    return merge.merge_lse(lses, torch.exp2, torch.log2)
 
 
 def combine_ag_rs(group: Group, part: AttnOut) -> AttnOut:
@@ -46,9 +39,9 @@ def combine_ag_rs(group: Group, part: AttnOut) -> AttnOut:
     t, hw = part.lse.shape
     lses = group.all_gather(part.lse.contiguous(), dim=0).reshape(w, t, hw)
     total = merge_lse(lses)
-    factor = _weight(part.lse, total)[..., None]
+    factor = merge.weight(part.lse, total, torch.exp2)[..., None]
     # The kernel writes the corrected partial back in the output dtype.
-    corrected = torch.where(factor == 0, 0.0, part.out.float() * factor).to(part.out.dtype)
+    corrected = merge.weighted(part.out, factor).to(part.out.dtype)
     out = group.reduce_scatter(corrected, dim=1)
     h = hw // w
     return AttnOut(out, total[:, rank * h : (rank + 1) * h])
@@ -77,8 +70,8 @@ def combine_a2a(group: Group, part: AttnOut) -> AttnOut:
     recv = group.all_to_all(send)  # recv[s] = rank s's partial for my heads
     outs, lses = recv[..., :d].float(), _unpack_lse(recv[..., d:])
     total = merge_lse(lses)
-    weight = _weight(lses, total)[..., None]
-    out = torch.where(weight == 0, 0.0, outs * weight).sum(dim=0)
+    weight = merge.weight(lses, total, torch.exp2)[..., None]
+    out = merge.weighted(outs, weight).sum(dim=0)
     return AttnOut(out.to(dtype), total)
 
 

@@ -3,13 +3,17 @@ does not patch), ported line for line to torch.
 
 Interpreted, they were about two thirds of a CPU prefill under DCP (one program per
 token and head). Each port keeps the kernel's fp32 arithmetic and its order over ranks;
-tests/lab/emulate holds each equal to the interpreted original.
+tests/lab/emulate holds each equal to the interpreted original. The merge math is
+``lab.dcp.merge``'s, the one copy the reference shares (numpy's exp2/log2 passed in where
+the interpreter uses them).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from lab.dcp import merge
 
 NEG_INF = float("-inf")
 
@@ -21,21 +25,15 @@ def _numpy(fn):
 
 
 def _clean(lse: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isnan(lse) | (lse == float("inf")), NEG_INF, lse)
+    return merge.clean(lse)
 
 
 class CorrectAttnOut:
     """``_CORRECT_ATTN_CP_OUT_KERNEL(out, new_out, lses, vlse, rank, ctx, is_base_e=)``."""
 
     def __call__(self, outputs, new_output, lses, vlse, lse_idx, ctx, *, is_base_e):
-        lse = _clean(lses.float())
-        lse_max = lse.max(dim=0).values
-        lse_max = torch.where(lse_max == NEG_INF, 0.0, lse_max)
-        shifted = lse - lse_max
-        if is_base_e:
-            total = torch.log(torch.exp(shifted).sum(0)) + lse_max
-        else:
-            total = torch.log2(torch.exp2(shifted).sum(0)) + lse_max
+        exp, log = (torch.exp, torch.log) if is_base_e else (torch.exp2, torch.log2)
+        total = merge.merge_lse(lses, exp, log)
         vlse.copy_(total)
         final = _clean(lses[lse_idx].float() - total)
         factor = torch.exp(final) if is_base_e else torch.exp2(final)
@@ -94,21 +92,14 @@ def unpack_combine(recv_buffer, head_dim, lse_pack_dim, return_lse, is_lse_base_
         lo = recv_buffer[..., head_dim].contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
         hi = recv_buffer[..., head_dim + 1].contiguous().view(torch.int16).to(torch.int32)
         lses = ((hi << 16) | lo).view(torch.float32)
-    lses = _clean(lses)
-    lse_max = lses.max(dim=0).values
-    lse_max = torch.where(lse_max == NEG_INF, 0.0, lse_max)
     exp = _numpy(np.exp if is_lse_base_on_e else np.exp2)
     log = _numpy(np.log if is_lse_base_on_e else np.log2)
-    total = torch.zeros_like(lse_max)
-    for rank in range(world_size):
-        total = total + exp(lses[rank] - lse_max)
-    global_lse = log(total) + lse_max
+    global_lse = merge.merge_lse(lses, exp, log)
+    lses = merge.clean(lses)
     acc = torch.zeros(recv_buffer.shape[1:3] + (head_dim,), dtype=torch.float32)
     for rank in range(world_size):
-        weight = exp(lses[rank] - global_lse)
-        weight = torch.where(torch.isnan(weight), 0.0, weight)[..., None]
-        partial = recv_buffer[rank, ..., :head_dim].float()
-        acc = acc + torch.where(weight == 0.0, 0.0, partial) * weight
+        weight = merge.weight(lses[rank], global_lse, exp)[..., None]
+        acc = acc + merge.weighted(recv_buffer[rank, ..., :head_dim], weight)
     out = acc.to(recv_buffer.dtype)
     return (out, global_lse) if return_lse else out
 
