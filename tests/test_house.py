@@ -204,18 +204,6 @@ def test_no_import_circle(graph):
     assert {"bakery.errors", "bakery.cli.root"} <= set(cycle(planted))
 
 
-EMULATE = PACKAGE.parent / "lab" / "emulate" / "bakery_emulate"
-
-
-def test_the_emulation_has_no_import_circle():
-    """lab/emulate is no room of bakery/, but the same rule holds there."""
-    graph = import_graph(EMULATE)
-    assert "bakery_emulate.patches" in graph and cycle(graph) == []
-    planted = {k: set(v) for k, v in graph.items()}
-    planted["bakery_emulate.hooks"].add("bakery_emulate.patches")  # the circle it had
-    assert set(cycle(planted)) >= {"bakery_emulate.hooks", "bakery_emulate.patches"}
-
-
 def test_only_the_doors_import_the_command_line(graph):
     importers = {m for m, edges in graph.items() if any(room_of(t) == "cli" for t in edges)}
     assert {m for m in importers if room_of(m) != "cli"} == CLI_DOORS
@@ -408,6 +396,7 @@ def test_one_type_per_document(tmp_path):
 TESTS = Path(__file__).resolve().parent
 HOUSE_TESTS = {
     "test_house.py": "the layering of every room",
+    "test_house_lab.py": "the lab (lab/) apart from the tool: its own rules",
     "test_self_contained.py": "the suite as a whole needs nothing beside the repository",
     "test_confinement.py": "one rule (a path stays inside its folder) checked in every room",
     "test_shipping.py": "the Dockerfile, which installs the whole package",
