@@ -273,3 +273,29 @@ def test_a_driver_dropped_at_the_tests_root_is_seen(tmp_path):
         "share it",
         "tests/_faults.py: listed, yet missing",
     ]
+
+
+# --- tools/gpu_*.py are doors onto lab/gpu ---------------------------------------------------
+
+
+def test_the_gpu_tools_are_doors():
+    assert sorted(p.name for p in TOOLS.glob("gpu_*.py")) == [
+        "gpu_candidate_blocks.py",
+        "gpu_combine_copies.py",
+        "gpu_dcp_bench.py",
+        "gpu_triton_kernels.py",
+    ]
+    assert fat_doors() == []
+
+
+def test_a_body_planted_in_a_gpu_door_is_seen(tmp_path):
+    copy = tmp_path / "tools"
+    shutil.copytree(TOOLS, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    door = copy / "gpu_dcp_bench.py"
+    door.write_text(door.read_text() + "\n\ndef planted():\n    return 1\n")
+    (copy / "gpu_planted.py").write_text("import torch\n\nprint(torch.ones(1))\n")
+    assert fat_doors(copy) == [
+        "tools/gpu_dcp_bench.py: 15 lines, defines ['planted'], imports lab.gpu: True, "
+        "calls main: True",
+        "tools/gpu_planted.py: 3 lines, defines [], imports lab.gpu: False, calls main: False",
+    ]

@@ -19,15 +19,15 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs("triton")]
 
-TOOL = Path(__file__).resolve().parents[3] / "tools" / "gpu_combine_copies.py"
+REPO = Path(__file__).resolve().parents[3]
 
 
 def run_check(tree: Path, plant: str = "") -> subprocess.CompletedProcess:
     script = textwrap.dedent(
         f"""
         import json, sys, torch
-        sys.path.insert(0, {str(TOOL.parent)!r})
-        import gpu_combine_copies as t
+        sys.path.insert(0, {str(REPO)!r})
+        from lab.gpu import combine_copies as t
         from pathlib import Path
         ns = t.gtk.load(Path({str(tree)!r})).dcp
         {plant}

@@ -440,9 +440,13 @@ def test_prefill_check_catches_a_planted_remap_bug(monkeypatch):
 
 # ---- the lab's dcp needs torch only --------------------------------------------------
 
-# tools/gpu_*.py run on a host with torch and Triton and nothing else (no click, no vLLM):
-# they, and everything under lab/dcp/, may add only the stdlib to what torch imports.
-GPU_TOOLS = ("gpu_dcp_bench", "gpu_triton_kernels", "gpu_candidate_blocks")
+# lab/gpu (through its doors, tools/gpu_*.py) runs on a host with torch and Triton and nothing
+# else (no click, no vLLM): it, and everything under lab/dcp/, may add only the stdlib to what
+# torch imports.
+GPU_TOOLS = (
+    *(f"lab.gpu.{run}" for run in ("dcp_bench", "triton_kernels", "candidate_blocks")),
+    *("gpu_dcp_bench", "gpu_triton_kernels", "gpu_candidate_blocks"),  # their doors
+)
 _ROOT = Path(__file__).resolve().parents[3]
 DCP_MODULES = tuple(  # every module of the room, found on disk (a new one is covered)
     ".".join(path.relative_to(_ROOT).with_suffix("").parts).removesuffix(".__init__")

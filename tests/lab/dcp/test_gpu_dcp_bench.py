@@ -8,9 +8,7 @@ means anything: ``CollectiveGroup`` must hand the baked combine the layout vLLM'
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,18 +16,7 @@ import torch.distributed as dist
 from _dcp_child import fork_ranks, rank_file
 
 from lab.dcp import reference as ref
-
-TOOL = Path(__file__).resolve().parents[3] / "tools" / "gpu_dcp_bench.py"
-
-
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("gpu_dcp_bench", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_tool()
+from lab.gpu import dcp_bench as bench
 
 
 def _rank(rank: int, store: str, outdir: str) -> None:

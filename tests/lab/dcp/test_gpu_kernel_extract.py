@@ -7,7 +7,6 @@ JIT functions, and one slow test runs a few cases under Triton's CPU interpreter
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -21,20 +20,11 @@ from lab.dcp import baked_kernels as bk
 from lab.dcp import reference as ref
 
 REPO = Path(__file__).resolve().parents[3]
-TOOL = REPO / "tools" / "gpu_triton_kernels.py"
 
 pytestmark = pytest.mark.needs("triton")  # fails under CI=true when missing
 
 
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("gpu_triton_kernels", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses looks the module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-gtk = _load_tool()
+from lab.gpu import triton_kernels as gtk  # noqa: E402
 
 SYNTHETIC = textwrap.dedent(
     '''\
@@ -223,8 +213,8 @@ def test_baked_kernels_match_reference_under_triton_interpreter(cpu_bake):
     script = textwrap.dedent(
         f"""
         import sys, torch
-        sys.path.insert(0, {str(TOOL.parent)!r})
-        import gpu_triton_kernels as g
+        sys.path.insert(0, {str(REPO)!r})
+        from lab.gpu import triton_kernels as g
         from pathlib import Path
         loaded = g.load(Path({str(cpu_bake.tree)!r}))
         cpu = torch.device("cpu")

@@ -1,7 +1,7 @@
 """An fp8 MQA-logits kernel of DeepSeek-V4.1's indexer shape, for timing on a GPU.
 
 A Triton stand-in of DeepGEMM's ``fp8_mqa_logits`` (relu, head weights and the sum
-over heads fused): ``tools/gpu_candidate_blocks.py`` times it to price recomputing
+over heads fused): ``lab.gpu.candidate_blocks`` times it to price recomputing
 logits (the prefill index-K exchange). Imported only there, on that path.
 """
 
