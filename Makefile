@@ -39,8 +39,8 @@ bake-cpu: $(VENV)/.tool
 # Code lint and types, then Electron's "patches are up to date" check: every patch applies
 # exactly to the pin, in order, and is byte-identical to what `bakery refresh` writes.
 lint: $(VENV)/.test
-	$(PY) -m ruff check bakery tools tests emulate
-	$(PY) -m ruff format --check bakery tools tests emulate
+	$(PY) -m ruff check bakery tools tests lab launcher
+	$(PY) -m ruff format --check bakery tools tests lab launcher
 	$(PY) -m mypy
 	$(PY) -m bakery refresh --check
 

@@ -29,7 +29,7 @@ BUILD = Path("build")
 ARTIFACTS = Path("artifacts/dcp2")
 PROFILES = Path("launcher/dcp2/profiles")
 MATRIX = Path("launcher/dcp2/matrix.toml")
-# The tiny test models' folders and the command that builds each: bakery.verify builds
+# The tiny test models' folders and the command that builds each: lab builds
 # them there, and the launcher's refusal of a missing model folder names the command.
 TINY_MODELS = {
     BUILD / "tiny-llama": "python tools/tiny_model.py",

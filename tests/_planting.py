@@ -1,7 +1,7 @@
 """Planted-bug copies of the series: one '+' line of one patch rewritten, then baked.
 
 A DCP test proves it can fail by running its checks on such a bake of the real series
-(tests/dcp/test_dcp_sensitivity.py, test_dcp_forward.py, test_dcp_candidate_patched.py).
+(tests/lab/dcp/test_dcp_sensitivity.py, test_dcp_forward.py, test_dcp_candidate_patched.py).
 """
 
 from __future__ import annotations

@@ -27,7 +27,6 @@ ALLOWED = {
     "bake": {GROUND, "series"},
     "check": {GROUND, "series", "bake"},
     "verify": {GROUND},
-    "dcp": {GROUND},
     "launch": {GROUND, "series", "bake"},
     # launch serves, verify captures and compares; parity conducts both (the matrix)
     "parity": {GROUND, "series", "bake", "launch", "verify"},
@@ -180,7 +179,6 @@ def test_every_folder_is_a_known_room(graph):
         "launch",
         "parity",
         "verify",
-        "dcp",
         "cli",
     } <= rooms
 
@@ -204,18 +202,6 @@ def test_no_import_circle(graph):
     planted = {k: set(v) for k, v in graph.items()}
     planted["bakery.errors"].add("bakery.cli.root")  # root reaches errors: a circle
     assert {"bakery.errors", "bakery.cli.root"} <= set(cycle(planted))
-
-
-EMULATE = PACKAGE.parent / "emulate" / "bakery_emulate"
-
-
-def test_the_emulation_has_no_import_circle():
-    """emulate/ is no room of bakery/, but the same rule holds there."""
-    graph = import_graph(EMULATE)
-    assert "bakery_emulate.patches" in graph and cycle(graph) == []
-    planted = {k: set(v) for k, v in graph.items()}
-    planted["bakery_emulate.hooks"].add("bakery_emulate.patches")  # the circle it had
-    assert set(cycle(planted)) >= {"bakery_emulate.hooks", "bakery_emulate.patches"}
 
 
 def test_only_the_doors_import_the_command_line(graph):
@@ -410,13 +396,14 @@ def test_one_type_per_document(tmp_path):
 TESTS = Path(__file__).resolve().parent
 HOUSE_TESTS = {
     "test_house.py": "the layering of every room",
+    "test_house_lab.py": "the lab (lab/) apart from the tool: its own rules",
     "test_self_contained.py": "the suite as a whole needs nothing beside the repository",
     "test_confinement.py": "one rule (a path stays inside its folder) checked in every room",
     "test_shipping.py": "the Dockerfile, which installs the whole package",
 }
-# Folders of tests/ that are no room: the test data, and the emulation of the patch
-# series' GPU kernels (it tests patches/, not bakery/).
-NOT_ROOMS = {"data", "emulate"}
+# Folders of tests/ that are no room: the test data, and the lab's tests (tests/lab/ mirrors
+# lab/: the DCP reference, the emulation, the tiny models; tests/test_house_lab.py).
+NOT_ROOMS = {"data", "lab"}
 
 
 def misplaced_tests(tests: Path = TESTS, package: Path = PACKAGE) -> list[str]:
@@ -448,7 +435,7 @@ def test_a_misplaced_test_is_seen(tmp_path):
     (copy / "test_tree_more.py").write_text("")  # named after bakery/tree.py: in place
     (copy / "rebase").mkdir()
     assert misplaced_tests(copy) == [
-        "tests/rebase: no room of bakery/ (rooms: bake, check, cli, dcp, launch, maintain, "
+        "tests/rebase: no room of bakery/ (rooms: bake, check, cli, launch, maintain, "
         "parity, series, verify)",
         "tests/test_planted.py: move it into the tests/<room>/ of what it tests",
     ]
@@ -487,18 +474,12 @@ UNTYPED_WRITERS = {
 OTHER_JSON = {
     "bakery.bake.bake._wheel_inputs": "a digest's input",
     "bakery.series.series.sha256": "a digest's input",
-    "bakery.verify.tiny_v41.recipe": "a digest's input",
     "bakery.cli.launch.start_cmd": "printed (--json)",
     "bakery.cli.launch.doctor_cmd": "printed (--json)",
     "bakery.cli.series.apply_cmd": "printed (--json)",
     "bakery.launch.probe.main": "one line to the launcher from the serving Python",
-    "bakery.verify.tiny_v41._run_child": "argv of the child that builds the model",
-    "bakery.verify.tiny_v41._child": "one line to the parent from that child",
     "bakery.parity.plots._save": "a PNG's metadata text",
     "bakery.verify.report.code": "a token shown JSON-quoted in Markdown",
-    "bakery.verify.tiny_v41.build": "a model folder for vLLM: config.json in HF's layout",
-    "bakery.verify.tiny_model.build": "a model folder's note, beside HF's files",
-    "bakery.verify.tiny_model.perturb": "a model folder's note, beside HF's files",
 }
 ENCODER = {"encode_json", "write_json_atomic"}
 OTHER_ENCODERS = {"json.dumps", "json.dump", "msgspec.json.encode", "msgspec.json.Encoder"}

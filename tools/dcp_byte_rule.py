@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bakery.dcp.baked_kernels import load_file  # noqa: E402
+from lab.dcp.baked_kernels import load_file  # noqa: E402
 
 CANDIDATES = "vllm/model_executor/kernels/attention/dsa/candidate_blocks.py"
 TOPK_BLOCKS, BLOCK, KEY_BYTES = 2048, 8, 132

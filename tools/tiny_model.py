@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Build the tiny random models the tests serve (a door onto bakery.verify.tiny_model and
-bakery.verify.tiny_v41).
+"""Build the tiny random models the tests serve (a door onto lab.tiny_model and
+lab.tiny_v41).
 
 usage: tools/tiny_model.py [OUT_DIR] [--force] [--v41 fast|released|batch | --perturbed]
   default OUT_DIR: build/tiny-llama, build/tiny-v41-NAME with --v41,
@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bakery import project  # noqa: E402
 from bakery.cli.boundary import run_command  # noqa: E402
-from bakery.verify import tiny_model, tiny_v41  # noqa: E402
+from lab import tiny_model, tiny_v41  # noqa: E402
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

@@ -25,7 +25,7 @@ __all__ = ["LaunchPlan", "make_plan", "render_plan", "ARTIFACTS_PATTERN", "SERVE
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 HEADLESS_MODULE = "vllm.entrypoints.cli.main"
 # The CPU stand-ins for CUDA-only kernels, under the repo root (test profiles only).
-EMULATE_DIR = "emulate"
+EMULATE_DIR = "lab/emulate"
 ARTIFACTS_PATTERN = "<UTC timestamp>"
 
 

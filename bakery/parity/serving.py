@@ -272,7 +272,7 @@ def with_ratios(figures: dict[str, FiguresDoc], baseline: str) -> dict[str, dict
 
 
 class RankCounts(Document, frozen=True):
-    """One rank's ``emulate/<pid>.json`` (emulate/bakery_emulate/counts.py writes it)."""
+    """One rank's ``emulate/<pid>.json`` (lab/emulate/bakery_emulate/counts.py writes it)."""
 
     tp_rank: int
     dcp_rank: int
@@ -287,7 +287,7 @@ class RankCounts(Document, frozen=True):
 
 def exercised_counts(run_dir: Path) -> dict[str, int] | None:
     """What a CPU-emulated run exercised (``emulate/<pid>.json``, one per rank, written
-    by emulate/bakery_emulate/counts.py): scoring calls, publishes and steps of more than
+    by lab/emulate/bakery_emulate/counts.py): scoring calls, publishes and steps of more than
     one request as the busiest rank saw them; masked positions and keyless index-K
     gathers summed over the DCP ranks (each counts only its own). None for a run without
     the emulation."""
@@ -301,7 +301,7 @@ def exercised_counts(run_dir: Path) -> dict[str, int] | None:
             RankCounts,
             where=str(path),
             error=ProfileError,
-            hint="written by emulate/bakery_emulate/counts.py; rerun the entry",
+            hint="written by lab/emulate/bakery_emulate/counts.py; rerun the entry",
         )
         ranks.setdefault(doc.dcp_rank, doc)
     every = list(ranks.values())

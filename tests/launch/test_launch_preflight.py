@@ -409,7 +409,7 @@ def test_a_missing_tiny_model_names_the_command_that_builds_it(capsys, env):
     assert code == 3, err
     assert "    fix: build it: python tools/tiny_model.py --v41 fast" in err.splitlines()
     # every folder the table names is one the door builds by default (its help says which)
-    from bakery.verify import tiny_model, tiny_v41
+    from lab import tiny_model, tiny_v41
 
     built = {tiny_model.DEFAULT_DIR, tiny_model.PERTURBED_DIR, *tiny_v41.DEFAULT_DIRS.values()}
     assert set(project.TINY_MODELS) == built

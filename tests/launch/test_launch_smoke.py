@@ -27,8 +27,8 @@ from bakery.verify import (
     capture_bundle,
     compare_bundles,
     load_suite,
-    tiny_model,
 )
+from lab import tiny_model
 
 pytestmark = pytest.mark.slow
 

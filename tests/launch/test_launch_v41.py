@@ -17,7 +17,7 @@ from _planting import plant
 
 from bakery.bake.bake import bake
 from bakery.series.series import load_series
-from bakery.verify import tiny_v41
+from lab import tiny_v41
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ import pytest
 import tomlkit
 from _launch_support import PYTHON, REPO, free_port, marked, run_sh
 
-from bakery.verify import tiny_model
+from lab import tiny_model
 
 pytestmark = pytest.mark.slow
 

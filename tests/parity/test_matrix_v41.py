@@ -1,6 +1,6 @@
 """`make verify MATRIX=launcher/dcp2/matrix-cpu-v41.toml`: the whole DeepSeek-V4.1 on CPU.
 
-The matrix boots the tiny random V4.1 (bakery.verify.tiny_v41) through run.sh at TP 2:
+The matrix boots the tiny random V4.1 (lab.tiny_v41) through run.sh at TP 2:
 DCP 1 as the baseline, DCP 2 with ag_rs, with a2a, and at stage 9 with the prefill gather.
 It must pass, each DCP 2 entry must have run the indexer and removed candidate blocks (the
 emulation's counts, in the summary), or the pass proves nothing, and each must hold the KV
@@ -29,9 +29,9 @@ from test_serving_v41 import check_measured
 
 from bakery.bake.bake import bake
 from bakery.series.series import load_series
-from bakery.verify import tiny_v41
 from bakery.verify.bundle import record_name
 from bakery.verify.suite import load_suite
+from lab import tiny_v41
 
 pytestmark = pytest.mark.slow
 

@@ -35,7 +35,7 @@ import pytest
 from _launch_support import PROFILES, REPO
 
 from bakery.parity.serving import kv_capacity
-from bakery.verify import tiny_v41
+from lab import tiny_v41
 
 DATA = REPO / "tests" / "data" / "serving"
 SWA_PAGE = 32  # DeepseekV4SWACache(block_size=32) in the baked models/deepseek_v41/attention.py

@@ -18,7 +18,7 @@ import pytest
 from bakery.verify import ParityGates, compare_bundles, render_markdown
 from bakery.verify.compare import ParityReport
 from bakery.verify.diagnose import NEXT_STEPS, tokenizer_decoder
-from bakery.verify.tiny_model import DEFAULT_DIR, ensure
+from lab.tiny_model import DEFAULT_DIR, ensure
 
 LENGTHS = {"a_short": 12, "b_page": 129, "c_shard": 257, "d_long": 300}
 BOUNDARIES = (128, 256)

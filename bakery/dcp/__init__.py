@@ -1,8 +1,0 @@
-"""The DCP room: the pure-torch reference model (``reference``) and the baked-kernel loader
-(``baked_kernels``).
-
-Needs torch: the ``dcp`` extra (``pip install -e '.[dcp]'``; the test extra takes it, so
-``make test`` installs it). Running the baked kernels also needs Triton, imported only when a
-kernel is loaded. Nothing else: tools/gpu_*.py import this room on a host with only torch and
-Triton (no click, no vLLM); tests/dcp/test_dcp_reference.py checks that.
-"""

@@ -1,1 +1,0 @@
-"""Torch stand-ins for CUDA-only kernels, loaded by ``emulate/sitecustomize.py``."""

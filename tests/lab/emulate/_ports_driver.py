@@ -1,0 +1,469 @@
+"""The emulation's torch ports of upstream kernels against the interpreted originals.
+
+Usage: ``python tests/lab/emulate/_ports_driver.py TREE`` with ``lab/emulate/`` and ``TREE`` (a
+cpu bake) first on PYTHONPATH and TRITON_INTERPRET=1 (``test_ports.py`` runs it so).
+Each check runs the original Triton kernel of the baked tree (interpreted, with the
+emulation's nearest-even rounding) and the port on the same inputs, and then a planted
+copy of the port that must disagree. It prints one ``RESULT {json}`` line:
+``{name: {"equal": bool, "planted_equal": bool}}``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+import bakery_emulate.patches  # noqa: E402
+
+bakery_emulate.patches.install()
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from bakery_emulate import (  # noqa: E402
+    cache_insert,
+    dcp_combine,
+    index_remap,
+    inv_rope,
+    rmsnorm,
+    swa_indices,
+    zero_blocks,
+)
+
+MARK = "RESULT "
+
+
+def pristine(name: str):
+    """A second copy of a baked module, executed without the emulation's hooks: the
+    originals its ports replace (the imported module holds the ports)."""
+    from importlib.machinery import SourceFileLoader
+
+    path = importlib.util.find_spec(name).origin
+    loader = SourceFileLoader(name, path)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
+    loader.exec_module(module)
+    return module
+
+
+RESULTS: dict[str, dict[str, bool]] = {}
+
+
+def same(a, b) -> bool:
+    """Byte-equal, except fp32 results of exp2/log2, which may differ in the last bit or
+    two between numpy (the interpreter) and torch (as both do from CUDA's)."""
+    a, b = (a if isinstance(a, tuple) else (a,)), (b if isinstance(b, tuple) else (b,))
+    for x, y in zip(a, b, strict=True):
+        if x.dtype == torch.float32:
+            if not torch.allclose(x, y, rtol=5e-7, atol=0, equal_nan=True):
+                return False
+        elif not torch.equal(x, y):
+            return False
+    return True
+
+
+def check(name, original, port, planted) -> None:
+    want = original()
+    RESULTS[name] = {"equal": same(want, port()), "planted_equal": same(want, planted())}
+
+
+def quantize_insert() -> None:
+    ops = importlib.import_module("vllm.models.deepseek_v41.common.ops.cache_utils")
+    gen = torch.Generator().manual_seed(0)
+    bs, pages, n = 16, 4, 40
+    k = torch.randn(n, 512, generator=gen) * torch.logspace(-6, 3, n)[:, None]
+    k = k.to(torch.bfloat16)
+    k[0, :64] = 0  # an all-zero block: the 1e-4 floor
+    k[2, :448] = 448.0 * 2.0**3  # a block max exactly at 448 * 2^k
+    k[3, 64:128] = 448.0 * 2.0**3 * 1.0078125  # just above it
+    slots = torch.randperm(pages * bs, generator=gen)[:n]
+    slots[5] = -1
+
+    def run(fn):
+        cache = torch.zeros(pages, bs * 584, dtype=torch.uint8)
+        fn(cache)
+        return cache
+
+    def planted(cache):  # a scale one power of two too large: the ceil rounded up again
+        real = torch.ceil
+        cache_insert.torch.ceil = lambda x: real(x) + 1
+        try:
+            cache_insert.quantize_insert(k, cache, slots, bs)
+        finally:
+            cache_insert.torch.ceil = real
+
+    check(
+        "quantize_insert",
+        lambda: run(lambda c: ops.quantize_and_insert_k_cache(k, c, slots, block_size=bs)),
+        lambda: run(lambda c: cache_insert.quantize_insert(k, c, slots, bs)),
+        lambda: run(planted),
+    )
+
+
+def correct_attn_out() -> None:
+    dcp = importlib.import_module("vllm.v1.attention.ops.dcp")
+    gen = torch.Generator().manual_seed(1)
+    n, b, h, d = 2, 5, 4, 512
+    out = torch.randn(b, h, d, generator=gen).to(torch.bfloat16)
+    lses = torch.randn(n, b, h, generator=gen) * 3
+    lses[0, 0, 0] = float("-inf")
+    lses[:, 1, 1] = float("-inf")  # a row every rank saw empty
+    lses[1, 2, 2] = float("nan")
+
+    def run(kernel, rank):
+        new, vlse = torch.empty_like(out), torch.empty(b, h)
+        kernel(out, new, lses, vlse, rank, dcp.CPTritonContext(), is_base_e=False)
+        return new, vlse
+
+    class Planted(dcp_combine.CorrectAttnOut):  # the rank's own LSE, not the total
+        def __call__(self, outputs, new_output, lses, vlse, lse_idx, ctx, *, is_base_e):
+            super().__call__(outputs, new_output, lses, vlse, 1 - lse_idx, ctx, is_base_e=is_base_e)
+
+    for rank in range(n):
+        check(
+            f"correct_attn_out[rank{rank}]",
+            lambda r=rank: run(dcp.CorrectAttnCPOutKernel(), r),
+            lambda r=rank: run(dcp_combine.CorrectAttnOut(), r),
+            lambda r=rank: run(Planted(), r),
+        )
+
+
+def a2a() -> None:
+    for dtype in (torch.bfloat16, torch.float32):
+        _a2a_case(dtype)
+
+
+def _a2a_case(dtype) -> None:
+    dcp = pristine("vllm.v1.attention.ops.dcp")
+    assert dcp._dcp_a2a_unpack_combine is not dcp_combine.unpack_combine
+    gen = torch.Generator().manual_seed(2)
+    n, b, h, d = 2, 5, 4, 512
+    out = torch.randn(b, h, d, generator=gen).to(dtype)
+    lse = torch.randn(b, h, generator=gen) * 2
+    pack = dcp._dcp_a2a_lse_pack_dim(dtype)
+    seq_lens, qsl = torch.tensor([3, 0]), torch.tensor([0, 3, 5])  # request 2: empty shard
+
+    def packed(fn):
+        buf = torch.zeros(n, b, h // n, d + pack, dtype=dtype)
+        fn(out, lse, buf, n, h // n, d, pack, seq_lens=seq_lens, query_start_loc=qsl)
+        return buf.view(torch.int16) if dtype == torch.bfloat16 else buf
+
+    def planted_pack(o, l_, buf, *args, **kwargs):  # the empty-shard mask dropped
+        dcp_combine.pack_send(o, l_, buf, *args)
+
+    name = str(dtype).removeprefix("torch.")
+    check(
+        f"a2a_pack[{name}]",
+        lambda: packed(dcp._dcp_a2a_pack_send),
+        lambda: packed(dcp_combine.pack_send),
+        lambda: packed(planted_pack),
+    )
+    buf = torch.zeros(n, b, h // n, d + pack, dtype=dtype)
+    dcp._dcp_a2a_pack_send(out, lse, buf, n, h // n, d, pack)
+    check(
+        f"a2a_unpack[{name}]",
+        lambda: dcp._dcp_a2a_unpack_combine(buf, d, pack, True, False),
+        lambda: dcp_combine.unpack_combine(buf, d, pack, True, False),
+        lambda: dcp_combine.unpack_combine(buf, d, pack, True, True),  # base e, not 2
+    )
+
+    def launched(kernel, base_e=False):  # as patch 09 launches it: into a strided output
+        output = torch.full((b, h, d + 64), 7.0, dtype=dtype)[:, : h // n, :d]
+        no_lse = torch.empty((1, 1), dtype=dtype)
+        kernel[(b, h // n, 1)](
+            buf, output, no_lse, *buf.stride(), *output.stride(), *no_lse.stride(),
+            N=n, HEAD_DIM=d, IS_BASE_E=base_e, RETURN_LSE=False, LSE_PACK_DIM=pack,
+        )  # fmt: skip
+        return output._base if output._base is not None else output
+
+    check(
+        f"a2a_unpack_kernel[{name}]",
+        lambda: launched(dcp._dcp_a2a_unpack_combine_kernel),
+        lambda: launched(dcp_combine.UnpackCombineKernel()),
+        lambda: launched(dcp_combine.UnpackCombineKernel(), base_e=True),
+    )
+
+
+def inverse_rope() -> None:
+    m = importlib.import_module("vllm.models.deepseek_v4.common.ops.fused_inv_rope_fp8_quant")
+    gen = torch.Generator().manual_seed(3)
+    t, g, hpg = 6, 2, 2
+    o = torch.randn(t, g * hpg, 512, generator=gen).to(torch.bfloat16)
+    pos, cs = torch.arange(t) * 7, torch.randn(100, 64, generator=gen)
+    kw = dict(
+        heads_per_group=hpg,
+        quant_group_size=128,
+        chunks_per_head=4,
+        nope_dim=448,
+        half_rope=32,
+        tma_aligned_scales=False,
+        quantize=False,
+        fp8_max=448.0,
+        launch_pdl=False,
+        grid=(t, g * hpg),
+    )
+
+    def run(kernel, positions=pos):
+        buf = torch.empty(g, t, hpg * 512, dtype=torch.bfloat16)
+        kernel(o, positions, cs, buf, torch.empty(0), t, **kw)
+        return buf
+
+    check(
+        "inverse_rope",
+        lambda: run(m.FusedInvRopeFP8QuantKernel()),
+        lambda: run(inv_rope.InvRope(None)),
+        lambda: run(inv_rope.InvRope(None), pos + 1),
+    )  # planted: off-by-one position
+
+
+def index_remap_check() -> None:
+    su = importlib.import_module("vllm.v1.attention.backends.mla.sparse_utils")
+    gen = torch.Generator().manual_seed(4)
+    t, k, r, mb, bs = 6, 128, 3, 8, 64
+    req = torch.randint(0, r, (t,), dtype=torch.int32, generator=gen)
+    bt = torch.randint(0, 50, (r, mb), dtype=torch.int32, generator=gen)
+    ti = torch.randint(-1, 1200, (t, k), dtype=torch.int32, generator=gen)
+
+    class Planted(index_remap.RemapIndex):  # every token taken as this rank's own
+        def __call__(self, *args, **kwargs):
+            super().__call__(*args, **{**kwargs, "DCP_SIZE": 1})
+
+    for w, rank, il in ((1, 0, 1), (2, 0, 2), (2, 1, 2), (4, 3, 1)):
+
+        def run(kernel, w=w, rank=rank, il=il):
+            su._CONVERT_REQ_INDEX_TO_GLOBAL_INDEX_KERNEL = kernel
+            if w == 1:
+                return su.triton_convert_req_index_to_global_index(
+                    req, bt, ti, BLOCK_SIZE=bs, NUM_TOPK_TOKENS=k, return_valid_counts=True
+                )
+            return su.triton_filter_and_convert_dcp_index(
+                req, bt, ti, w, rank, il, BLOCK_SIZE=bs, NUM_TOPK_TOKENS=k, return_valid_counts=True
+            )
+
+        planted = (lambda: run(Planted())) if w > 1 else (lambda: run(_OffByOne()))
+        check(
+            f"index_remap[w{w}r{rank}i{il}]",
+            lambda: run(su.ConvertReqIndexToGlobalIndexKernel()),
+            lambda: run(index_remap.RemapIndex()),
+            planted,
+        )
+
+
+class _OffByOne(index_remap.RemapIndex):  # the in-block offset shifted by one
+    def __call__(self, *args, **kwargs):
+        stride = kwargs["BLOCK_STRIDE_ROWS"] + 1
+        super().__call__(*args, **{**kwargs, "BLOCK_STRIDE_ROWS": stride})
+
+
+def qkv_rmsnorm() -> None:
+    m = importlib.import_module("vllm.models.common.ops.fused_qk_rmsnorm")
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.randn(7, 640, generator=gen) * 3).to(torch.bfloat16)
+    q, kv = x[:, :128], x[:, 128:]
+    qw = torch.randn(128, generator=gen).to(torch.bfloat16)
+    kw_ = torch.randn(512, generator=gen).to(torch.bfloat16)
+
+    def run(kernel, eps=1e-20):
+        qo = torch.empty(7, 128, dtype=torch.bfloat16)
+        ko = torch.empty(7, 512, dtype=torch.bfloat16)
+        kernel(q, kv, qo, ko, qw, kw_, eps)
+        return qo, ko
+
+    check(
+        "qkv_rmsnorm",
+        lambda: run(m.FusedQKVRMSNormKernel()),
+        lambda: run(rmsnorm.FusedQKVRMSNorm()),
+        lambda: run(rmsnorm.FusedQKVRMSNorm(), 1.0),
+    )
+
+
+def swa() -> None:
+    s = importlib.import_module("vllm.v1.attention.backends.mla.sparse_swa")
+    window, bs, mb = 8, 4, 16
+    qsl = torch.tensor([0, 5, 12, 20], dtype=torch.int32)
+    seq = torch.tensor([9, 30, 8], dtype=torch.int32)
+    t2r = torch.tensor([0] * 5 + [1] * 7 + [2] * 8 + [0] * 4, dtype=torch.int32)
+    valid = torch.ones(24, dtype=torch.bool)
+    valid[3] = False
+    gen = torch.Generator().manual_seed(6)
+    bt = torch.randint(0, 99, (3, mb), dtype=torch.int32, generator=gen)
+    replay = torch.tensor([0, 25, 2], dtype=torch.int32)  # SWA bounded replay starts
+    left = torch.randint(0, 6, (24,), dtype=torch.int32, generator=gen)
+    right = torch.randint(0, 3, (24,), dtype=torch.int32, generator=gen)
+    for image in (False, True):
+        for offset in (0, 2):
+
+            def run(kernel, rs=replay, image=image, offset=offset):
+                ind = torch.full((18, window + 6), 7, dtype=torch.int32)
+                lens = torch.full((18,), 7, dtype=torch.int32)
+                kernel(
+                    ind,
+                    lens,
+                    window,
+                    window + 6,
+                    left,
+                    right,
+                    qsl,
+                    seq,
+                    t2r,
+                    valid,
+                    bt,
+                    bs,
+                    rs,
+                    num_tokens=18,
+                    token_offset=offset,
+                    has_image=image,
+                )
+                return ind, lens
+
+            check(
+                f"swa_indices[image={image},offset={offset}]",
+                lambda: run(s.ComputeSWAIndicesAndLensKernel()),
+                lambda: run(swa_indices.SWAIndicesAndLens()),
+                lambda: run(swa_indices.SWAIndicesAndLens(), torch.zeros_like(replay)),
+            )
+
+
+def zero_kv_blocks() -> None:
+    kernel = pristine("vllm.v1.worker.utils")._zero_kv_blocks_kernel
+    gen = torch.Generator().manual_seed(7)
+    # Two segments, as a packed layer's views: different block strides and page sizes.
+    a = torch.randint(1, 2**30, (6, 40), dtype=torch.int32, generator=gen)
+    b = torch.randint(1, 2**30, (6 * 24,), dtype=torch.int32, generator=gen)
+    ids = torch.tensor([4, 0, 2], dtype=torch.int64)
+
+    def run(zero, short=0):
+        x, y = a.clone(), b.clone()
+        addrs = torch.tensor([x.data_ptr(), y.data_ptr() + 8], dtype=torch.uint64)
+        strides = torch.tensor([40, 24], dtype=torch.int64)
+        pages = torch.tensor([40 - short, 21 - short], dtype=torch.int64)
+        zero[(3, 2, 3)](addrs, strides, pages, ids, BLOCK_SIZE=16)
+        return x, y
+
+    check(
+        "zero_kv_blocks",
+        lambda: run(kernel),
+        lambda: run(zero_blocks.ZeroKVBlocks()),
+        lambda: run(zero_blocks.ZeroKVBlocks(), short=1),
+    )
+
+
+@triton.jit
+def _sum_in_order(a, b):
+    return a + b
+
+
+@triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _first_max(v1, i1, v2, i2):
+    keep = v1 >= v2
+    return tl.where(keep, v1, v2), tl.where(keep, i1, i2)
+
+
+@triton.jit
+def _reductions(x, rows, cols, total, kept, best, at, R: tl.constexpr, C: tl.constexpr):
+    r, c = tl.arange(0, R), tl.arange(0, C)
+    v = tl.load(x + r[:, None] * C + c[None, :])
+    tl.store(rows + r, tl.reduce(v, 1, _nan_max))
+    tl.store(cols + c, tl.reduce(v, 0, _sum_in_order))
+    tl.store(total, tl.reduce(v, None, _sum_in_order))
+    tl.store(kept + r[:, None], tl.reduce(v, 1, _sum_in_order, keep_dims=True))
+    value, index = tl.reduce((v, c[None, :] + r[:, None] * 0), 1, _first_max)
+    tl.store(best + r, value)
+    tl.store(at + r, index)
+
+
+def folded_reduce() -> None:
+    """The interpreter's custom-combine reduce, folded over whole slices, against its own
+    element-at-a-time loop: NaN, both zeros, infinities, ties, an order-sensitive sum."""
+    interpreter = importlib.import_module("triton.runtime.interpreter")
+    folded = interpreter.ReduceOps.generic_reduce
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(8, 16, generator=gen) * torch.logspace(-8, 8, 16)
+    x[0, 3], x[1, :] = float("nan"), 0.0
+    x[1, ::3], x[2, 5], x[3, 7] = -0.0, float("inf"), -float("inf")
+    x[4, 2] = x[4, 9] = x[4].abs().max() + 1  # a tie: the first index wins
+
+    def reversed_fold(self, input):  # the plant: the same fold from the other end
+        flipped = [self.to_tensor(a.handle.data[..., ::-1].copy(), a.dtype) for a in input]
+        return folded(self, tuple(flipped))
+
+    def run(reduce):
+        interpreter.ReduceOps.generic_reduce = reduce
+        try:
+            out = (
+                torch.empty(8),
+                torch.empty(16),
+                torch.empty(1),
+                torch.empty(8),
+                torch.empty(8),
+                torch.empty(8, dtype=torch.int32),
+            )
+            _reductions[(1,)](x, *out, R=8, C=16)
+            return tuple(o.view(torch.int32) for o in out)  # bits: same() allows fp32 ulps
+        finally:
+            interpreter.ReduceOps.generic_reduce = folded
+
+    check(
+        "folded_reduce",
+        lambda: run(folded.elementwise),
+        lambda: run(folded),
+        lambda: run(reversed_fold),
+    )
+
+
+def listed_builtins() -> None:
+    """The builtins the interpreter wraps per launch, listed once, against its own
+    inspect.getmembers on every launch: the same (object, name, original) changes."""
+    interpreter = importlib.import_module("triton.runtime.interpreter")
+    listed = interpreter._patch_builtin
+
+    def one_short(pkg, builder, scope):  # the plant: a name lost from the list
+        listed(pkg, builder, scope)
+        if pkg is tl:
+            scope.restore()
+            listed.every_launch(pkg, builder, scope)
+            del scope._changes[-1]
+
+    def changes(patch_builtin):
+        scope = interpreter._LangPatchScope()
+        for pkg in (tl, tl.core, tl.tensor, tl.math, tl.core.tensor_descriptor_base):
+            patch_builtin(pkg, interpreter.interpreter_builder, scope)
+        made = [(id(obj), name, id(original)) for obj, name, original in scope._changes]
+        scope.restore()
+        return torch.tensor([hash(tuple(made)) % 2**62, len(made)])
+
+    check(
+        "listed_builtins",
+        lambda: changes(listed.every_launch),
+        lambda: changes(listed),
+        lambda: changes(one_short),
+    )
+
+
+def main() -> None:
+    for step in (
+        quantize_insert,
+        correct_attn_out,
+        a2a,
+        inverse_rope,
+        index_remap_check,
+        qkv_rmsnorm,
+        swa,
+        zero_kv_blocks,
+        folded_reduce,
+        listed_builtins,
+    ):
+        step()
+    print(MARK + json.dumps(RESULTS), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
