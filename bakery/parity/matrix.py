@@ -241,7 +241,7 @@ def _serve_and_capture(
     reference: Path | None = None,
 ) -> dict:
     plan, report = checked
-    benched: dict[str, float] | None = None  # no [bench], or it did not run
+    benched: serving.BenchFigures | None = None  # no [bench], or it did not run
     record, boot_s = lifecycle.start(
         plan, report.facts, ["matrix", entry.name], grace_s=ctx.grace_s, say=say
     )
