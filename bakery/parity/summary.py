@@ -106,12 +106,12 @@ def write_plots(summary: MatrixSummary, out: Path, say=print) -> list[str]:
         return []
     names, figures = _order(summary), summary.serving
     written = []
-    rows = [figures.get(n) for n in names]
-    tokens = [_value(r.kv_cache_tokens) if r else None for r in rows]
+    served = [figures.get(n) for n in names]
+    tokens = [_value(r.kv_cache_tokens) if r else None for r in served]
     if any(t is not None for t in tokens):
         plots.kv_plot(names, tokens, names[0], out / KV_PLOT)
         written.append(KV_PLOT)
-    benched = [_value(r.bench) if r else None for r in rows]
+    benched = [_value(r.bench) if r else None for r in served]
     if any(benched):
         plots.bench_plot(names, benched, out / BENCH_PLOT)
         written.append(BENCH_PLOT)

@@ -239,6 +239,9 @@ def test_a_nan_or_infinite_figure_is_never_written(tmp_path, figures):
         ('{"bench": {"output_tok_s": NaN}}', "$.bench.output_tok_s: must be a finite number"),
         ('{"max_concurrency": -Infinity}', "$.max_concurrency: must be a finite number"),
         ('{"kv_tokens": 1}', "$.kv_tokens: unknown field"),
+        # a bench is all five figures (bench_serve writes them all), each named
+        ('{"bench": {"output_tok_s": 1.0}}', "$.bench.itl_ms_p50: missing"),
+        ('{"bench": {"p50_ttft_ms": 1.0}}', "$.bench.p50_ttft_ms: unknown field"),
     ],
 )
 def test_a_damaged_serving_json_is_one_clear_error(tmp_path, text, says):
