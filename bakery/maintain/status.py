@@ -101,7 +101,9 @@ class Server(Protocol):
 
 class PatchFacts(msgspec.Struct, frozen=True, kw_only=True):
     """One patch as status shows it: its file and header, an empty header field left out
-    (as ``PatchEntry.header`` gives it)."""
+    (as ``PatchEntry.header`` gives it). A view made from the series' ``PatchEntry``
+    (``of``), not a document read anywhere: it exists because status --json has always
+    left an empty header field out, where ``PatchEntry`` holds ``""``."""
 
     file: str
     stage: int
