@@ -8,13 +8,15 @@ this exists to catch.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
+from bakery.schema import try_decode_json
 from bakery.series.series import Series
 
 __all__ = ["ImportResult", "touched_modules", "import_check"]
@@ -31,6 +33,16 @@ for name in sys.argv[1:]:
         print(json.dumps({"module": name, "ok": False, "error": f"{type(exc).__name__}: {exc}"}),
               flush=True)
 """
+
+
+class ImportVerdict(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One line of ``_PROBE``: whether ``module`` imported, and from where ``vllm`` came
+    (``ok``) or the error (not ``ok``)."""
+
+    module: str
+    ok: bool
+    vllm: str = ""
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -66,19 +78,20 @@ def import_check(
     verdicts = {}
     for line in proc.stdout.splitlines():
         if line.startswith("{"):
-            data = json.loads(line)
-            verdicts[data["module"]] = data
+            verdict, _ = try_decode_json(line.encode(), ImportVerdict)
+            if verdict is not None:  # else a line the imported code printed, no verdict
+                verdicts[verdict.module] = verdict
     results = []
     for module in modules:
-        data = verdicts.get(module)
-        if data is None:
+        found = verdicts.get(module)
+        if found is None:
             results.append(ImportResult(module, False, f"interpreter died: {proc.stderr[-500:]}"))
-        elif not data["ok"]:
-            results.append(ImportResult(module, False, data["error"]))
-        elif not Path(data["vllm"]).resolve().is_relative_to(tree):
+        elif not found.ok:
+            results.append(ImportResult(module, False, found.error))
+        elif not Path(found.vllm).resolve().is_relative_to(tree):
             results.append(
-                ImportResult(module, False, f"vllm imported from {data['vllm']}, not from {tree}")
+                ImportResult(module, False, f"vllm imported from {found.vllm}, not from {tree}")
             )
         else:
-            results.append(ImportResult(module, True, data["vllm"]))
+            results.append(ImportResult(module, True, found.vllm))
     return results

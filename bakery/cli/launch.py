@@ -18,7 +18,16 @@ import click
 from bakery import project
 from bakery.bake.bake import tree_dir
 from bakery.cli.boundary import run_command
-from bakery.cli.launch_args import PORT, SECONDS, is_path, model_path, port_of, start_argv
+from bakery.cli.launch_args import (
+    PORT,
+    SECONDS,
+    Restart,
+    is_path,
+    model_path,
+    port_of,
+    restart_of,
+    start_argv,
+)
 from bakery.cli.options import under_root
 from bakery.errors import BakeryError, UsageError
 from bakery.launch import lifecycle, preflight, run_record
@@ -178,14 +187,15 @@ def start_cmd(
     series_dir,
     artifacts,
     vllm_args,
+    model,
     **flags,
 ) -> None:
     """Preflight, then start vLLM on the baked tree and wait until it answers."""
     series = load_series(series_dir)
     table = load_gate_table(series_dir)
     profile = load_profile(profile_ref, profiles_dir, table)
-    flags["model"] = model_path(flags["model"])
-    profile = override(profile, vllm_args=vllm_args, **flags)
+    model = model_path(model)
+    profile = override(profile, vllm_args=vllm_args, model=model, **flags)
     python = python if python.is_absolute() else Path.cwd() / python
     tree = None if installed else tree_dir(build, profile.base)
     plan = make_plan(profile, python=python, tree=tree, root=_root(), artifacts=artifacts)
@@ -194,20 +204,21 @@ def start_cmd(
     if dry_run:
         shown = render_plan(plan) if as_json else None
         click.echo(json.dumps(shown, indent=2) if shown else command_script(plan, "dry-run"))
-    obj = click.get_current_context().obj or {}
-    held = frozenset(obj.get("held_ports") or ())
+    restart = restart_of(click.get_current_context())
+    held = frozenset(restart.held_ports if restart else ())
+    preflight_only = restart is not None and restart.preflight_only
     report = preflight.run_preflight(plan, table, series, build, held_ports=held)
-    for note in [] if obj.get("preflight_only") else report.notes:
+    for note in [] if preflight_only else report.notes:
         _say(f"note: {note}")
     preflight.enforce(report)
-    if obj.get("preflight_only"):  # restart's first pass: would this start be refused?
+    if preflight_only:  # restart's first pass: would this start be refused?
         return
     if dry_run:
         _say("dry run: preflight passed; nothing started")
         return
     _say(f"preflight passed for {profile.name}")
     absolute = {
-        "--model": flags["model"],
+        "--model": model,
         "--profile": str(profile.source.resolve()) if is_path(profile_ref) else None,
         "--python": str(python),
         "--build": str(build),
@@ -283,7 +294,7 @@ def restart_cmd(profile, grace, artifacts) -> None:
     argvs = [run_record.launcher_argv(Path(r.run_dir)) for r in rows]
     held = sorted({port for r in rows if (port := port_of(r.url)) is not None})
     for argv in argvs:
-        obj = {"start_argv": argv, "preflight_only": True, "held_ports": held}
+        obj = Restart(argv, preflight_only=True, held_ports=tuple(held))
         _say(f"preflight for: run.sh {' '.join(argv)}")
         start_cmd.main(args=argv[1:], standalone_mode=False, obj=obj)
     lifecycle.stop(artifacts, names[0], grace, say=click.echo)
@@ -291,7 +302,7 @@ def restart_cmd(profile, grace, artifacts) -> None:
     for argv in argvs:  # what was stopped starts again, each with its own command
         _say(f"starting again: run.sh {' '.join(argv)}")
         try:
-            start_cmd.main(args=argv[1:], standalone_mode=False, obj={"start_argv": argv})
+            start_cmd.main(args=argv[1:], standalone_mode=False, obj=Restart(argv))
         except BakeryError as exc:
             if len(argvs) == 1:
                 raise

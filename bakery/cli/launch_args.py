@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -40,6 +41,22 @@ def model_path(value: str | None) -> str | None:
     return value
 
 
+@dataclass(frozen=True)
+class Restart:
+    """What `restart` hands each `start` it runs (as click's ``ctx.obj``): the run's own
+    `start` argv, whether only its preflight runs (would it be refused?), and the ports
+    the servers it stops hold (counted as free)."""
+
+    start_argv: list[str]
+    preflight_only: bool = False
+    held_ports: tuple[int, ...] = ()
+
+
+def restart_of(ctx: click.Context) -> Restart | None:
+    """The restart this `start` runs for (None: run as itself)."""
+    return ctx.obj if isinstance(ctx.obj, Restart) else None
+
+
 def is_path(ref: str) -> bool:
     return ref.endswith(".toml") or "/" in ref  # as profiles.load_profile reads it
 
@@ -48,7 +65,8 @@ def start_argv(ctx: click.Context, absolute: dict[str, str | None]) -> list[str]
     """`start` and its arguments as given (a restart passes them in ctx.obj), with every
     path made absolute (``absolute``: option -> its absolute value): `restart` runs them
     again from any folder. Nothing after ``--`` (vLLM's own arguments) is touched."""
-    argv = list((ctx.obj or {}).get("start_argv") or sys.argv[1:])
+    restart = restart_of(ctx)
+    argv = list((restart.start_argv if restart else None) or sys.argv[1:])
     argv = argv[argv.index("start") :] if "start" in argv else ["start", *argv]
     out: list[str] = []
     words = iter(argv)

@@ -17,7 +17,7 @@ from bakery.launch.errors import Problem
 from bakery.launch.gates import CANDIDATES, COMBINE, GATHER, PCP, SPECULATIVE, STAGE, GateTable
 from bakery.launch.model_config import candidate_blocks, text_config
 from bakery.launch.plan import LaunchPlan, server_args
-from bakery.launch.vllm_args import ArgValueError, read_args
+from bakery.launch.vllm_args import ArgValueError, VllmArgs, read_args
 
 __all__ = [
     "config_problems",
@@ -244,19 +244,19 @@ def _candidate_problems(plan: LaunchPlan, table: GateTable, config: dict) -> lis
     return [problem] if problem else []
 
 
-def _arg_problems(plan: LaunchPlan, table: GateTable, parsed: dict) -> list[Problem]:
+def _arg_problems(plan: LaunchPlan, table: GateTable, parsed: VllmArgs) -> list[Problem]:
     """The vLLM args (parsed by vLLM's parser, or ``vllm_args``) against the launcher's layout."""
     out: list[Problem | None] = [*_contradictions(plan, parsed)]  # a feature may be allowed
     speculative = [
         f"--{k.replace('_', '-')}"
         for k in ("speculative_config", "spec_method", "spec_model", "spec_tokens")
-        if parsed.get(k) not in (None, {}, "")
+        if getattr(parsed, k) not in (None, {}, "")
     ]
     if speculative:
         what = "speculative decoding (MTP / DSpark) under DCP"
         way_out = "--dcp 1, or drop " + " ".join(speculative)
         out.append(_feature_problem(plan, table, SPECULATIVE, what, " ".join(speculative), way_out))
-    pcp = parsed.get("prefill_context_parallel_size")
+    pcp = parsed.prefill_context_parallel_size
     if isinstance(pcp, int) and pcp > 1:
         what = "prefill context parallelism (PCP) under DCP"
         value = f"--prefill-context-parallel-size {pcp}"
@@ -270,7 +270,7 @@ def config_problems(
     table: GateTable,
     heads: tuple[int, ...] | None,
     config: dict | None,
-    parsed: dict | None = None,
+    parsed: VllmArgs | None = None,
 ) -> list[Problem]:
     """The pure checks. ``parsed``: the vLLM args as vLLM's parser read them; None reads
     the plan's own args with ``vllm_args`` (unreadable ones are ``args_problems``')."""
@@ -278,7 +278,7 @@ def config_problems(
         try:
             parsed = read_args(server_args(plan.profile))
         except ArgValueError:
-            parsed = {}
+            parsed = VllmArgs()
     out = _stage_problems(plan, table) + _env_problems(plan, table) + _layout_problems(plan)
     out += _arg_problems(plan, table, parsed)
     out += dcp_flag_problems(plan, parsed, config)
@@ -319,7 +319,7 @@ def stage_notes(plan: LaunchPlan, table: GateTable) -> list[str]:
     return notes
 
 
-def _contradictions(plan: LaunchPlan, parsed: dict) -> list[Problem]:
+def _contradictions(plan: LaunchPlan, parsed: VllmArgs) -> list[Problem]:
     lay = plan.profile.layout
     out = []
     for key, mine, flag in (
@@ -327,23 +327,24 @@ def _contradictions(plan: LaunchPlan, parsed: dict) -> list[Problem]:
         ("pipeline_parallel_size", lay.pp, "--pp"),
         ("decode_context_parallel_size", lay.dcp, "--dcp"),
     ):
-        if parsed.get(key) is not None and parsed[key] != mine:
+        value = getattr(parsed, key)
+        if value is not None and value != mine:
             out.append(
                 Problem(
                     "an extra vLLM arg contradicts the launcher",
-                    f"{key} parses as {parsed[key]}, the launcher sets {mine}",
-                    f"{key}={parsed[key]}",
+                    f"{key} parses as {value}, the launcher sets {mine}",
+                    f"{key}={value}",
                     f"set it with {flag}, not a raw vLLM flag",
                 )
             )
     return out
 
 
-def _interleave_problems(plan: LaunchPlan, parsed: dict, config: dict | None) -> list[Problem]:
+def _interleave_problems(plan: LaunchPlan, parsed: VllmArgs, config: dict | None) -> list[Problem]:
     if plan.profile.layout.dcp <= 1:
         return []
-    cp = parsed.get("cp_kv_cache_interleave_size") or 1
-    dcp = parsed.get("dcp_kv_cache_interleave_size") or 1
+    cp = parsed.cp_kv_cache_interleave_size or 1
+    dcp = parsed.dcp_kv_cache_interleave_size or 1
     if dcp > 1 and cp != dcp:
         # vLLM copies the dcp value over only at KV-transfer init; patches 02 and 06
         # read cp_kv_cache_interleave_size while the layers are built, before that.
@@ -375,7 +376,7 @@ def _interleave_problems(plan: LaunchPlan, parsed: dict, config: dict | None) ->
     ]
 
 
-def dcp_flag_problems(plan: LaunchPlan, parsed: dict, config: dict | None) -> list[Problem]:
+def dcp_flag_problems(plan: LaunchPlan, parsed: VllmArgs, config: dict | None) -> list[Problem]:
     """A --dcp-comm-backend that is not the profile's combine (the launcher passes the
     combine as that flag), and, for the series' model (or one whose config is unknown),
     vLLM 0.32.0's own features the series refuses under DCP > 1, each by its flag's name
@@ -385,7 +386,7 @@ def dcp_flag_problems(plan: LaunchPlan, parsed: dict, config: dict | None) -> li
         return []
     at = f"with --dcp {lay.dcp}"
     out = []
-    backend = parsed.get("dcp_comm_backend")
+    backend = parsed.dcp_comm_backend
     if backend is not None and backend != g.combine:
         out.append(
             Problem(
@@ -398,7 +399,7 @@ def dcp_flag_problems(plan: LaunchPlan, parsed: dict, config: dict | None) -> li
         )
     if config and config.get("model_type") != SERIES_MODEL_TYPE:
         return out
-    if parsed.get("dcp_q_replicate") is True:
+    if parsed.dcp_q_replicate is True:
         out.append(
             Problem(
                 "--dcp-q-replicate under DCP",
@@ -408,9 +409,9 @@ def dcp_flag_problems(plan: LaunchPlan, parsed: dict, config: dict | None) -> li
                 "drop --dcp-q-replicate (or pass --no-dcp-q-replicate)",
             )
         )
-    ubatch = parsed.get("ubatch_size")
-    if parsed.get("enable_dbo") is True or (isinstance(ubatch, int) and ubatch > 1):
-        shown = "--enable-dbo" if parsed.get("enable_dbo") else f"--ubatch-size {ubatch}"
+    ubatch = parsed.ubatch_size
+    if parsed.enable_dbo is True or (isinstance(ubatch, int) and ubatch > 1):
+        shown = "--enable-dbo" if parsed.enable_dbo else f"--ubatch-size {ubatch}"
         out.append(
             Problem(
                 "dual-batch overlap (DBO) under DCP",
@@ -421,7 +422,7 @@ def dcp_flag_problems(plan: LaunchPlan, parsed: dict, config: dict | None) -> li
             )
         )
     # None: not parsed; vLLM 0.32.0's default is on.
-    if parsed.get("swa_bounded_replay") is not False:
+    if parsed.swa_bounded_replay is not False:
         out.append(
             Problem(
                 "SWA bounded replay under DCP",

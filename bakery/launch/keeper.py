@@ -22,10 +22,17 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+
+
+class _State:
+    """The keeper's one run: its child, and whether tearing down has begun."""
+
+    child: "subprocess.Popen[bytes] | None" = None
+    down = False
+
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {"child": None, "down": False}
+_state = _State()
 _finished = threading.Event()
 
 
@@ -59,9 +66,9 @@ def _others_alive(pgid):
 def teardown(grace):
     """SIGTERM the group, wait up to ``grace`` s, SIGKILL whatever is left (keeper too)."""
     with _lock:
-        if _state["down"]:
+        if _state.down:
             return
-        _state["down"] = True
+        _state.down = True
     try:
         pgid = os.getpgrp()
         os.killpg(pgid, signal.SIGTERM)  # our handler sees `down` and returns
@@ -94,10 +101,10 @@ def main(argv):
         return 2
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: threading.Thread(target=teardown, args=(grace,)).start())
-    _state["child"] = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    _state.child = child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
     threading.Thread(target=_watch, args=(fd, grace), daemon=True).start()
-    status = _state["child"].wait()
-    if not _state["down"]:
+    status = child.wait()
+    if not _state.down:
         time.sleep(1.0)  # let vLLM's own shutdown reap its workers first
         teardown(min(grace, 10.0))
     _finished.wait()

@@ -38,7 +38,7 @@ from bakery.launch.host import (
 from bakery.launch.installed import installed_problems
 from bakery.launch.model_config import find_config
 from bakery.launch.plan import LaunchPlan, server_args
-from bakery.launch.vllm_args import ArgValueError, read_args
+from bakery.launch.vllm_args import ArgValueError, VllmArgs, read_args
 from bakery.series.series import Series
 
 __all__ = [
@@ -255,11 +255,11 @@ def _heads(
         ]
 
 
-def _read_own_args(plan: LaunchPlan) -> tuple[dict, list[Problem]]:
+def _read_own_args(plan: LaunchPlan) -> tuple[VllmArgs, list[Problem]]:
     try:
         return read_args(server_args(plan.profile)), []
     except ArgValueError as exc:
-        return {}, [
+        return VllmArgs(), [
             Problem(
                 "a vLLM arg cannot be read",
                 "vLLM's own type check refuses it",
@@ -269,12 +269,12 @@ def _read_own_args(plan: LaunchPlan) -> tuple[dict, list[Problem]]:
         ]
 
 
-def _parsed(probe: ProbeAnswer | None, own: dict) -> tuple[dict, list[str]]:
+def _parsed(probe: ProbeAnswer | None, own: VllmArgs) -> tuple[VllmArgs, list[str]]:
     """vLLM's own parse when the probe got one, else the launcher's reading of the args."""
     args = probe.args if probe is not None else None
     if args is not None and args.ok:
         # a field the probe's answer lacks is read from the args (same spellings)
-        return {**own, **args.parsed}, []
+        return own.over(args.parsed), []
     return own, ["vLLM flags read by the launcher (the pinned vLLM parser gave no answer)"]
 
 
@@ -289,7 +289,7 @@ def run_preflight(
     ports the servers a restart stops first hold (not counted as taken)."""
     own, arg_problems = _read_own_args(plan)
     serving_env = {**os.environ, **dict(plan.env)}
-    found = find_config(plan.profile.model, plan.cwd, serving_env, own.get("revision"))
+    found = find_config(plan.profile.model, plan.cwd, serving_env, own.revision)
     config = found.config
     gpus, gpu_error, gpu_notes = _gather_gpus(plan)
     # The cheap checks first: a missing or stale tree makes the probe (seconds to import

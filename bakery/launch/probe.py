@@ -16,7 +16,6 @@ import importlib.util
 import io
 import json
 import sys
-from typing import Any
 
 MARKER = "BAKERY_PROBE"
 # The parsed values preflight checks (bakery.launch.vllm_args reads the same
@@ -74,22 +73,26 @@ def _parse(module, args):
 
 
 def main(argv):
+    """Print the answer (bakery.launch.host.ProbeAnswer reads it), its keys in this order."""
     module, args = argv[0], argv[1:]
-    out: dict[str, Any] = {"vllm_file": None, "vllm_version": None, "torch_version": None}
     try:
         import vllm
     except Exception as exc:  # reported: it is the answer
-        out["import_error"] = f"{type(exc).__name__}: {exc}"
-        print(MARKER, json.dumps(out))
+        error = f"{type(exc).__name__}: {exc}"
+        unknown = {"vllm_file": None, "vllm_version": None, "torch_version": None}
+        print(MARKER, json.dumps({**unknown, "import_error": error}))
         return 0
-    out["vllm_file"] = vllm.__file__
-    out["vllm_version"] = getattr(vllm, "__version__", None)
-    out["ray"] = importlib.util.find_spec("ray") is not None
+    ray = importlib.util.find_spec("ray") is not None
     with contextlib.redirect_stdout(io.StringIO()):
-        out["args"] = _parse(module, args)
-    torch = sys.modules.get("torch")
-    out["torch_version"] = getattr(torch, "__version__", None)
-    print(MARKER, json.dumps(out, default=str))
+        parsed = _parse(module, args)
+    answer = {
+        "vllm_file": vllm.__file__,
+        "vllm_version": getattr(vllm, "__version__", None),
+        "torch_version": getattr(sys.modules.get("torch"), "__version__", None),
+        "ray": ray,
+        "args": parsed,
+    }
+    print(MARKER, json.dumps(answer, default=str))
     return 0
 
 

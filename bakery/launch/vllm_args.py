@@ -14,10 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from typing import Any
+
+import msgspec
 
 from bakery.launch import probe
 
-__all__ = ["read_args", "ArgValueError"]
+__all__ = ["read_args", "ArgValueError", "VllmArgs"]
 
 _UNDERSCORES = re.compile(r"(?<=^--)[^.=]*")
 _SHORT = {
@@ -41,6 +44,37 @@ _INTS = {
 }
 # vLLM's bool fields are BooleanOptionalAction flags: --name and --no-name.
 _BOOLS = {"dcp_q_replicate", "swa_bounded_replay", "enable_dbo"}
+
+
+class VllmArgs(msgspec.Struct, frozen=True):
+    """The vLLM flags preflight checks (``probe.FIELDS``, in that order), as vLLM's parser
+    (the probe) or ``read_args`` read them; None: not given (vLLM's default). The types
+    are what vLLM's parser gives; its values are taken as given, not checked."""
+
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    decode_context_parallel_size: int | None = None
+    cp_kv_cache_interleave_size: int | None = None
+    dcp_kv_cache_interleave_size: int | None = None
+    prefill_context_parallel_size: int | None = None
+    speculative_config: dict[str, Any] | str | None = None
+    spec_method: str | None = None
+    spec_model: str | None = None
+    spec_tokens: int | None = None
+    revision: str | None = None
+    distributed_executor_backend: str | None = None
+    nnodes: int | None = None
+    node_rank: int | None = None
+    dcp_comm_backend: str | None = None
+    dcp_q_replicate: bool | None = None
+    swa_bounded_replay: bool | None = None
+    enable_dbo: bool | None = None
+    ubatch_size: int | None = None
+
+    def over(self, parsed: dict[str, Any]) -> VllmArgs:
+        """These args with ``parsed``'s values (vLLM's parse, by field name) over them: a
+        field ``parsed`` lacks keeps this reading."""
+        return msgspec.structs.replace(self, **parsed)
 
 
 class ArgValueError(ValueError):
@@ -71,14 +105,14 @@ def _normalise(args: list[str]) -> tuple[list[str], set[str]]:
     return out, dotted
 
 
-def read_args(args: list[str]) -> dict:
+def read_args(args: list[str]) -> VllmArgs:
     """The probe's fields from ``args`` (the last occurrence wins, as in argparse)."""
     normalised, dotted = _normalise(list(args))
     try:
         namespace, _ = _parser().parse_known_args(normalised)
     except argparse.ArgumentError as exc:
         raise ArgValueError(str(exc)) from None
-    parsed = {}
+    parsed: dict[str, Any] = {}
     for key in probe.FIELDS:
         value = getattr(namespace, key)
         if value is not None and key in _INTS:
@@ -95,4 +129,4 @@ def read_args(args: list[str]) -> dict:
         parsed[key] = value
     for key in dotted & set(probe.FIELDS):
         parsed[key] = parsed[key] or {"(dotted keys)": True}
-    return parsed
+    return VllmArgs(**parsed)

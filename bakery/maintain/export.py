@@ -183,11 +183,9 @@ def _check_commit(repo: Path, package: str, touched: dict, entries: list, out: P
             )
 
 
-def _trailers(message: str) -> dict[str, list[str]]:
-    found: dict[str, list[str]] = defaultdict(list)
-    for m in _TRAILER.finditer(message):
-        found[m["key"]].append(m["value"].strip())
-    return found
+def _trailers(message: str, token: str) -> list[str]:
+    """The values of the message's ``token:`` trailers (``Base``, ``Patch``), in order."""
+    return [m["value"].strip() for m in _TRAILER.finditer(message) if m["key"] == token]
 
 
 # Git tree modes a unified diff of the series cannot carry (import would write the link's
@@ -201,7 +199,7 @@ def import_git(series: Series, base_key: str, repo: Path, yes: bool = False) -> 
         raise UsageError(f"not a git repository: {str(repo)!r}", hint="`bakery export --git DIR`")
     pin = series.base(base_key)
     first = _git(repo, "log", "-1", "--format=%B", PRISTINE_TAG).decode()
-    if f"{pin.requirement} {pin.sha256}" not in _trailers(first).get("Base", []):
+    if f"{pin.requirement} {pin.sha256}" not in _trailers(first, "Base"):
         raise UsageError(
             f"{repo}'s {PRISTINE_TAG} is not the {base_key} base {pin.requirement}",
             hint="export again with `bakery export --git DIR --base KEY` for the base you import",
@@ -342,7 +340,7 @@ def _headers_back(series: Series, repo: Path) -> dict[str, dict[str, str]]:
     entries = {e.file: e for e in series.entries}
     found: dict[str, dict[str, str]] = {}
     for author, message in _commits(repo):
-        named = _trailers(message).get("Patch", [])
+        named = _trailers(message, "Patch")
         if len(named) != 1 or named[0] not in entries:
             continue
         summary, description = _split_message(message)

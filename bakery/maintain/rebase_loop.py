@@ -357,7 +357,7 @@ def _resume(
     _repin(work, state, drop)
     repinned = load_series(work)
     changes = refresh.plan_refresh(repinned, edited)
-    remembered = {e.file: e.header() for e in saved.entries}
+    remembered = {e.file: e for e in saved.entries}
     refresh.write_refresh(repinned, changes, remembered=remembered)
     broken = _unbakeable(load_series(work), base_key, cache)
     refused = {k: why for k, why in broken.items() if k not in keep}

@@ -33,7 +33,7 @@ from bakery.maintain.edits import check_reproduced, differing_files
 from bakery.maintain.rebase_state import refuse_during_rebase
 from bakery.series import apply
 from bakery.series.diff import NEW_PREFIX, OLD_PREFIX, render_file_diff
-from bakery.series.series import HEADER, Series, committed_headers, load_series
+from bakery.series.series import HEADER, PatchEntry, Series, committed_headers, load_series
 from bakery.tree import replace_files
 
 __all__ = [
@@ -208,8 +208,8 @@ def series_changes_since_bake(series: Series, baked: manifest.BakedManifest) -> 
     return changed or ["changed: the series' apply settings (renames, strip, fuzz)"]
 
 
-def remembered_entries(series: Series) -> dict[str, dict]:
-    """Patch file -> its header in series.toml as last committed (git HEAD), so a patch
+def remembered_entries(series: Series) -> dict[str, PatchEntry]:
+    """Patch file -> its entry in series.toml as last committed (git HEAD), so a patch
     re-created under the same name gets its stage and summary back; {} outside git
     (or where git is not installed: a tarball checkout, a slim image). A committed
     header the series' schema refuses is refused here, before anything is written."""
@@ -275,7 +275,7 @@ def write_refresh(
     changes: list[PatchChange],
     stage: int | None = None,
     summary: str | None = None,
-    remembered: dict[str, dict] | None = None,
+    remembered: dict[str, PatchEntry] | None = None,
 ) -> None:
     """Write patch files and series.toml (comments kept) for ``changes``.
 
@@ -291,16 +291,16 @@ def write_refresh(
             index = next(i for i, t in enumerate(patches) if t["file"] == change.file)
             del patches[index]
         elif change.action is ChangeAction.ADD:
-            old = (remembered or {}).get(change.file, {})
+            old = (remembered or {}).get(change.file)
             default_summary = f"refreshed from the baked tree: {change.paths[0]}"
             table = tomlkit.table()
             table.update(
                 {
                     "file": change.file,
-                    "stage": stage if stage is not None else int(old.get("stage", 1)),
-                    "summary": summary or str(old.get("summary") or default_summary),
+                    "stage": stage if stage is not None else (old.stage if old else 1),
+                    "summary": summary or (old.summary if old else "") or default_summary,
                     # The header comes back with the name (quilt keeps it with the patch).
-                    **{k: str(old[k]) for k in HEADER if old.get(k)},
+                    **{k: str(v) for k in HEADER if (v := getattr(old, k, ""))},
                 }
             )
             patches.append(table)

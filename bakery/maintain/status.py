@@ -29,7 +29,7 @@ from bakery.bake.pristine import compared_pristine, pristine_edits
 from bakery.maintain import refresh
 from bakery.maintain.edits import differing_files
 from bakery.maintain.rebase_loop import conflicts_left, in_progress
-from bakery.series.series import Series
+from bakery.series.series import PatchEntry, Series
 
 __all__ = ["collect", "lines"]
 
@@ -99,13 +99,38 @@ class Server(Protocol):
     def rebaked(self) -> str | None: ...
 
 
+class PatchFacts(msgspec.Struct, frozen=True, kw_only=True):
+    """One patch as status shows it: its file and header, an empty header field left out
+    (as ``PatchEntry.header`` gives it). A view made from the series' ``PatchEntry``
+    (``of``), not a document read anywhere: it exists because status --json has always
+    left an empty header field out, where ``PatchEntry`` holds ``""``."""
+
+    file: str
+    stage: int
+    summary: str
+    description: str | msgspec.UnsetType = msgspec.UNSET
+    author: str | msgspec.UnsetType = msgspec.UNSET
+    upstream: str | msgspec.UnsetType = msgspec.UNSET
+
+    @classmethod
+    def of(cls, entry: PatchEntry) -> PatchFacts:
+        return cls(
+            file=entry.file,
+            stage=entry.stage,
+            summary=entry.summary,
+            description=entry.description or msgspec.UNSET,
+            author=entry.author or msgspec.UNSET,
+            upstream=entry.upstream or msgspec.UNSET,
+        )
+
+
 class StatusReport(msgspec.Struct, frozen=True):
-    """`bakery status --json`. ``patches`` (each patch's header) is a free-form dict, and
-    ``servers`` are the launcher's rows: other rooms own their shapes."""
+    """`bakery status --json`. ``servers`` are the launcher's rows: another room owns
+    their shape."""
 
     tool: manifest.Tool
     series: SeriesFacts
-    patches: list[dict]
+    patches: list[PatchFacts]
     bases: dict[str, UnbakedBase | BakedBase]
     rebase: RebaseProgress | None
     servers: Sequence[Server]
@@ -173,7 +198,7 @@ def collect(
     return StatusReport(
         tool=manifest.Tool(name="bakery", version=__version__),
         series=SeriesFacts(series.name, str(series.root), series.sha256, len(series.entries)),
-        patches=[{"file": e.file, **e.header()} for e in series.entries],
+        patches=[PatchFacts.of(e) for e in series.entries],
         bases={
             key: _base(series, key, build, cache, bool(state and state.base_key == key))
             for key in sorted(series.bases, key=lambda k: (k != "default", k))
@@ -203,11 +228,13 @@ def _lines(status: StatusReport) -> list[str]:
     tool = status.tool.version
     out = [f"bakery {tool}, series {s.name} {s.sha256[:8]} ({s.patches} patches) at {s.root}"]
     for patch in status.patches:
-        facts = [f"stage {patch['stage']}"]
-        facts += [f"{k} {patch[k]}" for k in ("upstream", "author") if patch.get(k)]
-        head = f"  {patch['file']} ({'; '.join(facts)}): "
+        facts = [f"stage {patch.stage}"]
+        facts += [
+            f"{k} {v}" for k, v in (("upstream", patch.upstream), ("author", patch.author)) if v
+        ]
+        head = f"  {patch.file} ({'; '.join(facts)}): "
         room = max(20, 100 - len(head))
-        summary = patch["summary"]
+        summary = patch.summary
         out.append(head + (summary if len(summary) <= room else summary[: room - 3] + "..."))
     for key, base in status.bases.items():
         head = f"{key} ({base.pin}): {base.tree}"

@@ -241,7 +241,7 @@ def _serve_and_capture(
     reference: Path | None = None,
 ) -> dict:
     plan, report = checked
-    benched: dict[str, float] | None = None  # no [bench], or it did not run
+    benched: serving.BenchFigures | None = None  # no [bench], or it did not run
     record, boot_s = lifecycle.start(
         plan, report.facts, ["matrix", entry.name], grace_s=ctx.grace_s, say=say
     )
@@ -265,7 +265,7 @@ def _serve_and_capture(
     serving.write_figures(out, serving.served_figures(serving.kv_capacity(record.log), benched))
     run = {"boot_s": round(boot_s, 1), "record": str(record.run_dir)}
     exercised = serving.exercised_counts(record.run_dir)
-    return {**run, "exercised": exercised} if exercised else run
+    return {**run, "exercised": serving.Exercised(**exercised)} if exercised else run
 
 
 def _first_divergence(report: ParityReport) -> FirstDivergence | None:

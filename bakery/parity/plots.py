@@ -16,9 +16,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from bakery.tree import write_atomic
+
+if TYPE_CHECKING:
+    from bakery.parity.serving import BenchFigures
 
 __all__ = ["HeatRow", "kv_plot", "bench_plot", "parity_heatmap", "available", "METADATA_KEY"]
 
@@ -103,16 +108,15 @@ def kv_plot(names: Sequence[str], tokens: Sequence[int | None], baseline: str, p
     return _save(fig, {"kv": ax}, path, {"names": list(names), "values": list(tokens)})
 
 
-def bench_plot(
-    names: Sequence[str], figures: Sequence[dict[str, float] | None], path: Path
-) -> Path:
+def bench_plot(names: Sequence[str], figures: Sequence[BenchFigures | None], path: Path) -> Path:
     """TTFT and ITL (p50 and p99 side by side) and output throughput per entry."""
     fig = _figure(10.5, 3.8)
-    axes = dict(zip(("ttft", "itl", "throughput"), fig.subplots(1, 3), strict=True))
+    ttft, itl, by_throughput = fig.subplots(1, 3)
+    axes = {"ttft": ttft, "itl": itl, "throughput": by_throughput}
 
     def value(i: int, key: str) -> float | None:
         entry = figures[i]
-        return None if entry is None else entry.get(key)
+        return None if entry is None else getattr(entry, key)
 
     for panel, unit in (("ttft", "TTFT"), ("itl", "ITL")):
         ax = axes[panel]
@@ -126,14 +130,17 @@ def bench_plot(
         ax.set_ylabel(f"{unit} (ms)")
         ax.legend(fontsize=7)
     throughput = [value(i, "output_tok_s") for i in range(len(names))]
-    _bars(axes["throughput"], names, throughput, [CANDIDATE_COLOR] * len(names))
-    axes["throughput"].set_ylabel("output tokens/s")
+    _bars(by_throughput, names, throughput, [CANDIDATE_COLOR] * len(names))
+    by_throughput.set_ylabel("output tokens/s")
     for panel in ("ttft", "itl"):
         axes[panel].set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
         axes[panel].set_xlim(-0.6, len(names) - 0.4)
     fig.suptitle("vllm bench serve per entry", fontsize=10)
     fig.tight_layout()
-    extra = {"names": list(names), "values": [dict(f) if f else None for f in figures]}
+    extra = {
+        "names": list(names),
+        "values": [msgspec.structs.asdict(f) if f else None for f in figures],
+    }
     return _save(fig, axes, path, extra)
 
 

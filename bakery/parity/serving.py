@@ -32,6 +32,10 @@ from bakery.tree import own_folder
 __all__ = [
     "exercised_counts",
     "Bench",
+    "BenchFigures",
+    "Exercised",
+    "Ratios",
+    "ServingRow",
     "kv_capacity",
     "bench_serve",
     "bench_command",
@@ -106,6 +110,17 @@ class BenchResult(msgspec.Struct):
     p99_itl_ms: float
 
 
+class BenchFigures(Document, frozen=True):
+    """``bench_serve``'s figures under our names (``BENCH_FIGURES``), in the order
+    serving.json sorts them."""
+
+    itl_ms_p50: _Finite
+    itl_ms_p99: _Finite
+    output_tok_s: _Finite
+    ttft_ms_p50: _Finite
+    ttft_ms_p99: _Finite
+
+
 class FiguresDoc(Document, frozen=True):
     """``serving.json``: one entry's figures (``served_figures``); one vLLM did not print,
     or a bench not run, is left out (UNSET), never null."""
@@ -115,13 +130,43 @@ class FiguresDoc(Document, frozen=True):
     max_model_len: int | UnsetType = UNSET
     kv_pool: str | UnsetType = UNSET
     kv_group_block_tokens: list[int] | UnsetType = UNSET
-    bench: dict[str, _Finite] | UnsetType = UNSET
+    bench: BenchFigures | UnsetType = UNSET
 
 
-def served_figures(kv: dict[str, Any] | None, bench: dict[str, float] | None) -> FiguresDoc:
+class Ratios(msgspec.Struct, frozen=True):
+    """An entry's figures divided by the baseline's: each figure the entry has (None where
+    the baseline lacks it); its figures first, then its bench's."""
+
+    kv_cache_tokens: float | None | UnsetType = UNSET
+    max_concurrency: float | None | UnsetType = UNSET
+    itl_ms_p50: float | None | UnsetType = UNSET
+    itl_ms_p99: float | None | UnsetType = UNSET
+    output_tok_s: float | None | UnsetType = UNSET
+    ttft_ms_p50: float | None | UnsetType = UNSET
+    ttft_ms_p99: float | None | UnsetType = UNSET
+
+
+class ServingRow(FiguresDoc, frozen=True, kw_only=True):
+    """One entry of summary.json's ``serving``: its figures, then ``vs_baseline``."""
+
+    vs_baseline: Ratios
+
+
+class Exercised(msgspec.Struct, frozen=True):
+    """What a CPU-emulated run exercised (``exercised_counts``)."""
+
+    indexer_calls: int
+    candidate_publishes: int
+    index_k_publishes: int
+    candidate_masked_positions: int
+    index_k_keyless_gathers: int
+    multi_request_steps: int
+
+
+def served_figures(kv: FiguresDoc | None, bench: BenchFigures | None) -> FiguresDoc:
     """An entry's figures: ``kv_capacity``'s from its log and ``bench_serve``'s (None: the
     log had none, or no ``[bench]`` ran)."""
-    return FiguresDoc(**(kv or {}), bench=UNSET if bench is None else bench)
+    return msgspec.structs.replace(kv or FiguresDoc(), bench=UNSET if bench is None else bench)
 
 
 def write_figures(bundle: Path, figures: FiguresDoc) -> None:
@@ -161,25 +206,25 @@ def model_folder(plan: LaunchPlan) -> Path | None:
     return folder if folder.is_dir() else None
 
 
-def kv_capacity(log: Path) -> dict[str, Any] | None:
-    """The KV figures of a server's startup log (the last start in it), or None when vLLM
-    printed none (it died first, or is no vLLM)."""
-    found: dict[str, Any] | None = None
+def kv_capacity(log: Path) -> FiguresDoc | None:
+    """The KV figures of a server's startup log (the last start in it; no bench), or None
+    when vLLM printed none (it died first, or is no vLLM)."""
+    found: FiguresDoc | None = None
     groups = None
     with open(log, encoding="utf-8", errors="replace") as handle:
         for line in handle:
             if (kv := _KV.search(line)) is not None:
-                found = {
-                    "kv_cache_tokens": int(kv["tokens"].replace(",", "")),
-                    "max_concurrency": float(kv["conc"]),
-                    "max_model_len": int(kv["len"].replace(",", "")),
-                    "kv_pool": kv["pool"],
-                }
+                found = FiguresDoc(
+                    kv_cache_tokens=int(kv["tokens"].replace(",", "")),
+                    max_concurrency=float(kv["conc"]),
+                    max_model_len=int(kv["len"].replace(",", "")),
+                    kv_pool=kv["pool"],
+                )
                 groups = None
             elif (sizes := _GROUPS.search(line)) is not None:
                 groups = [int(s) for s in sizes["sizes"].replace(" ", "").split(",") if s]
     if found is not None and groups is not None:
-        found["kv_group_block_tokens"] = groups
+        found = msgspec.structs.replace(found, kv_group_block_tokens=groups)
     return found
 
 
@@ -202,7 +247,7 @@ def bench_command(bench: Bench, plan: LaunchPlan, out: Path) -> list[str]:
     return command
 
 
-def bench_serve(bench: Bench, plan: LaunchPlan, out: Path) -> dict[str, float]:
+def bench_serve(bench: Bench, plan: LaunchPlan, out: Path) -> BenchFigures:
     """Run the benchmark against the ready server; its figures under our names."""
     own_folder(out)
     log = out / "bench.log"
@@ -241,7 +286,9 @@ def bench_serve(bench: Bench, plan: LaunchPlan, out: Path) -> dict[str, float]:
             f"(its log: {log})",
             hint="read the server's log for the failed requests",
         )
-    return {ours: float(getattr(result, theirs)) for theirs, ours in BENCH_FIGURES.items()}
+    return BenchFigures(
+        **{ours: float(getattr(result, theirs)) for theirs, ours in BENCH_FIGURES.items()}
+    )
 
 
 def _ratio(value: Any, base: Any) -> float | None:
@@ -252,22 +299,28 @@ def _ratio(value: Any, base: Any) -> float | None:
     return round(value / base, 6)
 
 
-_NOT_FIGURES = ("bench", "kv_pool", "kv_group_block_tokens", "max_model_len", "vs_baseline")
+_RATIOED = ("kv_cache_tokens", "max_concurrency")  # the figures of FiguresDoc with a ratio
 
 
-def _flat(entry: dict[str, Any]) -> dict[str, Any]:
-    numbers = {k: v for k, v in entry.items() if k not in _NOT_FIGURES}
-    return numbers | (entry.get("bench") or {})
+def _flat(entry: FiguresDoc | None) -> dict[str, Any]:
+    """The figures of ``entry`` that have a ratio, the bench's after its own (UNSET left out)."""
+    if entry is None:
+        return {}
+    numbers = {k: getattr(entry, k) for k in _RATIOED if getattr(entry, k) is not UNSET}
+    bench = {} if isinstance(entry.bench, UnsetType) else msgspec.structs.asdict(entry.bench)
+    return numbers | bench
 
 
-def with_ratios(figures: dict[str, FiguresDoc], baseline: str) -> dict[str, dict[str, Any]]:
+def with_ratios(figures: dict[str, FiguresDoc], baseline: str) -> dict[str, ServingRow]:
     """Each entry's figures plus ``vs_baseline``: every figure divided by the baseline's
     (None where either is missing, e.g. a reused baseline bundle without figures)."""
-    given = {name: msgspec.to_builtins(doc) for name, doc in figures.items()}  # UNSET left out
-    base = _flat(given.get(baseline) or {})
+    base = _flat(figures.get(baseline))
     return {
-        name: {**entry, "vs_baseline": {k: _ratio(v, base.get(k)) for k, v in _flat(entry).items()}}
-        for name, entry in given.items()
+        name: ServingRow(
+            **msgspec.structs.asdict(entry),
+            vs_baseline=Ratios(**{k: _ratio(v, base.get(k)) for k, v in _flat(entry).items()}),
+        )
+        for name, entry in figures.items()
     }
 
 
@@ -305,7 +358,7 @@ def exercised_counts(run_dir: Path) -> dict[str, int] | None:
         )
         ranks.setdefault(doc.dcp_rank, doc)
     every = list(ranks.values())
-    return {
+    return {  # Exercised's fields (the matrix makes one from them)
         "indexer_calls": max(r.indexer_calls for r in every),
         "candidate_publishes": max(r.candidate_publishes for r in every),
         "index_k_publishes": max(r.index_k_publishes for r in every),

@@ -12,6 +12,7 @@ import msgspec
 from bakery import markdown
 from bakery.launch.errors import LaunchError
 from bakery.parity import plots
+from bakery.parity.serving import Exercised, Ratios, ServingRow
 from bakery.schema import decode, read_json
 from bakery.verify.compare import ParityReport
 from bakery.verify.diagnose import case_views
@@ -63,7 +64,7 @@ class CandidateRow(msgspec.Struct, frozen=True, kw_only=True):
     report_markdown: str | None
     boot_s: float | msgspec.UnsetType = msgspec.UNSET
     record: str | msgspec.UnsetType = msgspec.UNSET
-    exercised: dict[str, int] | msgspec.UnsetType = msgspec.UNSET
+    exercised: Exercised | msgspec.UnsetType = msgspec.UNSET
 
 
 class BaselineRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,12 +75,12 @@ class BaselineRow(msgspec.Struct, frozen=True, kw_only=True):
     reused: bool
     boot_s: float | msgspec.UnsetType = msgspec.UNSET
     record: str | msgspec.UnsetType = msgspec.UNSET
-    exercised: dict[str, int] | msgspec.UnsetType = msgspec.UNSET
+    exercised: Exercised | msgspec.UnsetType = msgspec.UNSET
 
 
 class MatrixSummary(msgspec.Struct, frozen=True, kw_only=True):
-    """summary.json. ``serving`` (figures and ratios) is a free-form dict; ``plots`` is set
-    once they are drawn."""
+    """summary.json. ``serving``: each entry's figures and ratios; ``plots`` is set once
+    they are drawn."""
 
     matrix: str
     suite: str
@@ -88,7 +89,7 @@ class MatrixSummary(msgspec.Struct, frozen=True, kw_only=True):
     top_n: int
     baseline: BaselineRow
     candidates: list[CandidateRow]
-    serving: dict[str, dict[str, Any]]
+    serving: dict[str, ServingRow]
     passed: bool
     plots: list[str] | msgspec.UnsetType = msgspec.UNSET
     cases: list[str] | msgspec.UnsetType = msgspec.UNSET  # `--case`: only these ran
@@ -105,11 +106,12 @@ def write_plots(summary: MatrixSummary, out: Path, say=print) -> list[str]:
         return []
     names, figures = _order(summary), summary.serving
     written = []
-    tokens = [figures.get(n, {}).get("kv_cache_tokens") for n in names]
+    served = [figures.get(n) for n in names]
+    tokens = [_value(r.kv_cache_tokens) if r else None for r in served]
     if any(t is not None for t in tokens):
         plots.kv_plot(names, tokens, names[0], out / KV_PLOT)
         written.append(KV_PLOT)
-    benched = [figures.get(n, {}).get("bench") for n in names]
+    benched = [_value(r.bench) if r else None for r in served]
     if any(benched):
         plots.bench_plot(names, benched, out / BENCH_PLOT)
         written.append(BENCH_PLOT)
@@ -159,15 +161,13 @@ def _value(field: Any) -> Any:
     return None if field is msgspec.UNSET else field
 
 
-def _exercised_text(counts: dict | None) -> str:
+def _exercised_text(counts: Exercised | None) -> str:
     if not counts:
         return "–"
-    # 0: a summary from before they were counted
-    index_k, keyless = counts.get("index_k_publishes", 0), counts.get("index_k_keyless_gathers", 0)
-    steps = counts.get("multi_request_steps", 0)
     return (
-        f"{counts['indexer_calls']} / {counts['candidate_masked_positions']} / {index_k} "
-        f"/ {keyless} / {steps}"
+        f"{counts.indexer_calls} / {counts.candidate_masked_positions} / "
+        f"{counts.index_k_publishes} / {counts.index_k_keyless_gathers} / "
+        f"{counts.multi_request_steps}"
     )
 
 
@@ -188,21 +188,26 @@ def _serving_section(summary: MatrixSummary) -> list[str]:
     )  # fmt: skip
     rows = []
     for name in _order(summary):
-        f = figures.get(name, {})
-        ratio, bench = f.get("vs_baseline", {}), f.get("bench") or {}
+        f = figures.get(name)
+        ratio = f.vs_baseline if f else Ratios()
+        bench = _value(f.bench) if f else None
 
-        def pair(key: str, bench: dict = bench) -> str:
-            p50, p99 = bench.get(f"{key}_p50"), bench.get(f"{key}_p99")
+        def pair(p50: float | None, p99: float | None) -> str:
             return "–" if p50 is None else f"{p50:.1f} / {p99:.1f}"
 
         rows.append((
             name,
-            format_value(f.get("kv_cache_tokens")), format_value(ratio.get("kv_cache_tokens")),
-            format_value(f.get("max_concurrency")), format_value(ratio.get("max_concurrency")),
-            pair("ttft_ms"), pair("itl_ms"), format_value(bench.get("output_tok_s")),
-            format_value(ratio.get("output_tok_s")),
+            format_value(_value(f.kv_cache_tokens) if f else None),
+            format_value(_value(ratio.kv_cache_tokens)),
+            format_value(_value(f.max_concurrency) if f else None),
+            format_value(_value(ratio.max_concurrency)),
+            pair(bench.ttft_ms_p50, bench.ttft_ms_p99) if bench else "–",
+            pair(bench.itl_ms_p50, bench.itl_ms_p99) if bench else "–",
+            format_value(bench.output_tok_s if bench else None),
+            format_value(_value(ratio.output_tok_s)),
         ))  # fmt: skip
-    length = next((f["max_model_len"] for f in figures.values() if "max_model_len" in f), None)
+    lengths = (f.max_model_len for f in figures.values())
+    length = next((n for n in lengths if not isinstance(n, msgspec.UnsetType)), None)
     return [
         "## Serving",
         "",

@@ -147,21 +147,21 @@ def _rule_problems(doc: SeriesDoc, folder: str) -> list[str]:
     return problems
 
 
-class _Headers(Document, frozen=True):
-    """series.toml's patch tables alone: another revision of it, as git keeps it."""
+class _Headers(Document, frozen=True, forbid_unknown_fields=False):
+    """series.toml's patch tables alone (its other tables are not read): another revision
+    of it, as git keeps it."""
 
     patches: tuple[PatchEntry, ...] = ()
 
 
-def committed_headers(text: str, where: str) -> dict[str, dict[str, str | int]]:
-    """Patch file -> its header (``PatchEntry.header``) in another revision of series.toml
+def committed_headers(text: str, where: str) -> dict[str, PatchEntry]:
+    """Patch file -> its entry (refresh takes its header) in another revision of series.toml
     (git HEAD's), checked by the series' own schema: a header written back from it is
     one the series takes (a duplicate key is not TOML; a stage of 99 is refused here)."""
     data = parse_toml(text, where, SeriesError)
     hint = "fix series.toml and commit it: refresh takes a re-made patch's header from git HEAD"
-    patches = {"patches": data.get("patches", [])}
-    doc = decode(patches, _Headers, where=where, error=SeriesError, hint=hint)
-    return {entry.file: entry.header() for entry in doc.patches}
+    doc = decode(data, _Headers, where=where, error=SeriesError, hint=hint)
+    return {entry.file: entry for entry in doc.patches}
 
 
 def validate(data: object, where: str, default_name: str = "series") -> SeriesDoc:

@@ -450,9 +450,8 @@ def _parse_position(entry: dict[str, Any] | None, path: Path) -> dict[int, float
     return scores
 
 
-def write_case_file(directory: Path, document: Json) -> Path:
-    """Write one wrapped case document as ``<name>.json``; key order is kept as served."""
-    path = directory / f"{document['name']}.json"
+def write_case_file(path: Path, document: Json) -> Path:
+    """Write one wrapped case document (to ``<its name>.json``); key order is kept as served."""
     write_json_atomic(path, document, sort_keys=False)
     return path
 

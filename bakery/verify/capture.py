@@ -84,10 +84,9 @@ def completion_request(
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "logprobs": settings.logprobs,
-    }
-    if settings.token_ids:
         # Token strings collide (two ids, one text), which drops top-k entries; ids do not.
-        request["return_tokens_as_token_ids"] = True
+        **({"return_tokens_as_token_ids": True} if settings.token_ids else {}),
+    }
     return request
 
 
@@ -123,8 +122,9 @@ class _Capture:
         what = f"case {case.case}"
         started = time.monotonic()
         response = await self.client.call("POST", COMPLETIONS_PATH, what, request)
+        name = record_name(case.case)
         document = {
-            "name": record_name(case.case),
+            "name": name,
             "path": COMPLETIONS_PATH,
             "status": 200,
             "elapsed_seconds": round(time.monotonic() - started, 3),
@@ -133,10 +133,10 @@ class _Capture:
             "tokenize_response": tok_response,
             "response": response,
         }
-        path = self.out_dir / f"{document['name']}.json"
+        path = self.out_dir / f"{name}.json"
         record = _checked_record(document, path)
         unique = await self._repeat(request, record, what)
-        write_case_file(self.out_dir, document)
+        write_case_file(path, document)
         if self.teacher_forced:
             await self._teacher(case.case, record)
         return _CaseResult(record, unique)
@@ -150,13 +150,14 @@ class _Capture:
         what = f"case {case.case}"
         started = time.monotonic()
         sequences: list[set[tuple[str, ...]]] = [set() for _ in prompts]
-        first: list[tuple[Json, CaseRecord]] = []  # the first answer's, written below
+        first: list[tuple[Path, Json, CaseRecord]] = []  # the first answer's, written below
         for attempt in range(self.client.settings.repeat):
             response = await self.client.call("POST", COMPLETIONS_PATH, what, request)
             elapsed = round(time.monotonic() - started, 3)
             for i, choice in enumerate(batch_choices(response, len(prompts), what)):
+                name = record_name(case.members[i])
                 document = {
-                    "name": record_name(case.members[i]),
+                    "name": name,
                     "path": COMPLETIONS_PATH,
                     "status": 200,
                     "elapsed_seconds": elapsed,
@@ -166,13 +167,16 @@ class _Capture:
                     "tokenize_response": tok_response,
                     "response": {**response, "choices": [choice]},
                 }
-                record = _checked_record(document, self.out_dir / f"{document['name']}.json")
+                path = self.out_dir / f"{name}.json"
+                record = _checked_record(document, path)
                 sequences[i].add(record.completion.tokens)
                 if attempt == 0:
-                    first.append((document, record))
+                    first.append((path, document, record))
         results = []
-        for member, (document, record), seen in zip(case.members, first, sequences, strict=True):
-            write_case_file(self.out_dir, document)
+        for member, (path, document, record), seen in zip(
+            case.members, first, sequences, strict=True
+        ):
+            write_case_file(path, document)
             if self.teacher_forced:
                 await self._teacher(member, record)
             results.append(_CaseResult(record, len(seen)))
@@ -203,8 +207,10 @@ class _Capture:
             "echo": True,
         }
         response = await self.client.call("POST", COMPLETIONS_PATH, f"case {case}", request)
+        name = f"{TEACHER_PREFIX}{case}"
+        path = self.out_dir / f"{name}.json"
         document = {
-            "name": f"{TEACHER_PREFIX}{case}",
+            "name": name,
             "case": own.name,
             "path": COMPLETIONS_PATH,
             "status": 200,
@@ -215,10 +221,10 @@ class _Capture:
             "response": response,
         }
         try:  # what compare will read back, checked before it is written
-            teacher_from_document(document, self.out_dir / f"{document['name']}.json")
+            teacher_from_document(document, path)
         except BundleError as exc:
             raise CaptureError(f"server answer is not usable teacher-forced scores: {exc}") from exc
-        write_case_file(self.out_dir, document)
+        write_case_file(path, document)
 
 
 def _wrap(request: Json, response: Json) -> Json:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bakery.verify.bundle import Completion
-from bakery.verify.result import CaseResult, Diagnosis, ForkText
+from bakery.verify.result import CaseResult, Diagnosis, DiagnosisPattern, ForkText
 
 __all__ = [
     "CaseView",
@@ -39,7 +39,7 @@ __all__ = [
     "NEXT_STEPS",
 ]
 
-NEXT_STEPS = {
+NEXT_STEPS: dict[DiagnosisPattern, str] = {
     "pass": "none: every case is within its gates",
     "systematic": "bisect by stage or combine: serve the candidate at a lower `stage` or "
     "the other `combine` in the matrix, or `bakery bisect -- <a command that fails>` to "
@@ -103,18 +103,22 @@ def _layout_boundary(views: Sequence[CaseView], boundaries: Sequence[int]) -> in
     return None
 
 
+def _diagnosis(pattern: DiagnosisPattern, line: str, boundary: int | None = None) -> Diagnosis:
+    return Diagnosis(pattern, line, NEXT_STEPS[pattern], boundary)
+
+
 def diagnose(views: Sequence[CaseView], boundaries: Sequence[int] = ()) -> Diagnosis:
     """The pattern of the failing cases, in one line, and the next step it suggests."""
     failing = [v for v in views if not v.passed]
     total = len(views)
     if not failing:
-        return Diagnosis("pass", f"all {total} cases pass", NEXT_STEPS["pass"])
+        return _diagnosis("pass", f"all {total} cases pass")
     if len(failing) == total and all(v.fork_step == 0 for v in failing):
         line = (
             f"systematic: all {total} cases diverge at step 0, so the candidate is wrong "
             "on any prompt (a stage, a combine or a kernel, not rounding)"
         )
-        return Diagnosis("systematic", line, NEXT_STEPS["systematic"])
+        return _diagnosis("systematic", line)
     if all(_noise_like(v) for v in failing):
         forks = sorted({v.fork_step for v in failing if v.fork_step is not None})
         where = f"fork late (steps {forks}) at low margin" if forks else "keep every token"
@@ -124,7 +128,7 @@ def diagnose(views: Sequence[CaseView], boundaries: Sequence[int] = ()) -> Diagn
             f"numerical noise: {len(failing)} of {total} cases fail, and all {where}{size}; "
             "rounding, not a wrong token"
         )
-        return Diagnosis("noise", line, NEXT_STEPS["noise"])
+        return _diagnosis("noise", line)
     bound = _layout_boundary(views, boundaries)
     if bound is not None:
         line = (
@@ -132,7 +136,7 @@ def diagnose(views: Sequence[CaseView], boundaries: Sequence[int] = ()) -> Diagn
             f"every case within {bound} passes, so the KV placement or index conversion "
             "past that page or shard is suspect"
         )
-        return Diagnosis("layout", line, NEXT_STEPS["layout"], bound)
+        return _diagnosis("layout", line, bound)
     steps = sorted({v.fork_step for v in failing if v.fork_step is not None})
     if 0 not in steps:
         line = (
@@ -140,9 +144,9 @@ def diagnose(views: Sequence[CaseView], boundaries: Sequence[int] = ()) -> Diagn
             f"length: the runs agree, then part (first forks at steps {steps}) above the "
             "low-margin threshold: an error that grows along the sequence"
         )
-        return Diagnosis("drift", line, NEXT_STEPS["drift"])
+        return _diagnosis("drift", line)
     line = f"mixed: {len(failing)} of {total} cases fail, first forks at steps {steps}"
-    return Diagnosis("mixed", line, NEXT_STEPS["mixed"])
+    return _diagnosis("mixed", line)
 
 
 def tokenizer_decoder(model_dir: Path | None) -> Callable[[Sequence[int]], str] | None:

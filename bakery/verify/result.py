@@ -26,6 +26,7 @@ __all__ = [
     "ForkText",
     "CaseResult",
     "Diagnosis",
+    "DiagnosisPattern",
     "GateSetting",
     "ReportSettings",
     "ReportSide",
@@ -138,10 +139,13 @@ class CaseResult(Document, frozen=True, kw_only=True):
         return None if found is UNSET else found
 
 
+DiagnosisPattern = Literal["pass", "systematic", "noise", "layout", "drift", "mixed"]
+
+
 class Diagnosis(Document, frozen=True):
     """The pattern of the failing cases in one line, and the next step it suggests."""
 
-    pattern: Literal["pass", "systematic", "noise", "layout", "drift", "mixed"]
+    pattern: DiagnosisPattern
     line: str
     next_step: str
     boundary: int | None = None  # layout: the page or shard length the failures lie past

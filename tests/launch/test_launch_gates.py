@@ -35,6 +35,7 @@ from bakery.launch.gates import CANDIDATES, FEATURES, PCP, SPECULATIVE, load_gat
 from bakery.launch.host import ProbeArgs
 from bakery.launch.plan import make_plan
 from bakery.launch.profiles import load_profile, override, profile_names
+from bakery.launch.vllm_args import VllmArgs
 
 HEADS = (8, 16, 32, 64, 128)  # _SPARSE_MLA_SUPPORTED_Q_HEADS (test_launch_preflight reads it)
 REAL_CONFIG = json.loads((DATA / "dsv41-config.json").read_text())
@@ -311,7 +312,7 @@ def test_ray_backend_with_ray_installed(capsys, env, monkeypatch):
 )
 def test_contradiction_hints_name_a_real_start_option(table, key, value):
     plan = plan_of(table, "cpu-tiny")
-    (problem,) = checks._contradictions(plan, {key: value})
+    (problem,) = checks._contradictions(plan, VllmArgs(**{key: value}))
     flag = problem.hint.split("set it with ")[1].split(",")[0]
     start = launch_group.commands["start"]
     assert flag in {o for p in start.params for o in getattr(p, "opts", [])}, problem.hint

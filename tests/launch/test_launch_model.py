@@ -14,6 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
+import msgspec
 import pytest
 from _launch_support import (
     DATA,
@@ -616,7 +617,10 @@ def test_the_reader_agrees_with_vllms_own_parser(tmp_path):
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     assert len(lines) == len(VARIANTS), out.stdout
     for args, line in zip(VARIANTS, lines, strict=True):
-        ours = {k: VLLM_DEFAULTS[k] if v is None else v for k, v in read_args(args).items()}
+        ours = {
+            k: VLLM_DEFAULTS[k] if v is None else v
+            for k, v in msgspec.structs.asdict(read_args(args)).items()
+        }
         assert ours == json.loads(line), args
 
 
@@ -658,3 +662,16 @@ def test_run_sh_dry_run_with_the_real_config_refuses_only_the_host(
     assert problems[1].startswith("cannot build the pinned vLLM's argument parser (")
     assert len(problems) == 2, out.stderr
     assert "note: candidate blocks: in use (candidate_source_layer_id=20" in out.stderr
+
+
+def test_the_args_type_holds_the_probes_fields_in_order():
+    """Preflight reads vLLM's parse (the probe's FIELDS) as VllmArgs: the same fields."""
+    from bakery.launch import probe
+    from bakery.launch.vllm_args import VllmArgs
+
+    assert msgspec.structs.fields(VllmArgs)
+    assert tuple(f.name for f in msgspec.structs.fields(VllmArgs)) == probe.FIELDS
+    # a field vLLM's answer lacks keeps the launcher's reading; one it gives wins
+    own = read_args(["--tensor-parallel-size", "2", "--no-swa-bounded-replay"])
+    merged = own.over({"tensor_parallel_size": 4})
+    assert (merged.tensor_parallel_size, merged.swa_bounded_replay) == (4, False)

@@ -315,6 +315,7 @@ def test_swa_replay_left_on_is_refused_for_the_series_model_only():
     from bakery.launch.checks import dcp_flag_problems
     from bakery.launch.plan import make_plan
     from bakery.launch.profiles import load_profile, override
+    from bakery.launch.vllm_args import VllmArgs
 
     table = load_gate_table(SERIES)
     profile = override(
@@ -328,9 +329,9 @@ def test_swa_replay_left_on_is_refused_for_the_series_model_only():
         "validated on): --swa-bounded-replay with --dcp 2"
     )
     for config in (v41, None):
-        assert [str(p) for p in dcp_flag_problems(plan, {}, config)] == [want]
-        assert dcp_flag_problems(plan, {"swa_bounded_replay": False}, config) == []
-    assert dcp_flag_problems(plan, {"enable_dbo": True}, {"model_type": "llama"}) == []
+        assert [str(p) for p in dcp_flag_problems(plan, VllmArgs(), config)] == [want]
+        assert dcp_flag_problems(plan, VllmArgs(swa_bounded_replay=False), config) == []
+    assert dcp_flag_problems(plan, VllmArgs(enable_dbo=True), {"model_type": "llama"}) == []
 
 
 def test_dcp1_ignores_the_dcp_flags(capsys, env):

@@ -15,6 +15,7 @@ from _plot_reading import assert_bars, assert_heatmap, png
 
 from bakery.parity import plots
 from bakery.parity.plots import HeatRow
+from bakery.parity.serving import BenchFigures
 
 
 def test_kv_plot_bars_are_the_kv_tokens(tmp_path):
@@ -35,14 +36,15 @@ def test_bench_plot_panels_are_the_bench_figures(tmp_path):
         {"ttft_ms_p50": 60.0, "ttft_ms_p99": 120.0, "itl_ms_p50": 4.0, "itl_ms_p99": 12.0,
          "output_tok_s": 450.0},
     ]  # fmt: skip
-    path = plots.bench_plot(["dcp1", "dcp2"], figures, tmp_path / "bench.png")
+    benched = [BenchFigures(**f) for f in figures]
+    path = plots.bench_plot(["dcp1", "dcp2"], benched, tmp_path / "bench.png")
     for panel in ("ttft", "itl"):
         for offset, pct, color in ((-0.2, "p50", plots.CANDIDATE_COLOR),
                                    (0.2, "p99", plots.P99_COLOR)):  # fmt: skip
             values = [f[f"{panel}_ms_{pct}"] for f in figures]
             assert_bars(path, panel, values, [color] * 2, xs=[0 + offset, 1 + offset])
     assert_bars(path, "throughput", [300.0, 450.0], [plots.CANDIDATE_COLOR] * 2)
-    swapped = plots.bench_plot(["dcp1", "dcp2"], figures[::-1], tmp_path / "swapped.png")
+    swapped = plots.bench_plot(["dcp1", "dcp2"], benched[::-1], tmp_path / "swapped.png")
     with pytest.raises(AssertionError):
         assert_bars(swapped, "throughput", [300.0, 450.0], [plots.CANDIDATE_COLOR] * 2)
 

