@@ -24,10 +24,6 @@ def _numpy(fn):
     return lambda x: torch.from_numpy(fn(x.float().numpy()))
 
 
-def _clean(lse: torch.Tensor) -> torch.Tensor:
-    return merge.clean(lse)
-
-
 class CorrectAttnOut:
     """``_CORRECT_ATTN_CP_OUT_KERNEL(out, new_out, lses, vlse, rank, ctx, is_base_e=)``."""
 
@@ -35,7 +31,7 @@ class CorrectAttnOut:
         exp, log = (torch.exp, torch.log) if is_base_e else (torch.exp2, torch.log2)
         total = merge.merge_lse(lses, exp, log)
         vlse.copy_(total)
-        final = _clean(lses[lse_idx].float() - total)
+        final = merge.clean(lses[lse_idx].float() - total)
         factor = torch.exp(final) if is_base_e else torch.exp2(final)
         out = outputs.float() * factor[..., None]
         out = torch.where(factor[..., None] == 0.0, 0.0, out)
