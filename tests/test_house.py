@@ -60,23 +60,25 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     """Module -> the bakery modules it imports (a ``from pkg import name`` that names a
     submodule is an edge to the submodule)."""
     files = {module_name(p, package): p for p in package.rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for name, path in files.items():
-        edges: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                module = imported_module(node, name, path)
-                targets = [
-                    f"{module}.{alias.name}" if f"{module}.{alias.name}" in files else module
-                    for alias in node.names
-                ]
-            else:
-                continue
-            edges |= {t for t in targets if t in files and t != name}
-        graph[name] = edges
-    return graph
+    return {name: module_edges(name, path, files) for name, path in files.items()}
+
+
+def module_edges(name: str, path: Path, files: dict[str, Path]) -> set[str]:
+    """The modules of ``files`` that module ``name`` (at ``path``) imports."""
+    edges: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = imported_module(node, name, path)
+            targets = [
+                f"{module}.{alias.name}" if f"{module}.{alias.name}" in files else module
+                for alias in node.names
+            ]
+        else:
+            continue
+        edges |= {t for t in targets if t in files and t != name}
+    return edges
 
 
 def room_of(module: str, package: Path = PACKAGE) -> str:

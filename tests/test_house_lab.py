@@ -22,7 +22,7 @@ import ast
 import shutil
 from pathlib import Path
 
-from test_house import cycle, imported_module, is_private
+from test_house import cycle, is_private, module_edges
 
 REPO = Path(__file__).resolve().parents[1]
 BAKERY = REPO / "bakery"
@@ -85,23 +85,7 @@ def lab_files(lab: Path = LAB) -> dict[str, Path]:
 def lab_graph(lab: Path = LAB) -> dict[str, set[str]]:
     """Module -> the lab modules it imports, the emulation's and the lab's in one graph."""
     files = lab_files(lab)
-    graph: dict[str, set[str]] = {}
-    for name, path in files.items():
-        edges: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                module = imported_module(node, name, path)
-                targets = [
-                    f"{module}.{alias.name}" if f"{module}.{alias.name}" in files else module
-                    for alias in node.names
-                ]
-            else:
-                continue
-            edges |= {t for t in targets if t in files and t != name}
-        graph[name] = edges
-    return graph
+    return {name: module_edges(name, path, files) for name, path in files.items()}
 
 
 def bakery_privates_taken(lab: Path = LAB) -> list[str]:
