@@ -265,7 +265,7 @@ def _serve_and_capture(
     serving.write_figures(out, serving.served_figures(serving.kv_capacity(record.log), benched))
     run = {"boot_s": round(boot_s, 1), "record": str(record.run_dir)}
     exercised = serving.exercised_counts(record.run_dir)
-    return {**run, "exercised": serving.Exercised(**exercised)} if exercised else run
+    return run if exercised is None else {**run, "exercised": exercised}
 
 
 def _first_divergence(report: ParityReport) -> FirstDivergence | None:

@@ -338,7 +338,7 @@ class RankCounts(Document, frozen=True):
     multi_request_steps: int = 0  # model steps that scheduled more than one request
 
 
-def exercised_counts(run_dir: Path) -> dict[str, int] | None:
+def exercised_counts(run_dir: Path) -> Exercised | None:
     """What a CPU-emulated run exercised (``emulate/<pid>.json``, one per rank, written
     by lab/emulate/bakery_emulate/counts.py): scoring calls, publishes and steps of more than
     one request as the busiest rank saw them; masked positions and keyless index-K
@@ -358,11 +358,11 @@ def exercised_counts(run_dir: Path) -> dict[str, int] | None:
         )
         ranks.setdefault(doc.dcp_rank, doc)
     every = list(ranks.values())
-    return {  # Exercised's fields (the matrix makes one from them)
-        "indexer_calls": max(r.indexer_calls for r in every),
-        "candidate_publishes": max(r.candidate_publishes for r in every),
-        "index_k_publishes": max(r.index_k_publishes for r in every),
-        "candidate_masked_positions": sum(r.candidate_masked_positions for r in every),
-        "index_k_keyless_gathers": sum(r.index_k_keyless_gathers for r in every),
-        "multi_request_steps": max(r.multi_request_steps for r in every),
-    }
+    return Exercised(
+        indexer_calls=max(r.indexer_calls for r in every),
+        candidate_publishes=max(r.candidate_publishes for r in every),
+        index_k_publishes=max(r.index_k_publishes for r in every),
+        candidate_masked_positions=sum(r.candidate_masked_positions for r in every),
+        index_k_keyless_gathers=sum(r.index_k_keyless_gathers for r in every),
+        multi_request_steps=max(r.multi_request_steps for r in every),
+    )

@@ -62,14 +62,14 @@ def test_exercised_counts_take_each_dcp_rank_once_and_read_older_runs(tmp_path):
     # a rank file written before index-K publishes were counted
     (folder / "12.json").write_text(json.dumps(
         {**rank, "dcp_rank": 1, "indexer_calls": 4, "candidate_masked_positions": 7}))  # fmt: skip
-    assert serving.exercised_counts(tmp_path) == {
-        "indexer_calls": 5,
-        "candidate_publishes": 3,
-        "index_k_publishes": 2,
-        "candidate_masked_positions": 17,
-        "index_k_keyless_gathers": 0,
-        "multi_request_steps": 0,
-    }
+    assert serving.exercised_counts(tmp_path) == serving.Exercised(
+        indexer_calls=5,
+        candidate_publishes=3,
+        index_k_publishes=2,
+        candidate_masked_positions=17,
+        index_k_keyless_gathers=0,
+        multi_request_steps=0,
+    )
 
 
 def test_keyless_index_k_gathers_and_multi_request_steps_are_counted(counts, tmp_path):
@@ -110,4 +110,5 @@ def test_keyless_index_k_gathers_and_multi_request_steps_are_counted(counts, tmp
         )
     )
     got = serving.exercised_counts(tmp_path)
-    assert (got["index_k_keyless_gathers"], got["multi_request_steps"]) == (2, 4)
+    assert got is not None
+    assert (got.index_k_keyless_gathers, got.multi_request_steps) == (2, 4)
