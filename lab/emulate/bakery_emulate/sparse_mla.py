@@ -47,8 +47,9 @@ def _keys(cache, indices, lens, rows: slice):
     if lens is not None:
         valid &= torch.arange(idx.shape[1])[None, :] < lens[rows].long()[:, None]
     safe = torch.where(valid, idx, torch.zeros_like(idx))
-    keys = dequantize_slots(cache, safe.reshape(-1)).view(idx.shape[0], idx.shape[1], -1)
-    return keys, valid
+    # Rows of a prefill share most slots (the SWA window): each slot is dequantized once.
+    slots, at = torch.unique(safe, return_inverse=True)
+    return dequantize_slots(cache, slots)[at], valid
 
 
 def attention_with_lse(
