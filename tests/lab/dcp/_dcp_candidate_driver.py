@@ -1,10 +1,11 @@
 """Run the baked tree's stage-4 candidate code over real gloo groups, on CPU.
 
-Usage: ``python -O tests/lab/dcp/_dcp_candidate_driver.py TREE`` with ``TREE`` first on
-``PYTHONPATH`` and ``TRITON_INTERPRET=1`` (``run_driver`` does all three). It
+Usage: ``python -O tests/lab/dcp/_dcp_candidate_driver.py TREE WORLDS`` (``WORLDS``: e.g.
+``2,4,8``) with ``TREE`` first on ``PYTHONPATH`` and ``TRITON_INTERPRET=1`` (``run_driver``
+does all three). It
 imports ``vllm.model_executor.layers.sparse_attn_indexer`` from ``TREE`` and runs
 patch 06's ``_candidate_step`` (hence patch 01's Triton kernels and the real
-``dist.all_reduce(MAX)``) on W forked gloo ranks, W in {2, 4}, for prefill chunks
+``dist.all_reduce(MAX)``) on W forked gloo ranks for each W, for prefill chunks
 (packed requests, causal rows), decode rows (``max_model_len``-wide logits with
 garbage past each row, ``row_repeat``) and padding rows, with ties, -inf rows and
 NaN. One ``RESULT {json}`` line: ``{"vllm_file", "checks": [{"name", "case", "ok",
@@ -28,6 +29,7 @@ import math
 import os
 import sys
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -61,10 +63,16 @@ REFUSALS = {
 }
 
 
-def run_driver(tree: Path, timeout: float = 600) -> dict:
-    """This file in a child over ``tree`` (-O: DCP1's wrappers assert ``logits.is_cuda``)."""
+def run_driver(tree: Path, worlds: Sequence[int] = (2, 4, 8), timeout: float = 600) -> dict:
+    """This file in a child over ``tree`` (-O: DCP1's wrappers assert ``logits.is_cuda``),
+    its gloo cases at each W in ``worlds``."""
     return run_child(
-        __file__, tree, env={"TRITON_INTERPRET": "1"}, timeout=timeout, python_flags=["-O"]
+        __file__,
+        tree,
+        [",".join(map(str, worlds))],
+        env={"TRITON_INTERPRET": "1"},
+        timeout=timeout,
+        python_flags=["-O"],
     )
 
 
@@ -462,11 +470,11 @@ def check_refusals(report: Report, mod) -> None:
         os.environ.pop("DSV41_DCP_STAGE", None)
 
 
-def main(tree: str) -> None:
+def main(tree: str, worlds: str) -> None:
     torch.set_num_threads(1)
     mod = load(tree)
     report = Report()
-    for w in CASES:
+    for w in map(int, worlds.split(",")):
         try:
             per_case = run_gloo(mod, w)
         except RuntimeError as exc:  # fork_ranks names each rank that failed or hung
@@ -484,4 +492,4 @@ def main(tree: str) -> None:
 
 if __name__ == "__main__":
     faster_interpreter()
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])
