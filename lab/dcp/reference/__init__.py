@@ -14,6 +14,9 @@ One module per seam:
   rank 0 only, base-2 LSE), and stage 9's prefill gather;
 - ``combine``: merging the ranks' partials by LSE (``ag_rs`` and ``a2a``);
 - ``candidates``: stage 4's two-level candidate blocks at DCP1 and on a rank;
+- ``spec``: speculative decoding's verification step (1 + k query tokens per request,
+  each with its own causal bound), its owner-only KV writes, the rollback, DSpark's
+  non-causal draft block;
 - ``cases``: random steps for the property tests.
 
 This package is the public face: ``from lab.dcp import reference as ref`` and
@@ -58,7 +61,7 @@ from lab.dcp.reference.candidates import (
     token_topk_dcp,
     token_topk_dcp1,
 )
-from lab.dcp.reference.cases import random_step, random_topk
+from lab.dcp.reference.cases import random_step, random_topk, spec_step
 from lab.dcp.reference.combine import (
     COMBINES,
     AttnOut,
@@ -77,6 +80,20 @@ from lab.dcp.reference.shards import (
     owner_rank,
     placement,
     prefill_remap,
+    write_states,
+)
+from lab.dcp.reference.spec import (
+    RankKV,
+    block_ids,
+    commit,
+    open_batch,
+    speculate,
+    step_positions,
+    step_state_ids,
+    swa_rows,
+    token_ends,
+    visible_states,
+    write_step,
 )
 
 __all__ = [
@@ -129,4 +146,17 @@ __all__ = [
     "sparse_attention",
     "token_topk_dcp",
     "token_topk_dcp1",
+    "RankKV",
+    "block_ids",
+    "commit",
+    "open_batch",
+    "speculate",
+    "spec_step",
+    "step_positions",
+    "step_state_ids",
+    "swa_rows",
+    "token_ends",
+    "visible_states",
+    "write_states",
+    "write_step",
 ]

@@ -1,12 +1,15 @@
-"""Random steps for the property tests: requests, top-k ids, SWA rows, padding rows."""
+"""Random steps for the property tests: requests, top-k ids, SWA rows, padding rows, and
+speculative decoding's verification steps."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
 from lab.dcp.reference.attention import Step
+from lab.dcp.reference.spec import block_ids, step_positions, swa_rows, visible_states
 
 
 def random_topk(gen: torch.Generator, n_states: int, count: int, topk: int) -> torch.Tensor:
@@ -70,4 +73,68 @@ def random_step(
         sink=torch.randn(heads, generator=gen),
         sm_scale=dim**-0.5,
         v_dim=v_dim,
+    )
+
+
+def spec_step(
+    gen: torch.Generator,
+    committed: Sequence[int],
+    q_lens: Sequence[int],
+    heads: int,
+    ratio: int = 1,
+    window: int = 4,
+    topk: int = 8,
+    dspark: bool = False,
+    prefix: Sequence[torch.Tensor] | None = None,
+    dtype: torch.dtype = torch.float32,
+    logit_scale: float = 1.0,
+    padding_rows: int = 0,
+) -> Step:
+    """A random verification step (``spec``): request ``b``'s ``q_lens[b]`` tokens at
+    positions ``committed[b]..``, its states up to its last token's, each token with up to
+    ``topk`` random ids among the states it sees and its causal SWA window. ``dspark``:
+    the ids among the committed states, then ``block_ids``, and the block's SWA rows.
+    ``prefix[b]`` replaces request ``b``'s committed states (the branch a rollback keeps).
+    """
+    block = max(q_lens)  # a step completes at most q_len states
+    swa_width = window + block
+    step = random_step(
+        gen,
+        [(c + q) // ratio for c, q in zip(committed, q_lens, strict=True)],
+        q_lens,
+        heads,
+        topk=topk + block * dspark,
+        swa_width=swa_width,
+        dtype=dtype,
+        logit_scale=logit_scale,
+        padding_rows=padding_rows,
+    )
+    states = step.states
+    if prefix is not None:
+        states = tuple(
+            torch.cat([p[: c // ratio], s[c // ratio :]])
+            for p, s, c in zip(prefix, states, committed, strict=True)
+        )
+    pos = step_positions(committed, q_lens)
+    # dspark: among the committed states (the whole block follows), else the causal bound
+    req = step.token_to_req[: len(pos)].long()
+    seen = torch.tensor(committed)[req] // ratio if dspark else visible_states(pos, ratio)
+    count = torch.randint(0, topk + 1, (len(pos),), generator=gen)
+    ids = torch.stack(
+        [random_topk(gen, int(n), int(m), topk) for n, m in zip(seen, count, strict=True)]
+    )
+    if dspark:
+        ids = torch.cat([ids, block_ids(committed, q_lens, ratio, block)], dim=1)
+        # a -1 tail, as the indexer hands ids on (DCP1 reads the first ``lens`` slots)
+        ids = ids.gather(1, torch.argsort((ids < 0).to(torch.int8), dim=1, stable=True))
+    base = torch.tensor([0, *(c + q for c, q in zip(committed, q_lens, strict=True))]).cumsum(0)
+    idx, lens = swa_rows(committed, q_lens, window, base[:-1].tolist(), swa_width, dspark)
+    pad_idx = torch.full((padding_rows, 1, swa_width), -1, dtype=torch.int32)
+    return replace(
+        step,
+        states=states,
+        topk_ids=torch.cat([ids, step.topk_ids[len(pos) :]]),
+        swa_cache=torch.randn(int(base[-1]), step.q.shape[-1], generator=gen).to(dtype),
+        swa_indices=torch.cat([idx, pad_idx]),
+        swa_lens=torch.cat([lens, torch.zeros(padding_rows, dtype=torch.int32)]),
     )

@@ -126,12 +126,25 @@ def build_caches(
         pool = torch.full((n_pages, bs, d), math.nan, dtype=states[0].dtype)
         table = torch.zeros((len(states), width), dtype=torch.int32)
         free = (torch.randperm(n_pages - 1, generator=gen) + 1).tolist()
+        cache = PagedCache(pool, table)
         for req, s in enumerate(states):
             for vb in range(vblocks[req]):
                 table[req, vb] = free.pop()
-            ids = torch.arange(s.shape[0])
-            owner, page, off = placement(ids, w, layout.interleave, bs)
-            mine = owner == rank
-            pool[table[req, page[mine]].long(), off[mine]] = s[mine]
-        caches.append(PagedCache(pool, table))
+            write_states(cache, layout, rank, req, torch.arange(s.shape[0]), s)
+        caches.append(cache)
     return caches
+
+
+def write_states(
+    cache: PagedCache,
+    layout: ShardLayout,
+    rank: int,
+    req: int,
+    ids: torch.Tensor,
+    values: torch.Tensor,
+) -> None:
+    """Write request ``req``'s states ``ids`` (``values``, one row each) into ``rank``'s
+    cache in place: only the ids this rank owns, at vLLM's placement (``placement``)."""
+    owner, page, off = placement(ids, layout.world_size, layout.interleave, layout.page_size)
+    mine = owner == rank
+    cache.pool[cache.block_table[req, page[mine]].long(), off[mine]] = values[mine]
