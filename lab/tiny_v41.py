@@ -195,6 +195,8 @@ INIT_RULES: tuple[tuple[str, str, float], ...] = (
     (r"\.weight$", "fan_in", 1.0),
 )
 PINNED_EXPERTS = _TEXT["num_experts_per_tok"]
+_RATIOS: list[int] = [0, 2, 2, 2, 1, 1, 1, 1]  # _TEXT's compress_ratios, typed
+assert _TEXT["compress_ratios"] == _RATIOS and _TEXT["num_hidden_layers"] == len(_RATIOS)
 
 # The draft's own tensors, tried before INIT_RULES for ``mtp.*`` names (its decoder layers
 # are the target's kinds and fall through to them): main_norm is a norm, the Markov head's
@@ -249,11 +251,11 @@ def config(spec: V41Spec) -> dict[str, Any]:
         candidate_block_size=spec.candidate_block_size,
     )
     if spec.draft_layers:
-        layers = text["num_hidden_layers"]
+        layers = len(_RATIOS)
         text.update(
             num_nextn_predict_layers=spec.draft_layers,
             # one entry per layer, the draft's included: its layers are sliding-window only
-            compress_ratios=[*text["compress_ratios"], *[0] * spec.draft_layers],
+            compress_ratios=[*_RATIOS, *[0] * spec.draft_layers],
             dspark_block_size=DRAFT_BLOCK_SIZE,
             dspark_noise_token_id=DRAFT_NOISE_TOKEN_ID,
             dspark_target_layer_ids=list(range(layers - spec.draft_layers, layers)),
