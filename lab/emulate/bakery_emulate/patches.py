@@ -374,3 +374,12 @@ def _dump_attention(module):
         return o_proj(self, attn_out, positions)
 
     cls._o_proj = _o_proj
+
+
+@after("vllm.models.deepseek_v41.common.ops.fused_compress_quant_cache")
+def _compress_cache(module):
+    from bakery_emulate import compress_cache
+
+    # The launchers look both kernels up at call time; vLLM's Python around them stays.
+    module._rope_quant_insert_kernel = compress_cache.RopeQuantInsert()
+    module._fused_save_compress_norm_kernel = compress_cache.SaveCompressNorm()

@@ -451,6 +451,8 @@ def listed_builtins() -> None:
 def main() -> None:
     for step in (
         quantize_insert,
+        rope_quant_insert,
+        save_compress_norm,
         correct_attn_out,
         a2a,
         inverse_rope,
@@ -463,6 +465,195 @@ def main() -> None:
     ):
         step()
     print(MARK + json.dumps(RESULTS), flush=True)
+
+
+# --- The V4.1 compressor's kernels (bakery_emulate.compress_cache) -------------------------
+# Shapes as the tiny V4.1 serves them: 512-dim latents, ratio-2 rings of 8 rows, compressed
+# pages of 128 (ratio 1) and 64 (ratio 2) records of 584 B, page strides padded to 576 B.
+
+from bakery_emulate import compress_cache  # noqa: E402
+
+_COMPRESS_MODULE = "vllm.models.deepseek_v41.common.ops.fused_compress_quant_cache"
+
+
+def _bits(*tensors):
+    """Raw bits, so NaN rows compare and same() does not allow fp32 ulps."""
+    out = []
+    for x in tensors:
+        x = x.contiguous()
+        if x.is_floating_point():
+            x = x.view({4: torch.int32, 2: torch.int16, 1: torch.uint8}[x.element_size()])
+        out.append(x.clone())
+    return tuple(out)
+
+
+def _launched(module, name, kernel, launch):
+    """``launch(module)`` with ``module.name`` (the kernel its launcher looks up) as
+    ``kernel``; the module's own kernel is put back afterwards."""
+    original = getattr(module, name)
+    setattr(module, name, kernel)
+    try:
+        return launch(module)
+    finally:
+        setattr(module, name, original)
+
+
+class _NoSlotMask(compress_cache.SaveCompressNorm):  # plant: padding rows not skipped
+    def __getitem__(self, grid):
+        launch = super().__getitem__(grid)
+        return lambda raw, pos, state, slots, *a, **k: launch(raw, pos, state, slots.abs(), *a, **k)
+
+
+def _latent_rows(gen, n):
+    """bf16 latents over twelve decades, with the quantizer's edges: an all-zero 64-dim
+    block (the 1e-4 floor), a block max exactly 448 * 2^3 and one just above it."""
+    x = torch.randn(n, 512, generator=gen) * torch.logspace(-6, 6, n)[:, None]
+    x = x.to(torch.bfloat16)
+    x[1, :64] = 0
+    x[2, 64:128] = 448.0 * 2.0**3
+    x[3, 128:192] = 448.0 * 2.0**3 * 1.0078125
+    x[4, 448:] = 3e38  # RoPE dims near bf16's max: the rotation overflows to inf
+    x[6, 200], x[7, 300] = float("inf"), float("nan")  # tl.max is nanmax: inf wins, NaN not
+    return x
+
+
+def rope_quant_insert() -> None:
+    m = pristine(_COMPRESS_MODULE)
+    gen = torch.Generator().manual_seed(9)
+    _rope_case(m, gen, 1, 128, "fnuz_max")
+    _rope_case(m, gen, 2, 64, "position")
+
+
+def _rope_case(m, gen, ratio, block, plant) -> None:
+    # Two requests: positions 117..140 (compressed positions across a page) and 0..5.
+    pos = torch.cat([torch.arange(117, 141), torch.arange(0, 6)])
+    n = pos.numel()
+    table = torch.tensor([3, 0, 5])  # request 0's pages; request 1 takes page 1
+    cpos = pos // ratio
+    page = torch.where(torch.arange(n) < 24, table[cpos // block], 1)
+    slots = page * block + cpos % block
+    slots[[5, n - 2]] = -1  # padding rows
+    latent = _latent_rows(gen, n + 2)  # two rows past num_tokens
+    latent[5] = float("nan")  # a padding row the kernel never reads
+    cos_sin = torch.randn(200, 64, generator=gen)
+    stride = -(-block * 584 // 576) * 576
+
+    def run(kernel, positions=pos):
+        flat = torch.full((6, stride), 0xA5, dtype=torch.uint8)
+        cache = flat.as_strided((6, block, 584), (stride, 584, 1))
+        _launched(
+            m,
+            "_rope_quant_insert_kernel",
+            kernel,
+            lambda mod: mod.rope_quant_insert(latent, positions, cos_sin, cache, slots, ratio),
+        )
+        return flat
+
+    def fnuz_max():  # plant: e4m3fnuz's 240 taken as the fp8 max
+        compress_cache.FP8_MAX = 240.0
+        try:
+            return run(compress_cache.RopeQuantInsert())
+        finally:
+            compress_cache.FP8_MAX = 448.0
+
+    planted = {
+        "fnuz_max": fnuz_max,
+        "position": lambda: run(compress_cache.RopeQuantInsert(), pos + 1),  # off by one
+    }[plant]
+    check(
+        f"rope_quant_insert[ratio{ratio}]",
+        lambda: run(m._rope_quant_insert_kernel),
+        lambda: run(compress_cache.RopeQuantInsert()),
+        planted,
+    )
+
+
+def _kv_score(gen, n, width, pad=16):
+    """fp32 [n, width] rows (kv then score) in a wider buffer: RAW_STRIDE != width.
+    kv over many decades, an all-zero row, one whose square sum overflows; scores with
+    ties and gaps past exp's range."""
+    buf = torch.randn(n, width + pad, generator=gen)
+    raw = buf[:, :width]
+    raw[:, :512] *= torch.logspace(-8, 17, n)[:, None]
+    raw[3, :512] = 0
+    raw[6, :512] = 1e19
+    raw[10, 5] = float("nan")
+    if width == 1024:
+        raw[:, 512:] *= 4
+        raw[7, 512:] = raw[8, 512:]  # a tie between the two rows of a pair
+        raw[9, 512:] += 200  # the pair's other row gets weight exp(-200) = 0
+    return raw
+
+
+def save_compress_norm() -> None:
+    m = pristine(_COMPRESS_MODULE)
+    gen = torch.Generator().manual_seed(10)
+    weight = (1 + torch.randn(512, generator=gen) * 0.1).mul(2).to(torch.bfloat16)
+    eps = 1e-20
+
+    # Ratio 1: one program per token; slot -1 rows keep the latent's old bytes.
+    pos1 = torch.arange(120, 140)
+    slots1 = torch.arange(20) + 3 * 128
+    slots1[[2, 17, 19]] = -1
+    raw1 = _kv_score(gen, 22, 512)
+
+    def run1(kernel):
+        latent = torch.full((22, 512), 7.0, dtype=torch.bfloat16)
+        _launched(
+            m,
+            "_fused_save_compress_norm_kernel",
+            kernel,
+            lambda mod: mod.fused_save_compress_norm(
+                raw1, pos1, None, slots1, None, None, weight, eps, 1, latent
+            ),
+        )
+        return _bits(latent)
+
+    check(
+        "save_compress_norm[ratio1]",
+        lambda: run1(m._fused_save_compress_norm_kernel),
+        lambda: run1(compress_cache.SaveCompressNorm()),
+        lambda: run1(_NoSlotMask()),
+    )
+
+    # Ratio 2: requests packed at odd offsets, so pairs straddle requests: 13 tokens from
+    # an odd position (the first closes a group with its ring row) and past the ring's 8
+    # rows, 3 from an even one, two decodes (odd: a ring read; even: none), an empty
+    # chunk, a request whose slots are all -1, and two padding tokens.
+    chunks = [(5, 13), (8, 3), (3, 1), (6, 1), (0, 0), (1, 2)]
+    pos2 = torch.cat(
+        [torch.arange(p, p + c) for p, c in chunks] + [torch.zeros(2, dtype=torch.long)]
+    )
+    lens = torch.tensor([c for _, c in chunks])
+    qsl = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]).to(torch.int32)
+    req = torch.repeat_interleave(torch.arange(len(chunks)), lens)
+    req = torch.cat([req, torch.zeros(2, dtype=torch.long)]).to(torch.int32)
+    ring = torch.tensor([2, 0, 5, 3, 4, 1])  # each request's ring block
+    slots2 = ring[req.long()] * 8 + pos2 % 8
+    slots2[-4:] = -1  # request 5 and the padding
+    n2 = pos2.numel()
+    raw2 = _kv_score(gen, n2 + 1, 1024)
+    state0 = torch.randn(6, 8, 1024, generator=gen)
+
+    def run2(kernel, positions=pos2):
+        latent = torch.full((n2 + 1, 512), 7.0, dtype=torch.bfloat16)
+        state = state0.clone()
+        _launched(
+            m,
+            "_fused_save_compress_norm_kernel",
+            kernel,
+            lambda mod: mod.fused_save_compress_norm(
+                raw2, positions, state, slots2, qsl, req, weight, eps, 2, latent
+            ),
+        )
+        return _bits(latent, state)
+
+    check(
+        "save_compress_norm[ratio2]",
+        lambda: run2(m._fused_save_compress_norm_kernel),
+        lambda: run2(compress_cache.SaveCompressNorm()),
+        lambda: run2(compress_cache.SaveCompressNorm(), pos2 + 1),  # plant: off-by-one
+    )
 
 
 if __name__ == "__main__":

@@ -28,6 +28,10 @@ def results(cpu_bake) -> dict:
 
 PORTS = (
     "quantize_insert",
+    "rope_quant_insert[ratio1]",
+    "rope_quant_insert[ratio2]",
+    "save_compress_norm[ratio1]",
+    "save_compress_norm[ratio2]",
     "correct_attn_out[rank0]",
     "correct_attn_out[rank1]",
     "a2a_pack[bfloat16]",
