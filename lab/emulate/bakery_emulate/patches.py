@@ -374,3 +374,21 @@ def _dump_attention(module):
         return o_proj(self, attn_out, positions)
 
     cls._o_proj = _o_proj
+
+
+@after("vllm.models.deepseek_v41.common.ops.indexer_k_store")
+def _indexer_k_store(module):
+    from bakery_emulate import indexer_k_store
+
+    module._indexer_k_norm_rope_quant_store_kernel = indexer_k_store.IndexerKStore(
+        module._indexer_k_norm_rope_quant_store_kernel
+    )
+
+
+@after("vllm.model_executor.kernels.mhc.triton")
+def _hc_head_reduce(module):
+    from bakery_emulate import hc_reduce
+
+    module._hc_head_reduce_store_kernel = hc_reduce.HcHeadReduce(
+        module._hc_head_reduce_store_kernel
+    )
