@@ -135,9 +135,16 @@ class IndexerKStore:
         new_odd = (odd * cos + even * sin).to(torch.bfloat16).float()
         result = self.unpair(new_even, new_odd)
 
-        absmax = result.abs().amax(-1).clamp(min=1e-4)
+        # NaN as the interpreter takes it: tl.max skips it (nanmax), tl.maximum and tl.clamp
+        # give the other operand (fmax, fmin); torch's amax and clamp would keep it.
+        magnitude = result.abs()
+        absmax = torch.where(magnitude.isnan(), 0.0, magnitude).amax(-1)
+        absmax = torch.fmax(absmax, torch.tensor(1e-4))
+        # torch.log2 and np.log2 differ in the last bit for a few inputs; the ceil is the
+        # same for every bf16 amax and the floor (checked over all of them).
         exponent = torch.ceil(torch.log2(absmax * (1.0 / FP8_MAX)))
-        scaled = (result * torch.exp2(-exponent)[:, None]).clamp(-FP8_MAX, FP8_MAX)
+        scaled = result * torch.exp2(-exponent)[:, None]
+        scaled = torch.fmin(torch.fmax(scaled, torch.tensor(-FP8_MAX)), torch.tensor(FP8_MAX))
         values = scaled.to(torch.float8_e4m3fn).view(torch.uint8)
         scale = torch.exp2(exponent).view(torch.uint8).view(-1, 4)
 

@@ -479,13 +479,36 @@ def numpy_sum_check() -> None:
     )
 
 
+def fp8_exponent_check() -> None:
+    """The indexer K store's scale exponent ceil(log2(amax / 448)) over every amax it can
+    see (each finite bf16 magnitude, and the 1e-4 floor): torch's log2 against numpy's,
+    which the interpreter calls one value at a time; the two differ in the last bit for
+    some values, the ceil must not. Planted: floor + 1, wrong at powers of two."""
+    import numpy as np
+
+    amax = torch.arange(0, 0x7F80, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    amax = torch.fmax(amax.float(), torch.tensor(1e-4)) * (1.0 / 448.0)
+
+    def interpreted():
+        ceil = [np.ceil(np.log2(np.array([v], dtype=np.float32))) for v in amax.tolist()]
+        return torch.from_numpy(np.concatenate(ceil))
+
+    check(
+        "fp8_exponent[bf16]",
+        interpreted,
+        lambda: torch.ceil(torch.log2(amax)),
+        lambda: torch.floor(torch.log2(amax)) + 1,
+    )
+
+
 def indexer_k_store_checks() -> None:
     """The V4.1 indexer K store's FP8 cache bytes, as the tiny V4.1 writes them (head 128,
     rope 64, pages of 128, ratios 1 and 2): values and scales, untouched bytes kept."""
     from bakery_emulate import indexer_k_store
 
     m = importlib.import_module("vllm.models.deepseek_v41.common.ops.indexer_k_store")
-    original = m._indexer_k_norm_rope_quant_store_kernel.original
+    port = m._indexer_k_norm_rope_quant_store_kernel  # as the hook installed it
+    original = port.original
     gen = torch.Generator().manual_seed(9)
     n, pages, bs = 32, 3, 128
     spread = torch.logspace(-6, 6, 128)[torch.randperm(128, generator=gen)]
@@ -494,6 +517,8 @@ def indexer_k_store_checks() -> None:
     k_pre[2, ::3] = -0.0  # signed zeros through the nope pairs' cos 1 / sin 0
     k_pre[3] = 3e19  # k * k overflows fp32: rsqrt(inf) = 0
     k_pre[4, 7] = 2e4  # one spike: the row's amax
+    k_pre[6] = float("nan")  # NaN: the interpreter's nanmax, fmax and fmin
+    k_pre[7, :3] = float("inf")  # inf * rsqrt(inf): NaN beside zeros
     wide = torch.zeros(n, 160, dtype=torch.bfloat16)  # a row stride past the head
     wide[:, :128] = k_pre.to(torch.bfloat16)
     k_pre = wide[:, :128]
@@ -516,8 +541,6 @@ def indexer_k_store_checks() -> None:
             m._indexer_k_norm_rope_quant_store_kernel = port
         return cache
 
-    port = m._indexer_k_norm_rope_quant_store_kernel
-
     class OwnPosition(indexer_k_store.IndexerKStore):  # RoPE at the token, not its group
         @staticmethod
         def group_positions(positions, ratio):
@@ -525,7 +548,7 @@ def indexer_k_store_checks() -> None:
 
     class PaddingKept(indexer_k_store.IndexerKStore):  # slot -1 written (as page -1)
         def store(self, num_tokens, *args, **kwargs):
-            args = list(args)
+            args = list(args)  # [7] k_cache, [8] kv_slot_mapping, [9] kv_cache_block_size
             args[8] = args[8] % (args[7].shape[0] * args[9])
             super().store(num_tokens, *args, **kwargs)
 
@@ -566,7 +589,7 @@ def hc_head_reduce_checks() -> None:
     from bakery_emulate import hc_reduce
 
     m = importlib.import_module("vllm.model_executor.kernels.mhc.triton")
-    port = m._hc_head_reduce_store_kernel
+    port = m._hc_head_reduce_store_kernel  # as the hook installed it
     original = port.original
     gen = torch.Generator().manual_seed(10)
 
@@ -586,7 +609,7 @@ def hc_head_reduce_checks() -> None:
     x = torch.randn(t, 4, hidden + 64, generator=gen) * torch.logspace(-4, 4, hidden + 64)
     x[:, 0, ::2] *= 1e9
     x[:, 2] = -x[:, 0]  # copies 0 and 2 cancel: copy 1 is lost in one order, 3 in the other
-    x[1] = 0
+    x[1] = 0  # an all-zero token
     x[2, :, :8] = 3e38  # the fp32 sum overflows to inf
     x = x.to(torch.bfloat16)[:, :, :hidden]
     pre = torch.rand(t, 4, generator=gen) * 2
@@ -633,6 +656,7 @@ def main() -> None:
         folded_reduce,
         listed_builtins,
         numpy_sum_check,
+        fp8_exponent_check,
         indexer_k_store_checks,
         hc_head_reduce_checks,
     ):
