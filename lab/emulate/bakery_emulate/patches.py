@@ -383,3 +383,21 @@ def _compress_cache(module):
     # The launchers look both kernels up at call time; vLLM's Python around them stays.
     module._rope_quant_insert_kernel = compress_cache.RopeQuantInsert()
     module._fused_save_compress_norm_kernel = compress_cache.SaveCompressNorm()
+
+
+@after("vllm.models.deepseek_v41.common.ops.indexer_k_store")
+def _indexer_k_store(module):
+    from bakery_emulate import indexer_k_store
+
+    module._indexer_k_norm_rope_quant_store_kernel = indexer_k_store.IndexerKStore(
+        module._indexer_k_norm_rope_quant_store_kernel
+    )
+
+
+@after("vllm.model_executor.kernels.mhc.triton")
+def _hc_head_reduce(module):
+    from bakery_emulate import hc_reduce
+
+    module._hc_head_reduce_store_kernel = hc_reduce.HcHeadReduce(
+        module._hc_head_reduce_store_kernel
+    )

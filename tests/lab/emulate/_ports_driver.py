@@ -26,6 +26,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from bakery_emulate import (  # noqa: E402
     cache_insert,
+    compress_cache,
     dcp_combine,
     index_remap,
     inv_rope,
@@ -448,30 +449,201 @@ def listed_builtins() -> None:
     )
 
 
-def main() -> None:
-    for step in (
-        quantize_insert,
-        rope_quant_insert,
-        save_compress_norm,
-        correct_attn_out,
-        a2a,
-        inverse_rope,
-        index_remap_check,
-        qkv_rmsnorm,
-        swa,
-        zero_kv_blocks,
-        folded_reduce,
-        listed_builtins,
-    ):
-        step()
-    print(MARK + json.dumps(RESULTS), flush=True)
+# ---- indexer K store and mHC head reduce (V4.1's kernels beside the series) ----------
+
+
+@triton.jit
+def _row_sums(x, out, N: tl.constexpr):
+    row, cols = tl.program_id(0), tl.arange(0, N)
+    tl.store(out + row, tl.sum(tl.load(x + row * N + cols), axis=0))
+
+
+def numpy_sum_check() -> None:
+    """The indexer K store's k_norm sum in the order of the interpreter's tl.sum (numpy's
+    pairwise one), bit for bit; torch's own .sum (the plant) differs in the last bits."""
+    from bakery_emulate import indexer_k_store
+
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(64, 128, generator=gen) * torch.logspace(-6, 6, 128)
+    x = x[:, torch.randperm(128, generator=gen)] ** 2
+
+    def interpreted():
+        out = torch.empty(64)
+        _row_sums[(64,)](x, out, N=128)
+        return out.view(torch.int32)  # bits: same() allows fp32 ulps
+
+    check(
+        "numpy_sum[128]",
+        interpreted,
+        lambda: indexer_k_store.numpy_sum(x).view(torch.int32),
+        lambda: x.sum(-1).view(torch.int32),
+    )
+
+
+def fp8_exponent_check() -> None:
+    """The indexer K store's scale exponent ceil(log2(amax / 448)) over every amax it can
+    see (each finite bf16 magnitude, and the 1e-4 floor): torch's log2 against numpy's,
+    which the interpreter calls one value at a time; the two differ in the last bit for
+    some values, the ceil must not. Planted: floor + 1, wrong at powers of two."""
+    import numpy as np
+
+    amax = torch.arange(0, 0x7F80, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    amax = torch.fmax(amax.float(), torch.tensor(1e-4)) * (1.0 / 448.0)
+
+    def interpreted():
+        ceil = [np.ceil(np.log2(np.array([v], dtype=np.float32))) for v in amax.tolist()]
+        return torch.from_numpy(np.concatenate(ceil))
+
+    check(
+        "fp8_exponent[bf16]",
+        interpreted,
+        lambda: torch.ceil(torch.log2(amax)),
+        lambda: torch.floor(torch.log2(amax)) + 1,
+    )
+
+
+def indexer_k_store_checks() -> None:
+    """The V4.1 indexer K store's FP8 cache bytes, as the tiny V4.1 writes them (head 128,
+    rope 64, pages of 128, ratios 1 and 2): values and scales, untouched bytes kept."""
+    from bakery_emulate import indexer_k_store
+
+    m = importlib.import_module("vllm.models.deepseek_v41.common.ops.indexer_k_store")
+    port = m._indexer_k_norm_rope_quant_store_kernel  # as the hook installed it
+    original = port.original
+    gen = torch.Generator().manual_seed(9)
+    n, pages, bs = 32, 3, 128
+    spread = torch.logspace(-6, 6, 128)[torch.randperm(128, generator=gen)]
+    k_pre = torch.randn(n, 128, generator=gen) * spread
+    k_pre[1] = 0  # an all-zero row: the 1e-4 floor
+    k_pre[2, ::3] = -0.0  # signed zeros through the nope pairs' cos 1 / sin 0
+    k_pre[3] = 3e19  # k * k overflows fp32: rsqrt(inf) = 0
+    k_pre[4, 7] = 2e4  # one spike: the row's amax
+    k_pre[6] = float("nan")  # NaN: the interpreter's nanmax, fmax and fmin
+    k_pre[7, :3] = float("inf")  # inf * rsqrt(inf): NaN beside zeros
+    wide = torch.zeros(n, 160, dtype=torch.bfloat16)  # a row stride past the head
+    wide[:, :128] = k_pre.to(torch.bfloat16)
+    k_pre = wide[:, :128]
+    weight = (torch.randn(128, generator=gen) * 4).to(torch.bfloat16)
+    cos_sin = torch.randn(2 * pages * bs, 64, generator=gen)
+    positions = torch.randperm(2 * pages * bs, generator=gen)[:n]  # across pages
+    slots = torch.randperm(pages * bs, generator=gen)[:n]
+    slots[[5, 17, 26]] = -1  # padding
+    positions[[5, 17, 26]] = torch.tensor([1, 129, 255])  # group ends: only the slot skips
+    bytes_ = torch.randint(0, 256, (pages, bs, 132), dtype=torch.uint8, generator=gen)
+
+    def run(store, ratio, slot_mapping=slots):
+        cache = bytes_.clone()
+        _launched(
+            m,
+            "_indexer_k_norm_rope_quant_store_kernel",
+            store,
+            lambda mod: mod.indexer_k_norm_rope_store(
+                k_pre, positions, cos_sin, weight, 1e-6, cache, slot_mapping, ratio, False
+            ),
+        )
+        return cache
+
+    class OwnPosition(indexer_k_store.IndexerKStore):  # RoPE at the token, not its group
+        @staticmethod
+        def group_positions(positions, ratio):
+            return positions
+
+    class PaddingKept(indexer_k_store.IndexerKStore):  # slot -1 written (as page -1)
+        def store(self, num_tokens, *args, **kwargs):
+            args = list(args)  # [7] k_cache, [8] kv_slot_mapping, [9] kv_cache_block_size
+            args[8] = args[8] % (args[7].shape[0] * args[9])
+            super().store(num_tokens, *args, **kwargs)
+
+    class NeoX(indexer_k_store.IndexerKStore):  # RoPE pairs (i, i + 64), not (2i, 2i + 1)
+        @staticmethod
+        def pairs(k):
+            return k[:, :64], k[:, 64:]
+
+        @staticmethod
+        def unpair(even, odd):
+            return torch.cat([even, odd], dim=1)
+
+    want = {ratio: run(original, ratio) for ratio in (1, 2)}  # interpreted: run once
+    check(
+        "indexer_k_store[ratio=1]",
+        lambda: want[1],
+        lambda: run(port, 1),
+        lambda: run(NeoX(original), 1),
+    )
+    check(
+        "indexer_k_store[ratio=2]",
+        lambda: want[2],
+        lambda: run(port, 2),
+        lambda: run(OwnPosition(original), 2),
+    )
+    check(
+        "indexer_k_store[padding]",
+        lambda: want[2],
+        lambda: run(port, 2),
+        lambda: run(PaddingKept(original), 2),
+    )
+
+
+def hc_head_reduce_checks() -> None:
+    """The mHC head reduce through both launchers: hc_collapse_triton (the tiny V4.1's
+    hc_mult 4, hidden 256, a strided x) and hc_head_reduce_triton_kernel (hidden 1280:
+    two column blocks, the second masked)."""
+    from bakery_emulate import hc_reduce
+
+    m = importlib.import_module("vllm.model_executor.kernels.mhc.triton")
+    port = m._hc_head_reduce_store_kernel  # as the hook installed it
+    original = port.original
+    gen = torch.Generator().manual_seed(10)
+
+    class Reversed(hc_reduce.HcHeadReduce):  # the mixes summed from the last
+        @staticmethod
+        def mix_order(hc_mult):
+            return range(hc_mult - 1, -1, -1)
+
+    def launched(kernel, fn):
+        return _launched(m, "_hc_head_reduce_store_kernel", kernel, lambda _: fn())
+
+    t, hidden = 7, 256
+    x = torch.randn(t, 4, hidden + 64, generator=gen) * torch.logspace(-4, 4, hidden + 64)
+    x[:, 0, ::2] *= 1e9
+    x[:, 2] = -x[:, 0]  # copies 0 and 2 cancel: copy 1 is lost in one order, 3 in the other
+    x[1] = 0  # an all-zero token
+    x[2, :, :8] = 3e38  # the fp32 sum overflows to inf
+    x = x.to(torch.bfloat16)[:, :, :hidden]
+    pre = torch.rand(t, 4, generator=gen) * 2
+    pre[:, 2] = pre[:, 0]
+    collapse = lambda: m.hc_collapse_triton(x, pre)  # noqa: E731
+    check(
+        "hc_collapse",
+        lambda: launched(original, collapse),
+        lambda: launched(port, collapse),
+        lambda: launched(Reversed(original), collapse),
+    )
+
+    wide, tokens = 1280, 3
+    xs = (torch.randn(tokens, 4, wide, generator=gen) * 8).to(torch.bfloat16)
+    xs[:, 1, 1::2] *= 2**30
+    xs[:, 3] = -xs[:, 1]
+    fn = torch.randn(4, 4 * wide, generator=gen) * 1e-2
+    fn[[1, 3]] = 0  # equal pre for the cancelling copies 1 and 3
+    scale, base = torch.tensor(0.5), torch.tensor([0.3, -1.0, 0.7, -1.0])
+
+    def head():
+        out = torch.full((tokens, wide), 7.0, dtype=torch.bfloat16)
+        m.hc_head_reduce_triton_kernel(xs, fn, scale, base, out, 1e-6, 1e-6)
+        return out
+
+    check(
+        "hc_head_reduce",
+        lambda: launched(original, head),
+        lambda: launched(port, head),
+        lambda: launched(Reversed(original), head),
+    )
 
 
 # --- The V4.1 compressor's kernels (bakery_emulate.compress_cache) -------------------------
 # Shapes as the tiny V4.1 serves them: 512-dim latents, ratio-2 rings of 8 rows, compressed
 # pages of 128 (ratio 1) and 64 (ratio 2) records of 584 B, page strides padded to 576 B.
-
-from bakery_emulate import compress_cache  # noqa: E402
 
 _COMPRESS_MODULE = "vllm.models.deepseek_v41.common.ops.fused_compress_quant_cache"
 
@@ -654,6 +826,29 @@ def save_compress_norm() -> None:
         lambda: run2(compress_cache.SaveCompressNorm()),
         lambda: run2(compress_cache.SaveCompressNorm(), pos2 + 1),  # plant: off-by-one
     )
+
+
+def main() -> None:
+    for step in (
+        quantize_insert,
+        rope_quant_insert,
+        save_compress_norm,
+        correct_attn_out,
+        a2a,
+        inverse_rope,
+        index_remap_check,
+        qkv_rmsnorm,
+        swa,
+        zero_kv_blocks,
+        folded_reduce,
+        listed_builtins,
+        numpy_sum_check,
+        fp8_exponent_check,
+        indexer_k_store_checks,
+        hc_head_reduce_checks,
+    ):
+        step()
+    print(MARK + json.dumps(RESULTS), flush=True)
 
 
 if __name__ == "__main__":

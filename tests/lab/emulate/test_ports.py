@@ -53,6 +53,14 @@ PORTS = (
     "zero_kv_blocks",
     "folded_reduce",
     "listed_builtins",
+    # V4.1's indexer K store and mHC head reduce
+    "numpy_sum[128]",
+    "fp8_exponent[bf16]",
+    "indexer_k_store[ratio=1]",
+    "indexer_k_store[ratio=2]",
+    "indexer_k_store[padding]",
+    "hc_collapse",
+    "hc_head_reduce",
 )
 
 
