@@ -35,7 +35,7 @@ TINY_MODELS = {
     BUILD / "tiny-llama": "python tools/tiny_model.py",
     BUILD / "tiny-llama-perturbed": "python tools/tiny_model.py --perturbed",
     **{BUILD / f"tiny-v41-{name}": f"python tools/tiny_model.py --v41 {name}"
-       for name in ("fast", "released", "batch")},
+       for name in ("fast", "released", "batch", "dspark")},
 }  # fmt: skip
 
 

@@ -2,7 +2,7 @@
 """Build the tiny random models the tests serve (a door onto lab.tiny_model and
 lab.tiny_v41).
 
-usage: tools/tiny_model.py [OUT_DIR] [--force] [--v41 fast|released|batch | --perturbed]
+usage: tools/tiny_model.py [OUT_DIR] [--force] [--v41 batch|dspark|fast|released | --perturbed]
   default OUT_DIR: build/tiny-llama, build/tiny-v41-NAME with --v41,
   build/tiny-llama-perturbed with --perturbed
 """
