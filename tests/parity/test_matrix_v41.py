@@ -169,7 +169,12 @@ def test_a_planted_bug_fails_the_v41_matrix_and_names_the_first_divergence(
         "--baseline", str(baseline), "--series", str(series), "--case", case,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "error: parity failed for 1 candidate(s): ['planted']" in proc.stderr
     summary = _summary(tmp_path / "out")
+    assert (
+        summary["baseline"]["reused"] is True
+        and "FAIL" in (tmp_path / "out" / "summary.md").read_text()
+    )
     (row,) = summary["candidates"]
     assert summary["cases"] == [case]
     assert row["passed"] is False and row["failing_cases"] == [record_name(case)], row
