@@ -57,8 +57,7 @@ def test_the_v41_door_builds_the_named_spec_only_when_missing(door, tmp_path, ca
     ready = tmp_path / "ready"
     ready.mkdir()
     spec = tiny_v41.SPECS["fast"]
-    note = {"spec": {f: getattr(spec, f) for f in spec.__dataclass_fields__}}
-    note["recipe"] = tiny_v41.recipe()
+    note = {"spec": tiny_v41.spec_note(spec), "recipe": tiny_v41.recipe()}
     (ready / tiny_v41.MARKER).write_text(json.dumps(note))
     assert run_command(command, [str(ready), "--v41", "fast"], "tiny") == 0
     assert len(built) == 1 and capsys.readouterr().out.endswith(f"tiny model: {ready}\n")
