@@ -80,6 +80,7 @@ $(VENV)/.plots: $(VENV)/.tool
 TINY_MODEL_matrix-cpu.toml         := build/tiny-llama-perturbed
 TINY_MODEL_matrix-cpu-v41.toml     := build/tiny-v41-fast
 TINY_MODEL_matrix-cpu-v41-batch.toml := build/tiny-v41-batch
+TINY_MODEL_matrix-cpu-v41-spec.toml  := build/tiny-v41-dspark
 build/tiny-llama-perturbed: | $(VENV)/.test
 	$(PY) tools/tiny_model.py --perturbed
 build/tiny-v41-%: | $(VENV)/.test

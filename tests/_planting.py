@@ -6,9 +6,12 @@ A DCP test proves it can fail by running its checks on such a bake of the real s
 
 from __future__ import annotations
 
+import difflib
 import os
 import shutil
 from pathlib import Path
+
+import tomlkit
 
 from bakery.bake import pristine
 from bakery.bake.bake import bake
@@ -36,6 +39,30 @@ def plant(series_dir: Path, patch: str, old: str, new: str, after: str | None = 
     diff.write_text("".join(lines))
 
 
+def plant_upstream(series_dir: Path, cache: Path, path: str, old: str, new: str) -> None:
+    """Add to the series at ``series_dir`` one more patch, for ``path`` (relative to the
+    vllm/ package, a file no patch touches): its one line holding ``old`` rewritten as
+    ``new`` (several lines, each indented as that line). For bugs the matrix must see in
+    upstream code the series serves through (a draft's KV write, the rollback)."""
+    series = load_series(series_dir)
+    assert all(path not in p.paths for p in series.patches), f"{path}: the series' own file"
+    source = pristine.unpacked(series.base("cpu"), cache) / "vllm" / path
+    lines = source.read_text().splitlines(keepends=True)
+    hits = [i for i, ln in enumerate(lines) if old in ln]
+    assert len(hits) == 1, f"{old!r} is on {len(hits)} lines of {path}"
+    indent = lines[hits[0]][: len(lines[hits[0]]) - len(lines[hits[0]].lstrip())]
+    planted = [indent + ln + "\n" for ln in new.splitlines()]
+    edited = lines[: hits[0]] + planted + lines[hits[0] + 1 :]
+    name = f"99-planted-{path.replace('/', '_')}.diff"
+    diff = difflib.unified_diff(lines, edited, f"baked-ours/{path}", f"baked/{path}", n=3)
+    (series_dir / name).write_text("".join(diff))
+    doc = tomlkit.parse((series_dir / "series.toml").read_text())
+    entry = tomlkit.table()
+    entry.update({"file": name, "stage": 5, "summary": f"planted: {path}"})
+    doc["patches"].append(entry)
+    (series_dir / "series.toml").write_text(tomlkit.dumps(doc))
+
+
 def bake_planted(
     tmp: Path,
     cache: Path,
@@ -43,13 +70,17 @@ def bake_planted(
     old: str | None,
     new: str | None,
     after: str | None = None,
+    upstream: tuple[str, str, str] | None = None,
 ) -> Path:
     """The cpu bake of a copy of the series (with ``old`` planted as ``new``, if given:
-    the first such '+' line after ``after``, when given): the tree alone, no wheel."""
+    the first such '+' line after ``after``, when given; ``upstream``: ``plant_upstream``'s
+    path, old and new): the tree alone, no wheel."""
     series_dir = tmp / "dcp2"
     shutil.copytree(REPO / "patches" / "dcp2", series_dir)
     if old is not None and new is not None:
         plant(series_dir, patch, old, new, after)
+    if upstream is not None:
+        plant_upstream(series_dir, cache, *upstream)
     series = load_series(series_dir)
     _link_pristine(tmp / "build", series, cache)
     return bake(series, "cpu", build=tmp / "build", cache=cache, write_wheel=False).tree

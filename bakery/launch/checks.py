@@ -244,6 +244,30 @@ def _candidate_problems(plan: LaunchPlan, table: GateTable, config: dict) -> lis
     return [problem] if problem else []
 
 
+def _draft_method(parsed: VllmArgs) -> str | None:
+    """The draft method as vLLM reads it: --speculative-config's "method", else
+    --spec-method (None: neither says, as with dotted keys the launcher cannot read)."""
+    config = parsed.speculative_config
+    if isinstance(config, dict) and isinstance(config.get("method"), str):
+        return config["method"]
+    return parsed.spec_method
+
+
+def _method_problem(table: GateTable, parsed: VllmArgs, way_out: str) -> Problem | None:
+    method = _draft_method(parsed)
+    if method in table.spec_methods:
+        return None
+    served = ", ".join(table.spec_methods) or "none"
+    return Problem(
+        "a draft method stage 5 does not serve under DCP",
+        f"stage 5 serves {served} (stages.toml [gates] spec_methods)",
+        f"method {method!r}" if method else "no readable method",
+        f'use --speculative-config \'{{"method": "{table.spec_methods[0]}", ...}}\', or {way_out}'
+        if table.spec_methods
+        else f"use {way_out}",
+    )
+
+
 def _arg_problems(plan: LaunchPlan, table: GateTable, parsed: VllmArgs) -> list[Problem]:
     """The vLLM args (parsed by vLLM's parser, or ``vllm_args``) against the launcher's layout."""
     out: list[Problem | None] = [*_contradictions(plan, parsed)]  # a feature may be allowed
@@ -256,6 +280,8 @@ def _arg_problems(plan: LaunchPlan, table: GateTable, parsed: VllmArgs) -> list[
         what = "speculative decoding (MTP / DSpark) under DCP"
         way_out = "--dcp 1, or drop " + " ".join(speculative)
         out.append(_feature_problem(plan, table, SPECULATIVE, what, " ".join(speculative), way_out))
+        if plan.profile.layout.dcp > 1 and table.serves(SPECULATIVE, plan.profile.gates.stage):
+            out.append(_method_problem(table, parsed, way_out))
     pcp = parsed.prefill_context_parallel_size
     if isinstance(pcp, int) and pcp > 1:
         what = "prefill context parallelism (PCP) under DCP"

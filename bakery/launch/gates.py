@@ -54,6 +54,7 @@ class GateTable:
     dcp_min_stage: int
     heads_file: str  # relative to the baked package folder (vllm/)
     heads_name: str
+    spec_methods: tuple[str, ...]
     env: dict[str, EnvGate]
     stages: tuple[Stage, ...]
 
@@ -134,6 +135,7 @@ def gate_table_of(doc: StagesDoc, where: Path) -> GateTable:
         dcp_min_stage=gates.dcp_min_stage,
         heads_file=heads[0],
         heads_name=heads[1],
+        spec_methods=gates.spec_methods,
         env=_env_gates(doc.env, where),
         stages=stages,
     )

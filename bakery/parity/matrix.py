@@ -58,11 +58,12 @@ from bakery.verify import (
     load_suite,
     write_reports,
 )
-from bakery.verify.bundle import record_name
-from bakery.verify.compare import ParityReport
+from bakery.verify.bundle import load_bundle, record_name
+from bakery.verify.compare import ParityReport, spec_counts
 from bakery.verify.diagnose import tokenizer_decoder
 from bakery.verify.errors import ParityFailure
 from bakery.verify.result import ForkText
+from bakery.verify.spec_decode import SpecCounts
 
 __all__ = [
     "Entry",
@@ -263,9 +264,14 @@ def _serve_and_capture(
     finally:
         lifecycle.stop_record(record, ctx.grace_s)
     serving.write_figures(out, serving.served_figures(serving.kv_capacity(record.log), benched))
-    run = {"boot_s": round(boot_s, 1), "record": str(record.run_dir)}
+    run: dict[str, Any] = {"boot_s": round(boot_s, 1), "record": str(record.run_dir)}
     exercised = serving.exercised_counts(record.run_dir)
-    return run if exercised is None else {**run, "exercised": exercised}
+    if exercised is not None:
+        run["exercised"] = exercised
+    drafted = spec_counts(load_bundle(out))
+    if drafted:
+        run["spec_decode"] = SpecCounts.total(c.counts for c in drafted.values())
+    return run
 
 
 def _first_divergence(report: ParityReport) -> FirstDivergence | None:
@@ -314,10 +320,15 @@ def _candidate_row(
     )
     json_path.parent.mkdir(parents=True, exist_ok=True)
     write_reports(report, json_path=json_path, markdown_path=md_path)
+    # The ranks' sliding-window KV must be one copy (replicated under DCP): a rank that
+    # wrote other rows fails the entry whatever its tokens (a draft's KV moves no token).
+    exercised = run.get("exercised")
+    replicated = exercised is None or exercised.swa_kv_replicated is not False
+    passed = report.passed and replicated
     return CandidateRow(
         **_entry_fields(entry),
-        passed=report.passed,
-        as_expected=report.passed == (entry.expect == "pass"),
+        passed=passed,
+        as_expected=passed == (entry.expect == "pass"),
         failing_cases=report.failing(),
         first_divergence=_first_divergence(report),
         diagnosis=report.diagnosis,

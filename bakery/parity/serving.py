@@ -161,6 +161,10 @@ class Exercised(msgspec.Struct, frozen=True):
     candidate_masked_positions: int
     index_k_keyless_gathers: int
     multi_request_steps: int
+    # Every process wrote the same sliding-window KV (target window and draft layers
+    # alike: replicated under DCP, and MLA's one latent is every TP rank's); None: a run
+    # without the digest.
+    swa_kv_replicated: bool | None = None
 
 
 def served_figures(kv: FiguresDoc | None, bench: BenchFigures | None) -> FiguresDoc:
@@ -336,6 +340,7 @@ class RankCounts(Document, frozen=True):
     index_k_publishes: int = 0  # publishes by the index-K exchange (prefill); 0 in older runs
     index_k_keyless_gathers: int = 0  # index-K gathers joined holding no key of the chunk
     multi_request_steps: int = 0  # model steps that scheduled more than one request
+    swa_kv_digest: int | None = None  # of every sliding-window KV row this rank wrote
 
 
 def exercised_counts(run_dir: Path) -> Exercised | None:
@@ -348,6 +353,7 @@ def exercised_counts(run_dir: Path) -> Exercised | None:
     if not files:
         return None
     ranks: dict[int, RankCounts] = {}
+    digests: set[int | None] = set()  # every process's, ranks of one DCP rank included
     for path in files:
         doc = decode(
             read_json(path, "emulation counts", ProfileError),
@@ -357,6 +363,7 @@ def exercised_counts(run_dir: Path) -> Exercised | None:
             hint="written by lab/emulate/bakery_emulate/counts.py; rerun the entry",
         )
         ranks.setdefault(doc.dcp_rank, doc)
+        digests.add(doc.swa_kv_digest)
     every = list(ranks.values())
     return Exercised(
         indexer_calls=max(r.indexer_calls for r in every),
@@ -365,4 +372,5 @@ def exercised_counts(run_dir: Path) -> Exercised | None:
         candidate_masked_positions=sum(r.candidate_masked_positions for r in every),
         index_k_keyless_gathers=sum(r.index_k_keyless_gathers for r in every),
         multi_request_steps=max(r.multi_request_steps for r in every),
+        swa_kv_replicated=None if None in digests else len(digests) == 1,
     )

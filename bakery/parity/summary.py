@@ -18,6 +18,7 @@ from bakery.verify.compare import ParityReport
 from bakery.verify.diagnose import case_views
 from bakery.verify.report import format_value
 from bakery.verify.result import Diagnosis, Fork, ForkText, GateSetting
+from bakery.verify.spec_decode import SpecCounts
 
 __all__ = [
     "FirstDivergence",
@@ -65,6 +66,8 @@ class CandidateRow(msgspec.Struct, frozen=True, kw_only=True):
     boot_s: float | msgspec.UnsetType = msgspec.UNSET
     record: str | msgspec.UnsetType = msgspec.UNSET
     exercised: Exercised | msgspec.UnsetType = msgspec.UNSET
+    # vLLM's speculative-decoding counts over the suite (a server with drafts)
+    spec_decode: SpecCounts | msgspec.UnsetType = msgspec.UNSET
 
 
 class BaselineRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -76,6 +79,8 @@ class BaselineRow(msgspec.Struct, frozen=True, kw_only=True):
     boot_s: float | msgspec.UnsetType = msgspec.UNSET
     record: str | msgspec.UnsetType = msgspec.UNSET
     exercised: Exercised | msgspec.UnsetType = msgspec.UNSET
+    # vLLM's speculative-decoding counts over the suite (a server with drafts)
+    spec_decode: SpecCounts | msgspec.UnsetType = msgspec.UNSET
 
 
 class MatrixSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -171,10 +176,21 @@ def _exercised_text(counts: Exercised | None) -> str:
     )
 
 
+def _drafts_text(counts: SpecCounts | None) -> str:
+    if not counts:
+        return "–"
+    rate = counts.acceptance
+    share = "" if rate is None else f" ({rate:.0%})"
+    return f"{counts.accepted} / {counts.draft_tokens}{share}"
+
+
 def _result(row: CandidateRow) -> str:
     if isinstance(row.error, str):
         return f"ERROR: {row.error}"
     verdict = "pass" if row.passed else "FAIL"
+    counts = _value(row.exercised)
+    if counts is not None and counts.swa_kv_replicated is False:
+        verdict += " (the ranks wrote different sliding-window KV)"
     if row.expect == "fail":
         return f"{verdict} (planted bug: {'caught' if not row.passed else 'MISSED'})"
     return verdict
@@ -244,14 +260,19 @@ def summary_markdown(summary: MatrixSummary) -> str:
         + (f" (cases {', '.join(summary.cases)} only)" if summary.cases else "")
         + f", low margin {summary.low_margin}, top-n {summary.top_n}",
         f"- baseline `{base.name}`: `{base.bundle}`"
-        + (" (reused)" if base.reused else f" (booted in {_value(base.boot_s)} s)"),
+        + (" (reused)" if base.reused else f" (booted in {_value(base.boot_s)} s)")
+        + (
+            f", accepted / drafted tokens {_drafts_text(base.spec_decode)}"
+            if isinstance(base.spec_decode, SpecCounts)
+            else ""
+        ),
         f"- result: **{'PASS' if summary.passed else 'FAIL'}**",
         "",
     ]
     header = (
         "candidate", "profile", "flags", "result", "failing cases", "first divergence",
         "indexer calls / masked positions / index-K publishes / keyless index-K gathers "
-        "/ steps of 2+ requests", "report",
+        "/ steps of 2+ requests", "accepted / drafted tokens", "report",
     )  # fmt: skip
     rows = [
         (
@@ -262,6 +283,7 @@ def summary_markdown(summary: MatrixSummary) -> str:
             len(row.failing_cases),
             _divergence_text(row),
             _exercised_text(_value(row.exercised)),
+            _drafts_text(_value(row.spec_decode)),
             f"`{row.report_markdown}`" if row.report_markdown else "–",
         )
         for row in summary.candidates

@@ -62,6 +62,7 @@ class GatesDoc(Document, frozen=True):
     stage_max: int
     dcp_min_stage: int
     heads_source: str  # "<file in the package>:<name of the head set>"
+    spec_methods: tuple[str, ...] = ()  # the draft methods stage 5 serves under DCP > 1
 
     @property
     def heads(self) -> tuple[str, str] | None:

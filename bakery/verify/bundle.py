@@ -21,6 +21,7 @@ import msgspec
 from bakery.errors import BakeryError
 from bakery.schema import Document, decode, read_json, write_json_atomic
 from bakery.verify.errors import BundleError
+from bakery.verify.spec_decode import SpecCase
 
 __all__ = [
     "Bundle",
@@ -231,6 +232,9 @@ class BundleMeta(Document, frozen=True, kw_only=True):
     settings: MetaSettings
     repeat_unique_sequences: dict[str, int]  # case -> distinct sequences over the repeats
     teacher_forced: MetaTeacherForced
+    # case -> vLLM's speculative-decoding counts of its generation (bakery.verify.spec_decode);
+    # only for a server with drafts, captured one request at a time
+    spec_decode: dict[str, SpecCase] | msgspec.UnsetType = msgspec.UNSET
 
 
 def load_json_object(path: Path, what: str, error: type[BakeryError] = BundleError) -> Json:

@@ -52,6 +52,7 @@ from bakery.verify.server import (
     gather_all,
     resolve_prompt,
 )
+from bakery.verify.spec_decode import METRICS_PATH, SpecCase, SpecCounts, settled_counts
 from bakery.verify.suite import Suite, SuiteCase
 
 __all__ = ["CaptureSettings", "ServerInfo", "capture_bundle", "completion_request"]
@@ -109,6 +110,24 @@ class _Capture:
     ) -> None:
         self.client, self.out_dir, self.model = client, out_dir, model
         self.reference, self.teacher_forced = reference, teacher_forced
+        # case -> vLLM's speculative-decoding counts of its generation (one request in
+        # flight only: with more, a case's difference would hold the others' steps)
+        self.spec_decode: dict[str, SpecCase] = {}
+        self.no_spec_counts = False
+
+    async def _spec_counts(self) -> SpecCounts | None:
+        if self.client.settings.concurrency != 1 or self.no_spec_counts:
+            return None
+        counts = await settled_counts(lambda: self.client.text(METRICS_PATH, "spec-decode counts"))
+        self.no_spec_counts = counts is None  # a server without them never grows them
+        return counts
+
+    def _spec_delta(
+        self, case: SuiteCase, before: SpecCounts | None, after: SpecCounts | None
+    ) -> None:
+        if before is not None and after is not None:
+            records = tuple(record_name(m) for m in case.members)
+            self.spec_decode[case.case] = SpecCase(records, after.minus(before))
 
     async def case(self, case: SuiteCase) -> list[_CaseResult]:
         """The case's records: one, or one per prompt of a batch."""
@@ -120,14 +139,17 @@ class _Capture:
         prompt, tok_request, tok_response = await resolve_prompt(self.client, self.model, case)
         request = completion_request(self.model, prompt, case.max_tokens, self.client.settings)
         what = f"case {case.case}"
+        before = await self._spec_counts()
         started = time.monotonic()
         response = await self.client.call("POST", COMPLETIONS_PATH, what, request)
+        elapsed = round(time.monotonic() - started, 3)
+        self._spec_delta(case, before, await self._spec_counts())
         name = record_name(case.case)
         document = {
             "name": name,
             "path": COMPLETIONS_PATH,
             "status": 200,
-            "elapsed_seconds": round(time.monotonic() - started, 3),
+            "elapsed_seconds": elapsed,
             "request": request,
             "tokenize_request": tok_request,
             "tokenize_response": tok_response,
@@ -151,9 +173,12 @@ class _Capture:
         started = time.monotonic()
         sequences: list[set[tuple[str, ...]]] = [set() for _ in prompts]
         first: list[tuple[Path, Json, CaseRecord]] = []  # the first answer's, written below
+        before = await self._spec_counts()
         for attempt in range(self.client.settings.repeat):
             response = await self.client.call("POST", COMPLETIONS_PATH, what, request)
             elapsed = round(time.monotonic() - started, 3)
+            if attempt == 0:
+                self._spec_delta(case, before, await self._spec_counts())
             for i, choice in enumerate(batch_choices(response, len(prompts), what)):
                 name = record_name(case.members[i])
                 document = {
@@ -276,7 +301,7 @@ async def _run(
     settings: CaptureSettings,
     reference: Mapping[str, CaseRecord] | None,
     teacher_forced: bool,
-) -> tuple[str, VersionFields, list[_CaseResult]]:
+) -> tuple[str, VersionFields, list[_CaseResult], dict[str, SpecCase]]:
     limits = httpx.Timeout(settings.timeout_s)
     async with httpx.AsyncClient(base_url=url, timeout=limits) as http:
         client = Client(http, settings)
@@ -293,7 +318,7 @@ async def _run(
                 return result
 
             results = await gather_all(one(case) for case in suite.cases)
-    return model, version, [record for case in results for record in case]
+    return model, version, [record for case in results for record in case], capture.spec_decode
 
 
 def _sha256(path: Path) -> str:
@@ -313,6 +338,7 @@ def _meta(
     results: list[_CaseResult],
     reference: Path | None,
     teacher_forced: bool,
+    spec_decode: dict[str, SpecCase],
 ) -> BundleMeta:
     env = server.env if server.env is not None else os.environ
     fingerprints = {r.record.system_fingerprint for r in results if r.record.system_fingerprint}
@@ -336,6 +362,7 @@ def _meta(
         teacher_forced=MetaTeacherForced(
             enabled=teacher_forced, reference=str(reference) if reference else None
         ),
+        spec_decode=dict(sorted(spec_decode.items())) if spec_decode else msgspec.UNSET,
     )
 
 
@@ -399,7 +426,7 @@ def capture_bundle(
     remove_tree(staging)
     staging.mkdir()
     try:
-        model, version, results = asyncio.run(
+        model, version, results, spec_decode = asyncio.run(
             _run(url, staging, suite, settings, ref_cases, teacher_forced)
         )
         meta = _meta(
@@ -412,6 +439,7 @@ def capture_bundle(
             results,
             reference,
             teacher_forced,
+            spec_decode,
         )
         write_bundle_meta(staging, meta)
         os.replace(staging, out_dir)

@@ -27,6 +27,7 @@ from bakery.verify.diagnose import case_views, diagnose, first_divergence_text
 from bakery.verify.errors import BundleError, GatesError
 from bakery.verify.metrics import compare_completions, compare_teacher_forced
 from bakery.verify.result import CaseResult, GateSetting, ParityReport, ReportSettings, ReportSide
+from bakery.verify.spec_decode import SpecCase
 
 __all__ = [
     "ParityGates",
@@ -80,6 +81,11 @@ class ParityGates:
     # token in the other's top-k and the top-k lists mostly shared. Without it a candidate
     # with every token different passed on its own small margin at step 0.
     min_fork_topk_overlap: float | None = 0.5
+    # Speculative decoding: a case whose tokens agree with the baseline's must have had
+    # about as many of its drafted tokens accepted (vLLM's counts, bundle.json's
+    # spec_decode). Greedy verification keeps the tokens whatever the draft proposes, so a
+    # draft computed wrong (its KV on the wrong rank) shows here and nowhere else.
+    max_spec_accepted_delta: float | None = None
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def values(self) -> dict[str, Any]:
@@ -101,6 +107,9 @@ class ParityGates:
 
 
 FORK_GATE = "min_fork_topk_overlap"
+SPEC_GATE = "max_spec_accepted_delta"
+# The gates that take a number (or null: off); the others are switches.
+NUMERIC_GATES = frozenset({*BOUND_GATES, FORK_GATE, SPEC_GATE})
 # Largest bound a max_* gate takes: above it (1.8e308, the largest float) a bound is an off
 # switch in disguise, where inf, the honest spelling, is refused; null switches a gate off.
 MAX_BOUND = 1e9
@@ -114,7 +123,7 @@ def _check_gate_value(name: str, value: Any) -> None:
     known = {f.name: f for f in fields(ParityGates) if f.name != "sources"}
     if name not in known:
         raise GatesError(f"unknown gate {name!r} (known: {', '.join(sorted(known))})")
-    if name in BOUND_GATES or name == FORK_GATE:
+    if name in NUMERIC_GATES:
         low, high = _gate_range(name)
         number = isinstance(value, int | float) and not isinstance(value, bool)
         ok = number and math.isfinite(value) and low <= value <= high
@@ -191,7 +200,7 @@ def load_gates(path: Path) -> ParityGates:
     problems = []
     for name, value in values.items():
         try:
-            if value is None and name not in (*BOUND_GATES, FORK_GATE):
+            if value is None and name not in NUMERIC_GATES:
                 raise GatesError(f"gate {name!r} must be true/false, got null")
             _check_gate_value(name, 0.0 if value is None else value)
         except GatesError as exc:
@@ -320,6 +329,59 @@ def _case_report(
     return case
 
 
+def spec_counts(bundle: Bundle) -> dict[str, SpecCase]:
+    """bundle.json's spec_decode: suite case -> vLLM's counts of its generation."""
+    raw = bundle.meta.get("spec_decode") or {}
+    return decode(
+        raw,
+        dict[str, SpecCase],
+        where=f"{bundle.path}/bundle.json:spec_decode",
+        error=BundleError,
+        hint="written by capture from vLLM's /metrics; capture the bundle again",
+    )
+
+
+def _with_spec_gate(
+    compared: dict[str, CaseResult], baseline: Bundle, candidate: Bundle, bound: float | None
+) -> dict[str, CaseResult]:
+    """``compared`` with each suite case's accepted-token delta gated, where every record
+    of the case (a batch's members) has the baseline's tokens: after a fork the drafts
+    see other text. A compared case without counts on either side fails the gate."""
+    if bound is None:
+        return compared
+    base, cand = spec_counts(baseline), spec_counts(candidate)
+    out = dict(compared)
+    owners = {name: case for case, entry in base.items() for name in entry.records}
+    for name in compared:
+        if name not in owners:
+            out[name] = _failed(
+                out[name], f"no speculative-decoding counts, so {SPEC_GATE} is not met"
+            )
+    for case, entry in base.items():
+        names = [n for n in entry.records if n in compared]
+        if not names or any(compared[n].first_token_mismatch is not None for n in names):
+            continue
+        if case not in cand:
+            failure = f"the candidate has no speculative-decoding counts for {case}"
+        else:
+            delta = abs(cand[case].counts.accepted - entry.counts.accepted)
+            if delta <= bound:
+                continue
+            failure = (
+                f"accepted draft tokens {cand[case].counts.accepted} vs "
+                f"{entry.counts.accepted} (|delta| {delta} > {SPEC_GATE} {bound:g})"
+            )
+        for name in names:
+            out[name] = _failed(out[name], failure)
+    return out
+
+
+def _failed(result: CaseResult, failure: str) -> CaseResult:
+    return msgspec.structs.replace(
+        result, gate_failures=(*result.gate_failures, failure), passed=False
+    )
+
+
 def _side(bundle: Bundle) -> ReportSide:
     fingerprints = sorted({c.system_fingerprint for c in bundle.cases if c.system_fingerprint})
     return ReportSide(
@@ -352,6 +414,7 @@ def compare_bundles(
         b.name: _case_report(b, cand[b.name], gates, top_n, low_margin, teacher_forced, decode)
         for b in sorted(baseline.cases, key=lambda c: c.name)
     }
+    compared = _with_spec_gate(compared, baseline, candidate, gates.max_spec_accepted_delta)
     return ParityReport(
         cases=compared,
         diagnosis=diagnose(case_views(compared), boundaries),

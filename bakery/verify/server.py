@@ -68,6 +68,22 @@ class Client:
         self.settings = settings
 
     async def call(self, method: str, path: str, what: str, payload: Json | None = None) -> Json:
+        return json_body(await self._send(method, path, what, payload), path, what)
+
+    async def text(self, path: str, what: str) -> str | None:
+        """A GET's body as text (``/metrics``); None for 404 (a server without it), any
+        other status but 200 is a CaptureError."""
+        response = await self._send("GET", path, what, None)
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            body = repr(response.text[:200])
+            raise CaptureError(f"{what}: HTTP {response.status_code} from {path} ({body})")
+        return response.text
+
+    async def _send(
+        self, method: str, path: str, what: str, payload: Json | None
+    ) -> httpx.Response:
         attempts = self.settings.retries + 1
         for attempt in range(1, attempts + 1):
             try:
@@ -84,7 +100,7 @@ class Client:
                     f"{what}: {path} timed out after {self.settings.timeout_s}s"
                 ) from exc
             else:
-                return json_body(response, path, what)
+                return response
         raise CaptureError(f"{what}: {path} was never attempted (retries < 0)")
 
 

@@ -122,7 +122,7 @@ def test_dcp_at_its_minimum_stage_and_one_below(table):
 
 FEATURE_ARGS = {
     CANDIDATES: (),
-    SPECULATIVE: ("--speculative-config", '{"method": "mtp"}'),
+    SPECULATIVE: ("--speculative-config", '{"method": "dspark"}'),
     PCP: ("-pcp", "2"),
 }
 

@@ -433,10 +433,11 @@ def test_speculative_decoding_under_dcp_is_refused(capsys, env, tmp_path, flags)
     assert code == 3
     (problem,) = [p for p in problems if p.startswith("speculative decoding")]
     assert problem.startswith(
-        "speculative decoding (MTP / DSpark) under DCP (stage 5 (speculative-decode) is planned: "
-        "no stage serves it under DCP > 1): --"
+        "speculative decoding (MTP / DSpark) under DCP (stage 5 (speculative-decode) serves "
+        "it; --stage 4 does not): --"
     )
     assert problem.endswith("with --dcp 2 --stage 4")
+    assert "fix: use `run.sh start --stage 5` or higher" in err
     code, problems, _ = launch(
         capsys,
         env,
@@ -489,20 +490,49 @@ def test_pcp_under_dcp_is_refused(capsys, env, tmp_path, flag):
     assert not [p for p in problems if "PCP" in p]
 
 
-def test_an_implemented_speculative_stage_lifts_the_refusal(capsys, env, tmp_path):
-    """The refusal follows the table: mark stage 5 implemented and --stage 5 serves it."""
-    env["series"] = series_with_stage(tmp_path / "s5", 5, "implemented")
+def test_a_planned_speculative_stage_refuses_every_stage(capsys, env, tmp_path):
+    """The refusal follows the table: mark stage 5 planned and no --stage serves it."""
+    env["series"] = series_with_stage(tmp_path / "s5", 5, "planned")
     model = model_dir(tmp_path)
-    flags = ("--", "--spec-method", "mtp")
+    flags = ("--", "-sc", '{"method": "dspark"}')
     args = ("--base", "cpu", "--model", str(model))
     _, problems, _ = launch(
-        capsys, env, "--dry-run", *args, "--stage", "5", *flags, profile="dsv41-sm120-tp2-dcp2"
+        capsys, env, "--dry-run", *args, "--stage", "9", *flags, profile="dsv41-sm120-tp2-dcp2"
     )
-    assert not [p for p in problems if p.startswith("speculative")], problems
-    _, problems, _ = launch(capsys, env, "--dry-run", *args, *flags, profile="dsv41-sm120-tp2-dcp2")
     assert any(
-        "(stage 5 (speculative-decode) serves it; --stage 4 does not)" in p for p in problems
-    )
+        "(stage 5 (speculative-decode) is planned: no stage serves it under DCP > 1)" in p
+        for p in problems
+    ), problems
+
+
+DRAFTS = [
+    ('{"method": "dspark", "num_speculative_tokens": 1}', None),
+    ('{"method": "mtp", "num_speculative_tokens": 1}', "method 'mtp'"),
+    ('{"method": "ngram", "num_speculative_tokens": 3}', "method 'ngram'"),
+    ('{"num_speculative_tokens": 1}', "no readable method"),
+]
+
+
+@pytest.mark.parametrize(("config", "refused"), DRAFTS, ids=[d[1] or "dspark" for d in DRAFTS])
+def test_stage_5_serves_dspark_and_refuses_other_draft_methods_by_name(
+    capsys, env, tmp_path, config, refused
+):
+    model = model_dir(tmp_path)
+    args = ("--base", "cpu", "--model", str(model), "--stage", "5", "--", "-sc", config)
+    code, problems, err = launch(capsys, env, "--dry-run", *args, profile="dsv41-sm120-tp2-dcp2")
+    mine = [p for p in problems if p.startswith("a draft method")]
+    if refused is None:
+        assert not mine and not [p for p in problems if "speculative" in p], problems
+        return
+    assert code == 3
+    assert mine == [
+        "a draft method stage 5 does not serve under DCP (stage 5 serves dspark (stages.toml "
+        f"[gates] spec_methods)): {refused}"
+    ]
+    assert (
+        'fix: use --speculative-config \'{"method": "dspark", ...}\', or --dcp 1, or drop '
+        "--speculative-config"
+    ) in err
 
 
 def test_an_unreadable_vllm_value_is_one_problem(capsys, env, tmp_path):

@@ -107,9 +107,9 @@ def v41_run(cpu_bake, module_tmp):
     return proc, tmp / "out"
 
 
-def _only_candidate(entry: str, out: Path) -> None:
-    """The matrix at ``out`` with ``entry`` (renamed "planted") as its one candidate."""
-    doc = tomlkit.parse(MATRIX.read_text())
+def _only_candidate(entry: str, out: Path, matrix: Path = MATRIX) -> None:
+    """``matrix`` at ``out`` with ``entry`` (renamed "planted") as its one candidate."""
+    doc = tomlkit.parse(matrix.read_text())
     (kept,) = [c for c in doc["candidates"] if c["name"] == entry]
     kept["name"] = "planted"
     doc["candidates"] = tomlkit.aot()

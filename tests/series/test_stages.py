@@ -1,5 +1,6 @@
 """stages.toml is the source of the DCP stage table; PLAN.md and series.toml agree."""
 
+import ast
 import shutil
 import tomllib
 from pathlib import Path
@@ -26,6 +27,20 @@ def test_stages_one_to_nine_and_each_named_patch_is_in_the_series():
     env = tomllib.loads((ROOT / "stages.toml").read_text())["env"]
     for name, table in env.items():
         assert set(table["read_by"]) <= in_series, name
+
+
+def test_the_launcher_and_patch_02_serve_the_same_draft_methods():
+    """stages.toml's [gates] spec_methods (the launcher's) and patch 02's own tuple (the
+    layer build's), read from the patch's added line with ast, not by the series' reader."""
+    added = [
+        line[1:]
+        for line in (ROOT / "02-models_deepseek_v41_attention.py.diff").read_text().splitlines()
+        if line.startswith("+_DSV41_DCP_SPEC_METHODS = ")
+    ]
+    assert len(added) == 1, added
+    in_patch = ast.literal_eval(ast.parse(added[0]).body[0].value)
+    gates = tomllib.loads((ROOT / "stages.toml").read_text())["gates"]
+    assert tuple(gates["spec_methods"]) == in_patch == ("dspark",)
 
 
 def test_consistent():

@@ -181,6 +181,7 @@ def test_capture_checks_the_suite_before_contacting_the_server(tmp_path: Path) -
     )
     assert (
         code == 2
-        and "unknown suite 'no-such-suite' (available: dcp2, tiny, v41batch, v41cpu)" in out
+        and "unknown suite 'no-such-suite' (available: dcp2, tiny, v41batch, v41cpu, v41spec)"
+        in out
     )
     assert not (tmp_path / "b").exists()

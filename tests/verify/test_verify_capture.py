@@ -33,9 +33,18 @@ class FakeVllm:
     """Answers like vLLM: recorded fixture responses by prompt, else a synthetic model."""
 
     def __init__(
-        self, *, delay: float = 0.0, drop_first: int = 0, status: int = 200, shift: float = 0.0
+        self,
+        *,
+        delay: float = 0.0,
+        drop_first: int = 0,
+        status: int = 200,
+        shift: float = 0.0,
+        spec_lag: float | None = None,
     ) -> None:
         self.delay, self.drop_left, self.status, self.shift = delay, drop_first, status, shift
+        # With drafts: /metrics counts each answer's drafted and accepted tokens, spec_lag
+        # seconds after the answer leaves (None: no /metrics, as a server without it).
+        self.spec_lag, self.spec = spec_lag, {"drafts": 0, "draft_tokens": 0, "accepted": 0}
         self.lock = threading.Lock()
         self.in_flight = self.max_in_flight = self.completion_calls = 0
         self.tokenize_calls = 0
@@ -71,6 +80,9 @@ class FakeVllm:
         if "prompt_logprobs" in body:
             return self.score(ids)
         out = [(sum(ids) + 7 * i) % 50 for i in range(body["max_tokens"])]
+        if self.spec_lag is not None:
+            drafted = {"drafts": len(out), "draft_tokens": len(out), "accepted": sum(ids) % 3}
+            threading.Timer(self.spec_lag, self.count, [drafted]).start()
         logprobs = {
             "tokens": [f"token_id:{t}" for t in out],
             "token_logprobs": [-0.1 - self.shift for _ in out],
@@ -100,6 +112,22 @@ class FakeVllm:
             "system_fingerprint": "fake-fp",
             "choices": [{"index": 0, **choice}],
         }
+
+    def count(self, drafted: dict[str, int]) -> None:
+        with self.lock:
+            for key, value in drafted.items():
+                self.spec[key] += value
+
+    def metrics(self) -> str:
+        """vLLM's counter families, as its /metrics writes them (HELP lines left out)."""
+        names = {"drafts": "num_drafts", "draft_tokens": "num_draft_tokens",
+                 "accepted": "num_accepted_tokens"}  # fmt: skip
+        with self.lock:
+            return "".join(
+                f"# TYPE vllm:spec_decode_{name}_total counter\n"
+                f'vllm:spec_decode_{name}_total{{engine="0"}} {self.spec[key]}.0\n'
+                for key, name in names.items()
+            )
 
     def enter(self) -> bool:
         """Count a completion request; False means: drop this connection unanswered."""
@@ -135,6 +163,13 @@ def handler_for(fake: FakeVllm) -> type[BaseHTTPRequestHandler]:
                 self.send(200, {"data": [{"id": "deepseek-ai/DeepSeek-V4-Flash"}]})
             elif self.path == "/version":
                 self.send(200, {"version": "0.20.1rc1.dev144+g5737770c6"})
+            elif self.path == "/metrics" and fake.spec_lag is not None:
+                payload = fake.metrics().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
             else:
                 self.send(404, {"error": self.path})
 
@@ -279,6 +314,43 @@ def test_connection_errors_are_retried(tmp_path: Path) -> None:
         "completion_alpha.json",
         "completion_beta.json",
     ]
+
+
+def _spec_capture(tmp_path: Path, fake: FakeVllm, concurrency: int) -> dict[str, Any]:
+    tmp_path.mkdir(exist_ok=True)
+    gen, url = run_server(fake)
+    try:
+        suite = load_suite(str(synthetic(tmp_path)))
+        settings = CaptureSettings(concurrency=concurrency, **FAST)
+        capture_bundle(url, tmp_path / "b", suite, settings=settings)
+    finally:
+        gen.close()
+    return json.loads((tmp_path / "b" / "bundle.json").read_text())
+
+
+def test_each_case_gets_the_spec_decode_counts_of_its_own_request(tmp_path: Path) -> None:
+    """One request in flight: a case's counts are the /metrics difference around it, read
+    once the counters stop moving (they land 0.1 s after the answer here). Read at once,
+    alpha would get none and beta alpha's."""
+    fake = FakeVllm(spec_lag=0.1)
+    meta = _spec_capture(tmp_path, fake, concurrency=1)
+    suite = load_suite(str(synthetic(tmp_path)))
+    expected = {}
+    for case in suite.cases:
+        ids = FakeVllm.ids(case.prompt)
+        counts = {"drafts": case.max_tokens, "draft_tokens": case.max_tokens}
+        expected[case.case] = {
+            "records": [f"completion_{case.case}"],
+            "counts": {**counts, "accepted": sum(ids) % 3},
+        }
+    assert meta["spec_decode"] == expected
+    assert {c["counts"]["accepted"] for c in expected.values()} != {0}  # the sums can differ
+    assert fake.spec["drafts"] == sum(c.max_tokens for c in suite.cases)
+
+
+def test_no_spec_decode_counts_with_several_requests_in_flight_or_no_metrics(tmp_path):
+    assert "spec_decode" not in _spec_capture(tmp_path / "a", FakeVllm(spec_lag=0.0), 2)
+    assert "spec_decode" not in _spec_capture(tmp_path / "b", FakeVllm(), 1)  # /metrics 404
 
 
 def test_retries_give_up_with_a_capture_error(tmp_path: Path) -> None:

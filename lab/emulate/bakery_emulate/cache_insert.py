@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from bakery_emulate import counts
+
 HEAD_DIM, ROPE_DIM = 512, 64
 
 
@@ -35,15 +37,16 @@ FP8_MAX = 448.0
 
 def quantize_insert(
     k: torch.Tensor, cache_2d: torch.Tensor, slot_mapping: torch.Tensor, block_size: int
-) -> None:
+) -> int:
     """``quantize_and_insert_k_cache`` for the V4 record: per 64-dim block of the first
     448 dims a UE8M0 scale 2^ceil(log2(max(amax, 1e-4) / 448)) stored as exponent + 127,
-    e4m3 values; the last 64 dims as bf16; scale byte 7 is 0; slot -1 is skipped."""
+    e4m3 values; the last 64 dims as bf16; scale byte 7 is 0; slot -1 is skipped.
+    Returns a digest of the rows written (``record_digest``)."""
     n = slot_mapping.shape[0]
     keep = slot_mapping >= 0
     slots, rows = slot_mapping[keep].long(), k[:n][keep]
     if slots.numel() == 0:
-        return
+        return 0
     blocks = rows[:, :FP8_DIM].view(-1, 7, QUANT_BLOCK)
     amax = blocks.abs().amax(-1).float().clamp(min=1e-4)
     exponent = torch.ceil(torch.log2(amax / FP8_MAX))
@@ -58,6 +61,15 @@ def quantize_insert(
     flat[page[:, None], data_at] = torch.cat([fp8, tail], dim=1)
     scale_at = (block_size * DATA_BYTES + at * SCALE_BYTES)[:, None] + torch.arange(SCALE_BYTES)
     flat[page[:, None], scale_at] = scales
+    return record_digest(slots, torch.cat([fp8, tail, scales], dim=1))
+
+
+def record_digest(slots: torch.Tensor, records: torch.Tensor) -> int:
+    """Each written record's bytes weighted by position and its slot, summed: equal for
+    two ranks that wrote the same bytes at the same slots (in any order)."""
+    weights = torch.arange(1, records.shape[1] + 1, dtype=torch.int64)
+    per_row = (records.long() * weights).sum(1) % counts.DIGEST_MOD
+    return int(((per_row * (slots + 1)) % counts.DIGEST_MOD).sum()) % counts.DIGEST_MOD
 
 
 def _insert(kv, cache, slot_mapping, positions, cos_sin_cache, block_size, kv_mxfp8):
@@ -65,7 +77,8 @@ def _insert(kv, cache, slot_mapping, positions, cos_sin_cache, block_size, kv_mx
         raise NotImplementedError("bakery_emulate: the MXFP8 record (SM100) has no stand-in")
     n = slot_mapping.shape[0]
     roped = gptj_rope(kv[:n], positions[:n], cos_sin_cache).to(torch.bfloat16)
-    quantize_insert(roped, cache.view(cache.shape[0], -1), slot_mapping, block_size)
+    digest = quantize_insert(roped, cache.view(cache.shape[0], -1), slot_mapping, block_size)
+    counts.bump(swa_kv_digest=digest)
 
 
 def qnorm_rope_kv_rope_quant_insert(

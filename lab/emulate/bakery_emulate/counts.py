@@ -1,7 +1,8 @@
 """What the run exercised, per process: indexer scoring calls, candidate-block
 publishes (and how many took patch 06's index-K exchange, and its gathers on a rank that
-held no key of the chunk), the compressed positions candidate filtering removed, and the
-model steps that held more than one request.
+held no key of the chunk), the compressed positions candidate filtering removed, the
+model steps that held more than one request, and a digest of every sliding-window KV
+row written (target and draft layers: replicated under DCP, so every rank's must agree).
 
 Written as ``emulate/<pid>.json`` under the launcher's run folder
 ($BAKERY_LAUNCH_DIR) after every update, so the parity matrix can show that a pass
@@ -24,7 +25,11 @@ COUNTS = {
     "candidate_masked_positions": 0,
     "index_k_keyless_gathers": 0,
     "multi_request_steps": 0,
+    "swa_kv_digest": 0,
 }
+# Summed modulo a prime, so the order of the writes does not matter and the sum stays
+# an int64 (JSON and msgspec read it exactly).
+DIGEST_MOD = (1 << 61) - 1
 _RANKS: dict[str, int] = {}
 
 
@@ -48,6 +53,7 @@ def _ranks() -> dict[str, int]:
 def bump(**counts: int) -> None:
     for key, value in counts.items():
         COUNTS[key] += value
+    COUNTS["swa_kv_digest"] %= DIGEST_MOD
     target = _target()
     if target is None:
         return

@@ -597,6 +597,30 @@ def check_refusals(report: Report, sm120, tree: Path) -> None:
     report.check("dcp_refused", "every_problem_in_one_message", all_at_once)
     report.check("dcp_admitted", "sm120:dcp2", lambda: _admitted(build_layer(sm120, GateConfig())))
 
+    # Stage 5 serves DSpark drafts; any other method stays refused by name.
+    def at_stage_5(config):
+        saved = os.environ.get("DSV41_DCP_STAGE")
+        os.environ["DSV41_DCP_STAGE"] = "5"
+        try:
+            return build_layer(sm120, config)
+        finally:
+            if saved is None:
+                del os.environ["DSV41_DCP_STAGE"]
+            else:
+                os.environ["DSV41_DCP_STAGE"] = saved
+
+    report.check(
+        "dcp_admitted",
+        "sm120:stage5_dspark",
+        lambda: _admitted(at_stage_5(GateConfig(spec=SPEC["dspark"]))),
+    )
+
+    def other_method_refused():
+        msg = at_stage_5(GateConfig(spec=SPEC["mtp"]))
+        assert "speculative decoding by mtp: stage 5 serves only dspark" in msg, msg
+
+    report.check("dcp_refused", "sm120:stage5_mtp", other_method_refused)
+
     def rocm():
         # vllm.models.deepseek_v41.amd.rocm needs a ROCm torch to import: read
         # its class from the baked source, and refuse a subclass shaped like it.

@@ -70,6 +70,7 @@ def test_every_refusal_ran(patched):
         "sm120:v1_runner",
         "sm120:mtp",
         "sm120:dspark",
+        "sm120:stage5_mtp",
         "sm120:pcp",
         "sm120:swa_bounded_replay",
         "sm120:dbo",
