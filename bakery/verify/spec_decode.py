@@ -9,6 +9,7 @@ that case's own. Parsed by prometheus_client's reader of the text format.
 from __future__ import annotations
 
 import asyncio
+import math
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -24,8 +25,8 @@ COUNTERS = {
     "draft_tokens": "vllm:spec_decode_num_draft_tokens",
     "accepted": "vllm:spec_decode_num_accepted_tokens",
 }
-# vLLM updates its counters when a step's stats reach the API server, which may be after
-# the request's answer: read until two reads this far apart agree.
+# A count still on its way to the API server when the answer arrives would be cut off:
+# read until two reads this far apart agree.
 SETTLE_S = 0.2
 SETTLE_READS = 50
 
@@ -89,7 +90,10 @@ def parse_counts(text: str | None) -> SpecCounts | None:
         raise CaptureError(
             f"{METRICS_PATH} has some speculative-decoding counters, not {sorted(missing)}"
         )
-    return SpecCounts(**{k: round(v) for k, v in totals.items()})
+    odd = {k: v for k, v in totals.items() if not (math.isfinite(v) and v >= 0 and v == int(v))}
+    if odd:
+        raise CaptureError(f"{METRICS_PATH} counts no whole number of drafts: {odd}")
+    return SpecCounts(**{k: int(v) for k, v in totals.items()})
 
 
 async def settled_counts(read) -> SpecCounts | None:

@@ -11,8 +11,8 @@ on the wrong ranks, each rank only its own interleave, as vLLM 0.32.0 did before
 (greedy verification keeps the tokens, so the KV check catches it), and the rollback of
 rejected drafts skipped on DCP rank 1. The third, the verification step's candidate blocks
 taken from the wrong position, moves no token of this model beyond its near ties
-(patches/dcp2/PLAN.md, stage 5); the reference catches it
-(tests/lab/dcp/test_dcp_spec_reference.py).
+(patches/dcp2/PLAN.md, stage 5); the reference and the indexer op's decode call site catch
+it (tests/lab/dcp/test_dcp_spec_reference.py, test_dcp_indexer_patched.py).
 """
 
 from __future__ import annotations

@@ -43,6 +43,13 @@ def test_a_page_without_the_counters_has_none_and_half_of_them_is_refused():
         parse_counts(half)
     with pytest.raises(CaptureError, match="not Prometheus text"):
         parse_counts("vllm:spec_decode_num_drafts_total{ 3\n")
+    text = METRICS.read_text()
+    sample = 'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="tiny-v41"}'
+    assert f"{sample} 14.0" in text
+    for value in ("NaN", "-1.0", "2.5"):
+        odd = text.replace(f"{sample} 14.0", f"{sample} {value}")
+        with pytest.raises(CaptureError, match="no whole number"):
+            parse_counts(odd)
 
 
 def _bundle(tmp_path: Path, name: str, accepted: dict[str, int] | None) -> Path:

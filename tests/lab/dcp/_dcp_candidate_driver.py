@@ -96,7 +96,8 @@ class Case:
 
     prefill: rows are causal (the last ``rows_per_req`` positions of each
     request), columns packed; decode: one row per request (``row_repeat`` rows
-    share it), logits ``width`` wide, plus ``pad`` padding rows.
+    share it), logits ``width`` wide, plus ``pad`` padding rows; verify: decode's
+    layout with two rows a request, bounded at its last two positions.
     """
 
     kind: str
@@ -157,6 +158,8 @@ def global_logits(case: Case) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         if case.kind == "prefill":
             first = max(1, n - case.rows_per_req + 1)
             rows += [(req, e) for e in range(first, n + 1)]
+        elif case.kind == "verify":  # a verification step: two rows a request, own bounds
+            rows += [(req, n - 1), (req, n)]
         else:
             rows += [(req, n)] * case.row_repeat
     rows += [(0, 0)] * (case.pad * case.row_repeat)

@@ -1,16 +1,18 @@
-"""Stage 4 through the indexer's own prefill call site, on CPU over real gloo groups.
+"""Stage 4 through the indexer's own prefill and decode call sites, on CPU over real gloo
+groups (decode as stage 5's verification steps: two rows a request).
 
-Usage: ``python -O tests/lab/dcp/_dcp_indexer_driver.py TREE`` (``run_driver`` sets it up). It
-runs the baked ``sparse_attn_indexer`` op (patch 06) for a prefill chunk twice per rank,
-as the candidate source (writes the blocks) and as a consumer (masks to them), with the
+Usage: ``python -O tests/lab/dcp/_dcp_indexer_driver.py TREE`` (``run_driver`` sets it
+up). It runs the baked ``sparse_attn_indexer`` op (patch 06) for a prefill chunk, and for a
+decode step of verification rows (each with its own bound), twice per rank, as the
+candidate source (writes the blocks) and as a consumer (masks to them), with the
 interleave taken from ``SparseAttnIndexer.cp_kv_cache_interleave_size`` of an indexer of
 compress_ratio 4 (token interleave 4 * K, so state units are K). What the op reaches
 for and CPU lacks is replaced by stand-ins at the module's names: the forward context
 and its metadata, the workspace, DeepGEMM's logits (this rank's packed columns of a
-known global row), the row top-k (it records the logits it is given) and the DCP top-k
-merge. Everything between (the call site's widths, ``_candidate_step``, patch 01's
-kernels, the all-reduce) is the baked code. One ``RESULT {json}`` line, as
-_dcp_candidate_driver's.
+known global row; the paged logits of decode likewise), the row and decode top-k (they
+record the logits they are given), the cache view and the DCP top-k merge. Everything
+between (the call site's widths, ``_candidate_step``, patch 01's kernels, the
+all-reduce) is the baked code. One ``RESULT {json}`` line, as _dcp_candidate_driver's.
 
 Checks per rank: the published blocks equal the reference DCP1 candidates (up to ties)
 and are the same on every rank; the consumer's logits equal the reference DCP1 mask on
@@ -53,6 +55,11 @@ CASES = [
     Case("prefill", 2, 1, 8, 3, (40,), 4, seed=21),
     Case("prefill", 2, 2, 4, 4, (36,), 3, seed=22),
     Case("prefill", 4, 1, 4, 3, (48,), 2, seed=23),
+    # Stage 5's verification steps through the decode call site: each request's newest
+    # position opens a candidate block, so a row bounded by its neighbour's position
+    # pins another block.
+    Case("verify", 2, 1, 8, 3, (41, 17), width=48, seed=24),
+    Case("verify", 4, 2, 4, 3, (33, 9), width=40, seed=25),
 ]
 
 
@@ -120,6 +127,64 @@ def _call(mod, case: Case, rank: int, w: int, candidates, write: bool) -> torch.
         torch.zeros(n, 8),  # hidden_states: only its row count is read
         PREFIX,
         None,  # kv_cache: the gather is skipped
+        torch.zeros(n, 1, 8),  # q_quant
+        None,
+        None,
+        torch.zeros(n, 1),  # weights
+        128,
+        None,
+        8,  # topk_tokens
+        8,
+        gw,
+        gw,
+        torch.full((n, 8), -1, dtype=torch.int32),
+        True,  # skip_k_cache_insert
+        False,
+        False,
+        "",
+        dcp_rank=rank,
+        dcp_world_size=w,
+        cp_kv_cache_interleave_size=_interleave(mod, w, case.k),
+        candidate_blocks=candidates,
+        candidate_block_size=case.bs,
+        candidate_write=write,
+    )
+    return seen[0]
+
+
+def _call_verify(mod, case: Case, rank: int, w: int, candidates, write: bool) -> torch.Tensor:
+    """One decode call of verification steps (two rows a request, each bounded at its own
+    position, localized as vLLM's indexer builder gives them); the logits the decode
+    top-k received."""
+    packed, _, ke, gw, _, rows = layout(case, rank, w, case.k)
+    n, reqs = len(rows), len(rows) // 2
+    decode = SimpleNamespace(
+        seq_lens=ke.view(reqs, 2).clone(),
+        decode_lens=torch.full((reqs,), 2, dtype=torch.int32),
+        requires_padding=False,
+        block_table=torch.zeros(reqs, 1, dtype=torch.int32),
+        schedule_metadata=None,
+        indices=None,
+        global_seq_lens=None,
+    )
+    meta = SimpleNamespace(
+        slot_mapping=torch.zeros(n, dtype=torch.int64),
+        num_decodes=reqs,
+        num_prefills=0,
+        num_decode_tokens=n,
+        decode=decode,
+        max_seq_len=gw,
+    )
+    context = SimpleNamespace(attn_metadata={PREFIX: meta}, cudagraph_runtime_mode=None)
+    mod.get_forward_context = lambda: context
+    seen: list[torch.Tensor] = []
+    mod.kv_cache_as_quant_view = lambda kv_cache, *args: kv_cache
+    mod.fp8_fp4_paged_mqa_logits = lambda *args, **kwargs: packed.clone()
+    mod.get_indexer_topk = lambda backend: lambda logits, *rest: seen.append(logits.clone())
+    mod.sparse_attn_indexer(
+        torch.zeros(n, 8),  # hidden_states: only its row count is read
+        PREFIX,
+        None,  # kv_cache: read by the logits stand-in only
         torch.zeros(n, 1, 8),  # q_quant
         None,
         None,
@@ -228,9 +293,10 @@ def check_index_k(report: Report, kernels, outs: list[dict]) -> None:
 
 def run_case(mod, case: Case, rank: int, w: int) -> dict:
     _, _, _, gw, _, rows = layout(case, rank, w, case.k)
+    call = _call_verify if case.kind == "verify" else _call
     published = torch.full((len(rows), case.topk_blocks), 99, dtype=torch.int32)
-    _call(mod, case, rank, w, published, True)
-    masked = _call(mod, case, rank, w, published.clone(), False)
+    call(mod, case, rank, w, published, True)
+    masked = call(mod, case, rank, w, published.clone(), False)
     # As from a source wider than this consumer: no block holding the last global position,
     # one candidate beyond the width (the edge flag); DCP1's clamp keeps that last position.
     beyond = -(-gw // case.bs) + 2
@@ -238,7 +304,7 @@ def run_case(mod, case: Case, rank: int, w: int) -> dict:
     edged = torch.cat(
         [published.masked_fill(last_block, -1), torch.full((len(rows), 1), beyond)], 1
     ).to(torch.int32)
-    edge = _call(mod, case, rank, w, edged, False)
+    edge = call(mod, case, rank, w, edged, False)
     return {"published": published, "masked": masked, "edge": edge, "edged": edged}
 
 

@@ -1,6 +1,7 @@
-"""Stage 4 through the indexer itself: the prefill call site of the baked
-``sparse_attn_indexer`` op, the indexer's own interleave, and the consumer mask's edge
-flag, over real gloo groups (tests/lab/dcp/_dcp_indexer_driver.py says what is stood in).
+"""Stage 4 through the indexer itself: the prefill and decode call sites of the baked
+``sparse_attn_indexer`` op (decode as stage 5's verification steps), the indexer's own
+interleave, and the consumer mask's edge flag, over real gloo groups
+(tests/lab/dcp/_dcp_indexer_driver.py says what is stood in).
 
 Each planted variant copies patches/dcp2, rewrites one '+' line, bakes the copy (cpu
 base) and runs the same driver; the unplanted series goes through the same steps and
@@ -57,6 +58,15 @@ BUGS = {
         "return False",
         None,
         {"index_k_taken"},
+    ),
+    # stage 5: the verification step's candidate blocks taken from the wrong position (each
+    # request's rows bounded by its first token's)
+    "verify_rows_bounded_by_the_first_token": (
+        INDEXER,
+        "vis[:num_rows],",
+        "seq_lens[:, :1].expand(-1, seq_lens.shape[1]).reshape(-1)[:num_rows],",
+        None,
+        {"published_eq_reference"},
     ),
     # kind 9: the indexer's interleave in token units at compress_ratio > 1
     "indexer_interleave_in_tokens": (
