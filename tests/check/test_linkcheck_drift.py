@@ -170,6 +170,17 @@ def test_a_config_class_outside_vllm_config_is_not_a_config(tmp_path):
     assert _check(tmp_path, files, text) == []
 
 
+def test_a_parameter_annotated_with_another_class_is_not_a_config_by_its_name(tmp_path):
+    """``kv_cache_config: KVCacheConfig`` (vLLM's v1 worker) ends like ``cache_config``;
+    its annotation, not the name, says what it is. Unannotated, the name still counts."""
+    files = {**CONFIG, "vllm/lib.py": "class KVThing:\n    pass\n"}
+    annotated = "from vllm.lib import KVThing\n\ndef f(kv_parallel_config: KVThing):\n"
+    assert _check(tmp_path, files, annotated + "    return kv_parallel_config.groups\n") == []
+    bare = "def f(kv_parallel_config):\n    return kv_parallel_config.groups\n"
+    findings = _check(tmp_path / "bare", files, bare)
+    assert {f.subject for f in findings} == {"ParallelConfig.groups"}, _lines(findings)
+
+
 # --- bare names ---------------------------------------------------------------------------
 
 NAMES = textwrap.dedent("""

@@ -58,7 +58,9 @@ class _Scope:
     cls: ClassSym | None = None
     self_name: str | None = None
     self_is_class: bool = False  # first parameter is the class (classmethod, __new__)
-    configs: dict[str, ConfigValue] | None = None  # parameters annotated with a config
+    # parameters by annotation: a config's, or None where another class is named (then
+    # vLLM's naming says nothing: ``kv_cache_config: KVCacheConfig`` is no CacheConfig)
+    configs: dict[str, ConfigValue | None] | None = None
 
 
 class FileChecker(ast.NodeVisitor):
@@ -165,11 +167,12 @@ class FileChecker(ast.NodeVisitor):
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def _annotated_configs(self, node: ast.FunctionDef | ast.AsyncFunctionDef):
-        found = {}
+        found: dict[str, ConfigValue | None] = {}
         for arg in _all_args(node.args):
+            if arg.annotation is None:
+                continue
             cls = annotation_class(self.index, self.module, arg.annotation)
-            if cls is not None:
-                found[arg.arg] = ConfigValue(cls)
+            found[arg.arg] = ConfigValue(cls) if cls is not None else None
         return found
 
     def visit_ListComp(self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp) -> None:
@@ -259,7 +262,7 @@ class FileChecker(ast.NodeVisitor):
         """A name no scope resolves statically: a config by annotation, then by name."""
         for scope in reversed(self.scopes):
             if scope.configs and name in scope.configs:
-                return scope.configs[name]
+                return scope.configs[name] or UNKNOWN
         return self.configs.by_name(name) or UNKNOWN
 
     def visit_Name(self, node: ast.Name) -> None:
