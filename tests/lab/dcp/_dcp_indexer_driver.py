@@ -95,6 +95,36 @@ def _stand_ins(mod, packed: torch.Tensor, seen: list) -> None:
     mod._merge_dcp_topk_global = lambda *args, **kwargs: None
 
 
+def _run_op(mod, case: Case, rank: int, w: int, n: int, gw: int, candidates, write: bool):
+    """The baked op on ``n`` rows of DCP1 width ``gw``, with the stand-ins already set."""
+    mod.sparse_attn_indexer(
+        torch.zeros(n, 8),  # hidden_states: only its row count is read
+        PREFIX,
+        None,  # kv_cache: the gather is skipped; decode's logits stand-in ignores it
+        torch.zeros(n, 1, 8),  # q_quant
+        None,
+        None,
+        torch.zeros(n, 1),  # weights
+        128,
+        None,
+        8,  # topk_tokens
+        8,
+        gw,
+        gw,
+        torch.full((n, 8), -1, dtype=torch.int32),
+        True,  # skip_k_cache_insert
+        False,
+        False,
+        "",
+        dcp_rank=rank,
+        dcp_world_size=w,
+        cp_kv_cache_interleave_size=_interleave(mod, w, case.k),
+        candidate_blocks=candidates,
+        candidate_block_size=case.bs,
+        candidate_write=write,
+    )
+
+
 def _call(mod, case: Case, rank: int, w: int, candidates, write: bool) -> torch.Tensor:
     """One op call; the logits the row top-k received."""
     packed, ks, ke, gw, _, rows = layout(case, rank, w, case.k)
@@ -123,32 +153,7 @@ def _call(mod, case: Case, rank: int, w: int, candidates, write: bool) -> torch.
     mod.get_forward_context = lambda: context
     seen: list[torch.Tensor] = []
     _stand_ins(mod, packed, seen)
-    mod.sparse_attn_indexer(
-        torch.zeros(n, 8),  # hidden_states: only its row count is read
-        PREFIX,
-        None,  # kv_cache: the gather is skipped
-        torch.zeros(n, 1, 8),  # q_quant
-        None,
-        None,
-        torch.zeros(n, 1),  # weights
-        128,
-        None,
-        8,  # topk_tokens
-        8,
-        gw,
-        gw,
-        torch.full((n, 8), -1, dtype=torch.int32),
-        True,  # skip_k_cache_insert
-        False,
-        False,
-        "",
-        dcp_rank=rank,
-        dcp_world_size=w,
-        cp_kv_cache_interleave_size=_interleave(mod, w, case.k),
-        candidate_blocks=candidates,
-        candidate_block_size=case.bs,
-        candidate_write=write,
-    )
+    _run_op(mod, case, rank, w, n, gw, candidates, write)
     return seen[0]
 
 
@@ -181,32 +186,7 @@ def _call_verify(mod, case: Case, rank: int, w: int, candidates, write: bool) ->
     mod.kv_cache_as_quant_view = lambda kv_cache, *args: kv_cache
     mod.fp8_fp4_paged_mqa_logits = lambda *args, **kwargs: packed.clone()
     mod.get_indexer_topk = lambda backend: lambda logits, *rest: seen.append(logits.clone())
-    mod.sparse_attn_indexer(
-        torch.zeros(n, 8),  # hidden_states: only its row count is read
-        PREFIX,
-        None,  # kv_cache: read by the logits stand-in only
-        torch.zeros(n, 1, 8),  # q_quant
-        None,
-        None,
-        torch.zeros(n, 1),  # weights
-        128,
-        None,
-        8,  # topk_tokens
-        8,
-        gw,
-        gw,
-        torch.full((n, 8), -1, dtype=torch.int32),
-        True,  # skip_k_cache_insert
-        False,
-        False,
-        "",
-        dcp_rank=rank,
-        dcp_world_size=w,
-        cp_kv_cache_interleave_size=_interleave(mod, w, case.k),
-        candidate_blocks=candidates,
-        candidate_block_size=case.bs,
-        candidate_write=write,
-    )
+    _run_op(mod, case, rank, w, n, gw, candidates, write)
     return seen[0]
 
 
