@@ -34,8 +34,6 @@ pytestmark = pytest.mark.slow
 
 SPEC_MATRIX = REPO / "launcher" / "dcp2" / "matrix-cpu-v41-spec.toml"
 BASELINE, CANDIDATE = "v41-spec-dcp1", "v41-spec-dcp2"
-# name -> where, (series patch, '+' line, what it becomes) or (upstream file, line, what it
-# becomes), and the one case it is served on.
 P10 = "10-v1_worker_gpu_spec_decode_dflash_speculator.py.diff"
 # Every draft group taken as DCP-sharded: each rank writes only its own interleave of the
 # draft's KV, at a sharded layout's slots (vLLM 0.32.0's own behaviour, which patch 10 fixes).
@@ -48,6 +46,8 @@ ROLLBACK = (
     "if get_dcp_group().rank_in_group == 1:\n"
     "    num_rejected = torch.zeros_like(num_rejected)",
 )
+# name -> where, (series patch, '+' line, what it becomes) or (upstream file, line, what it
+# becomes), and the one case it is served on.
 PLANTS = {
     "draft-kv-sharded": ("series", DRAFT_KV, "spec_ctx_0257"),
     "rollback-skipped-on-rank-1": ("upstream", ROLLBACK, "spec_ctx_0257"),
