@@ -351,9 +351,9 @@ def _with_spec_gate(
         return compared
     base, cand = spec_counts(baseline), spec_counts(candidate)
     out = dict(compared)
-    owners = {name: case for case, entry in base.items() for name in entry.records}
+    counted = {name for entry in base.values() for name in entry.records}
     for name in compared:
-        if name not in owners:
+        if name not in counted:
             out[name] = _failed(
                 out[name], f"no speculative-decoding counts, so {SPEC_GATE} is not met"
             )

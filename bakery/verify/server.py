@@ -76,10 +76,7 @@ class Client:
         response = await self._send("GET", path, what, None)
         if response.status_code == 404:
             return None
-        if response.status_code != 200:
-            body = repr(response.text[:200])
-            raise CaptureError(f"{what}: HTTP {response.status_code} from {path} ({body})")
-        return response.text
+        return _ok(response, path, what).text
 
     async def _send(
         self, method: str, path: str, what: str, payload: Json | None
@@ -104,10 +101,15 @@ class Client:
         raise CaptureError(f"{what}: {path} was never attempted (retries < 0)")
 
 
-def json_body(response: httpx.Response, path: str, what: str) -> Json:
+def _ok(response: httpx.Response, path: str, what: str) -> httpx.Response:
     if response.status_code != 200:
         body = repr(response.text[:200])
         raise CaptureError(f"{what}: HTTP {response.status_code} from {path} ({body})")
+    return response
+
+
+def json_body(response: httpx.Response, path: str, what: str) -> Json:
+    _ok(response, path, what)
     try:
         body = response.json()
     except ValueError as exc:

@@ -49,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 from _dcp_child import MARK, faster_interpreter, fork_ranks, rank_file, run_child
@@ -599,15 +600,8 @@ def check_refusals(report: Report, sm120, tree: Path) -> None:
 
     # Stage 5 serves DSpark drafts; any other method stays refused by name.
     def at_stage_5(config):
-        saved = os.environ.get("DSV41_DCP_STAGE")
-        os.environ["DSV41_DCP_STAGE"] = "5"
-        try:
+        with mock.patch.dict(os.environ, {"DSV41_DCP_STAGE": "5"}):
             return build_layer(sm120, config)
-        finally:
-            if saved is None:
-                del os.environ["DSV41_DCP_STAGE"]
-            else:
-                os.environ["DSV41_DCP_STAGE"] = saved
 
     report.check(
         "dcp_admitted",
