@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -55,10 +56,26 @@ def shared_bytecode(tmp_path_factory):
     it imports: a baked tree's vLLM is compiled once a session, not once a process. With
     PYTHONDONTWRITEBYTECODE (set on this machine) each child compiled it again: most of a
     DCP driver's time."""
+    prefix = tmp_path_factory.mktemp("bytecode")
+    _link_installed_bytecode(prefix)
     with pytest.MonkeyPatch.context() as env:
         env.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
-        env.setenv("PYTHONPYCACHEPREFIX", str(tmp_path_factory.mktemp("bytecode")))
+        env.setenv("PYTHONPYCACHEPREFIX", str(prefix))
         yield
+
+
+def _link_installed_bytecode(prefix: Path) -> None:
+    """Link the bytecode pip compiled at install (torch, vLLM, ...) where a child under
+    ``PYTHONPYCACHEPREFIX=prefix`` looks for it: that child ignores ``__pycache__``
+    folders, so without these links each session compiled the installed packages again
+    (a minute and more of the suite). A stale link is only ignored: Python checks each
+    file's source stamp and writes a new file over the link, never through it."""
+    tag = sys.implementation.cache_tag
+    for cache in Path(sysconfig.get_paths()["purelib"]).rglob("__pycache__"):
+        mirror = prefix / cache.parent.relative_to(cache.anchor)
+        mirror.mkdir(parents=True, exist_ok=True)
+        for compiled in cache.glob(f"*.{tag}.pyc"):
+            (mirror / compiled.name).symlink_to(compiled)
 
 
 @pytest.fixture(scope="module")

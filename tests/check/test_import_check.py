@@ -37,7 +37,7 @@ def test_the_check_fails_for_an_import_error_and_for_the_unpatched_copy(cpu_bake
     assert not result.ok and "ImportError" in result.detail
 
 
-def test_cli_import_check_exit_codes(cpu_bake, tmp_path):
+def test_cli_import_check_exit_codes(cpu_bake, series, tmp_path):
     proc = run_cli("importcheck", "--tree", str(cpu_bake.tree))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "7 module(s) import" in proc.stdout
+    assert f"{len(touched_modules(series))} module(s) import" in proc.stdout

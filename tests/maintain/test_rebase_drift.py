@@ -36,7 +36,7 @@ def test_the_032_series_forced_onto_034_names_the_three_breaks(tmp_path):
     # 1. flashinfer's private SM120 kernel gained a required lse_scale; patch 09 omits it.
     one(f"{SPARSE}:125: ", "_trtllm_batch_decode_sparse_mla_sm120", "'lse_scale'")
     # 2. VllmConfig.use_v2_model_runner is gone with the V1 runner; patch 02 reads it.
-    one("models/deepseek_v41/attention.py:261: ", "VllmConfig has no attribute", "use_v2_model")
+    one("models/deepseek_v41/attention.py:265: ", "VllmConfig has no attribute", "use_v2_model")
     # 3. The head set moved to models/deepseek_v4 (pad_to_supported_q_heads): patch 09's
     #    lines and stages.toml's heads_source name the old names.
     one(f"{SPARSE}:729: ", "name '_SPARSE_MLA_SUPPORTED_Q_HEADS' is not defined")

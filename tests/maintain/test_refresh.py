@@ -75,11 +75,12 @@ def test_edit_refresh_rebake_reproduces_the_edits(workspace):
     untouched = (package / UNTOUCHED).read_bytes().replace(b"\n", b"\n# new\n", 1)
     edit(package / PATCHED_FILE, patched)
     edit(package / UNTOUCHED, untouched)  # not through the hard link into the shared cache
+    added = f"{len(entries(series)) + 1:02d}-models_deepseek_v41_quant_config.py.diff"
     proc = refresh(series, build, "--stage", "2", "--summary", "quant config note")
     assert proc.returncode == 0, proc.stderr
     assert "update: 09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff" in proc.stdout
-    assert "add: 10-models_deepseek_v41_quant_config.py.diff" in proc.stdout
-    new = entries(series)["10-models_deepseek_v41_quant_config.py.diff"]
+    assert f"add: {added}" in proc.stdout
+    new = entries(series)[added]
     assert (new["stage"], new["summary"]) == (2, "quant config note")
     # The re-bake (done by refresh) reproduces both edits from the patches alone.
     assert (package / PATCHED_FILE).read_bytes() == patched

@@ -11,8 +11,9 @@ Then each bug the issue names is planted in a copy of the series, baked, and ser
 one candidate of the same matrix against the baseline bundle captured above, on the one
 case that crosses the shard edge, the indexer's threshold and the candidate pool
 (``--case ctx_0257``, where the weakest plant shows): each must fail it and the summary
-must name its first divergence. The index-K exchange's bug is served as the matrix's
-index-K entry, on the case that takes it (``ctx_0300`` prefilled in one chunk).
+must name its first divergence. The index-K exchange's own plants (keys in the ranks'
+order, a wrong owner, local row bounds) fail tests/lab/dcp/test_dcp_candidate_patched.py,
+which runs the same exchange on gloo ranks in seconds rather than a server start.
 """
 
 from __future__ import annotations
@@ -40,8 +41,7 @@ MATRIX = REPO / "launcher" / "dcp2" / "matrix-cpu-v41.toml"
 P01 = "01-model_executor_kernels_attention_dsa_candidate_blocks.py.diff"
 P06 = "06-model_executor_layers_sparse_attn_indexer.py.diff"
 P09 = "09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff"
-# name -> (patch, the '+' line, what it becomes): the issue's three planted bugs, and the
-# index-K exchange's keys left in the ranks' order instead of DCP1's (with its scales).
+# name -> (patch, the '+' line, what it becomes): the issue's three planted bugs.
 PLANTS = {
     "owner": (
         P09,
@@ -54,25 +54,11 @@ PLANTS = {
         "dist.all_reduce(x, op=dist.ReduceOp.MAX, group=get_dcp_group().device_group)",
         "return None",
     ),
-    "index-k-order": (
-        P06,
-        "keys = gathered(k_quant)[order].view(k_quant.dtype)",
-        "keys = gathered(k_quant).view(k_quant.dtype)",
-    ),
 }
 PLANT_CASE = "ctx_0257"
 # The matrix's entry whose prefill takes patch 06's index-K exchange (with a2a and stage 9's
-# gather), and its case.
+# gather; ctx_0300 prefilled in one chunk).
 INDEX_K = "v41-dcp2-a2a-s9-index-k"
-INDEX_K_CASE = "ctx_0300"
-# name -> (the matrix entry whose flags the plant is served with, the one case it runs)
-PLANT_RUNS = {name: ("v41-dcp2-ag_rs", PLANT_CASE) for name in PLANTS} | {
-    "index-k-order": (INDEX_K, INDEX_K_CASE)
-}
-UNORDERED_SCALES = (
-    "scales = gathered(k_scale)[order].view(k_scale.dtype)",
-    "scales = gathered(k_scale).view(k_scale.dtype)",
-)
 # The exchange's gathers keep this rank's copy only, as if it were every rank's, and the
 # index-K row bounds stay this rank's: with the wire-byte rule the tiny model's prefill
 # chunks take index K, so skipping the exchange skips those collectives too.
@@ -157,9 +143,7 @@ def test_a_planted_bug_fails_the_v41_matrix_and_names_the_first_divergence(
     if name == "exchange-skipped":  # the all-gathers of the same exchanges go too
         for skipped in SKIPPED_GATHERS:
             plant(series, patch, *skipped)
-    if name == "index-k-order":
-        plant(series, patch, *UNORDERED_SCALES)
-    entry, case = PLANT_RUNS[name]
+    entry, case = "v41-dcp2-ag_rs", PLANT_CASE
     tree = bake(load_series(series), "cpu", build=tmp_path / "build", cache=cache).tree
     one = tmp_path / "matrix.toml"
     _only_candidate(entry, one)
@@ -179,8 +163,6 @@ def test_a_planted_bug_fails_the_v41_matrix_and_names_the_first_divergence(
     assert summary["cases"] == [case]
     assert row["passed"] is False and row["failing_cases"] == [record_name(case)], row
     assert row["first_divergence"], row
-    if name == "index-k-order":  # it failed through the exchange it plants, not around it
-        assert row["exercised"]["index_k_publishes"] > 0, row
 
 
 # ---- batches (issue 33) -------------------------------------------------------------
@@ -263,7 +245,9 @@ def test_the_keyless_crash_planted_back_fails_the_batched_matrix_within_its_boun
     tree = bake(load_series(series), "cpu", build=tmp_path / "build", cache=cache).tree
     doc = tomlkit.parse(BATCH_MATRIX.read_text())
     doc["candidates"][0]["name"] = "planted"
-    doc["request_timeout_s"] = bound = 120  # the keyless case takes under a minute unplanted
+    # The crash is in the first prefill step, seconds into the request; the bound only ends
+    # the other ranks' wait (the log check below says it failed for the crash).
+    doc["request_timeout_s"] = bound = 30
     one = tmp_path / "matrix.toml"
     one.write_text(tomlkit.dumps(doc))
     started = time.monotonic()

@@ -5,14 +5,14 @@ token a step: DCP 1 as the baseline, DCP 2 at stage 5 as the candidate, on verif
 steps alone and batched. The matrix must pass, with vLLM's acceptance counts for every
 case on both sides, and every rank must have written the same sliding-window KV.
 
-Then two of the issue's three bugs are served, each as the one candidate against the
-baseline bundle captured above on one case, and each must fail it: the draft's KV written
-on the wrong ranks, each rank only its own interleave, as vLLM 0.32.0 did before patch 10
-(greedy verification keeps the tokens, so the KV check catches it), and the rollback of
-rejected drafts skipped on DCP rank 1. The third, the verification step's candidate blocks
-taken from the wrong position, moves no token of this model beyond its near ties
-(patches/dcp2/PLAN.md, stage 5); the reference and the indexer op's decode call site catch
-it (tests/lab/dcp/test_dcp_spec_reference.py, test_dcp_indexer_patched.py).
+Then the issue's three bugs are served, each as the one candidate against the baseline
+bundle captured above on one case, and each must fail it: the draft's KV written on the
+wrong ranks, each rank only its own interleave, as vLLM 0.32.0 did before patch 10 (greedy
+verification keeps the tokens, so the KV check catches it); the rollback of rejected drafts
+skipped on DCP rank 1; and the verification step's candidate blocks taken from the wrong
+position, each request's rows reading those published for the previous request's rows.
+That one shows only where a request reaches past the sliding window and the candidate
+pool: the batched case's 300-token prompt (the others fit in the window).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ pytestmark = pytest.mark.slow
 
 SPEC_MATRIX = REPO / "launcher" / "dcp2" / "matrix-cpu-v41-spec.toml"
 BASELINE, CANDIDATE = "v41-spec-dcp1", "v41-spec-dcp2"
+P06 = "06-model_executor_layers_sparse_attn_indexer.py.diff"
 P10 = "10-v1_worker_gpu_spec_decode_dflash_speculator.py.diff"
 # Every draft group taken as DCP-sharded: each rank writes only its own interleave of the
 # draft's KV, at a sharded layout's slots (vLLM 0.32.0's own behaviour, which patch 10 fixes).
@@ -46,11 +47,20 @@ ROLLBACK = (
     "if get_dcp_group().rank_in_group == 1:\n"
     "    num_rejected = torch.zeros_like(num_rejected)",
 )
+# The consumer layers of a verification step read the candidate slab one request off
+# (rolled by next_n rows); the source layer still writes each row's own.
+CANDIDATE_ROWS = (
+    P06,
+    "candidate_blocks[:num_rows],",
+    "candidate_blocks[:num_rows] if candidate_write"
+    " else candidate_blocks[:num_rows].roll(next_n, 0),",
+)
 # name -> where, (series patch, '+' line, what it becomes) or (upstream file, line, what it
-# becomes), and the one case it is served on.
+# becomes), the one case it is served on, and the records it must fail (None: the KV check).
 PLANTS = {
-    "draft-kv-sharded": ("series", DRAFT_KV, "spec_ctx_0257"),
-    "rollback-skipped-on-rank-1": ("upstream", ROLLBACK, "spec_ctx_0257"),
+    "draft-kv-sharded": ("series", DRAFT_KV, "spec_ctx_0257", None),
+    "rollback-skipped-on-rank-1": ("upstream", ROLLBACK, "spec_ctx_0257", ["spec_ctx_0257"]),
+    "candidates-one-request-off": ("series", CANDIDATE_ROWS, "spec_batch", ["spec_batch_00"]),
 }
 
 
@@ -89,7 +99,7 @@ def test_the_spec_matrix_passes_with_acceptance_counts_and_one_kv(spec_run):
 @pytest.mark.parametrize("name", sorted(PLANTS))
 def test_a_planted_stage5_bug_fails_the_spec_matrix(name, spec_run, cache, tmp_path):
     _, out = spec_run
-    where, (target, old, new), case = PLANTS[name]
+    where, (target, old, new), case, failing = PLANTS[name]
     series = tmp_path / "dcp2"
     shutil.copytree(REPO / "patches" / "dcp2", series)
     if where == "series":
@@ -108,9 +118,9 @@ def test_a_planted_stage5_bug_fails_the_spec_matrix(name, spec_run, cache, tmp_p
     assert "error: parity failed for 1 candidate(s): ['planted']" in proc.stderr
     (row,) = _summary(tmp_path / "out")["candidates"]
     assert row["passed"] is False, row
-    if name == "draft-kv-sharded":
+    if failing is None:
         # the tokens may pass (verification keeps them); the ranks' KV does not agree
         assert row["exercised"]["swa_kv_replicated"] is False, row
         assert "different sliding-window KV" in (tmp_path / "out" / "summary.md").read_text()
     else:
-        assert row["failing_cases"] == [record_name(case)], row
+        assert row["failing_cases"] == [record_name(r) for r in failing], row

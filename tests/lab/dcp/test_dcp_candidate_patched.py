@@ -85,6 +85,13 @@ BUGS = {
         "owner = (g // interleave + 1) % world",
         {"index_k_eq_dcp1_kernel"},
     ),
+    # index K: the gathered keys left in the ranks' order, not DCP1's (its scales in order)
+    "index_k_rank_order": (
+        "keys = gathered(k_quant)[order].view(k_quant.dtype)",
+        "keys = gathered(k_quant).view(k_quant.dtype)",
+        {"index_k_eq_dcp1_kernel"},
+        INDEXER,
+    ),
     # index K: DCP1's logits bounded by this rank's local row bounds (no sum over ranks)
     "index_k_local_bounds": (
         "dist.all_reduce(bounds, group=get_dcp_group().device_group)",
