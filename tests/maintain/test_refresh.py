@@ -75,7 +75,8 @@ def test_edit_refresh_rebake_reproduces_the_edits(workspace):
     untouched = (package / UNTOUCHED).read_bytes().replace(b"\n", b"\n# new\n", 1)
     edit(package / PATCHED_FILE, patched)
     edit(package / UNTOUCHED, untouched)  # not through the hard link into the shared cache
-    added = f"{len(entries(series)) + 1:02d}-models_deepseek_v41_quant_config.py.diff"
+    last = max(int(name.split("-", 1)[0]) for name in entries(series))
+    added = f"{last + 1:02d}-models_deepseek_v41_quant_config.py.diff"  # after the last
     proc = refresh(series, build, "--stage", "2", "--summary", "quant config note")
     assert proc.returncode == 0, proc.stderr
     assert "update: 09-models_deepseek_v41_nvidia_flashinfer_sparse.py.diff" in proc.stdout

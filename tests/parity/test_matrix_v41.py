@@ -143,14 +143,13 @@ def test_a_planted_bug_fails_the_v41_matrix_and_names_the_first_divergence(
     if name == "exchange-skipped":  # the all-gathers of the same exchanges go too
         for skipped in SKIPPED_GATHERS:
             plant(series, patch, *skipped)
-    entry, case = "v41-dcp2-ag_rs", PLANT_CASE
     tree = bake(load_series(series), "cpu", build=tmp_path / "build", cache=cache).tree
     one = tmp_path / "matrix.toml"
-    _only_candidate(entry, one)
+    _only_candidate("v41-dcp2-ag_rs", one)
     baseline = out / "bundles" / "v41-dcp1"
     proc = _matrix(
         one, tree.parent, tmp_path / "out", tmp_path / "artifacts",
-        "--baseline", str(baseline), "--series", str(series), "--case", case,
+        "--baseline", str(baseline), "--series", str(series), "--case", PLANT_CASE,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "error: parity failed for 1 candidate(s): ['planted']" in proc.stderr
@@ -160,8 +159,8 @@ def test_a_planted_bug_fails_the_v41_matrix_and_names_the_first_divergence(
         and "FAIL" in (tmp_path / "out" / "summary.md").read_text()
     )
     (row,) = summary["candidates"]
-    assert summary["cases"] == [case]
-    assert row["passed"] is False and row["failing_cases"] == [record_name(case)], row
+    assert summary["cases"] == [PLANT_CASE]
+    assert row["passed"] is False and row["failing_cases"] == [record_name(PLANT_CASE)], row
     assert row["first_divergence"], row
 
 

@@ -85,10 +85,10 @@ BUGS = {
         "owner = (g // interleave + 1) % world",
         {"index_k_eq_dcp1_kernel"},
     ),
-    # index K: the gathered keys left in the ranks' order, not DCP1's (its scales in order)
+    # index K: the gathered keys left in the ranks' order, not DCP1's
     "index_k_rank_order": (
         "keys = gathered(k_quant)[order].view(k_quant.dtype)",
-        "keys = gathered(k_quant).view(k_quant.dtype)",
+        "keys = gathered(k_quant)[order.sort().values].view(k_quant.dtype)",
         {"index_k_eq_dcp1_kernel"},
         INDEXER,
     ),
