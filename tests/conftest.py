@@ -55,7 +55,8 @@ def shared_bytecode(tmp_path_factory):
     ranks, the doors) keeps its bytecode in one folder of this session, outside the trees
     it imports: a baked tree's vLLM is compiled once a session, not once a process. With
     PYTHONDONTWRITEBYTECODE (set on this machine) each child compiled it again: most of a
-    DCP driver's time. A pytest a test runs keeps its parent session's folder."""
+    DCP driver's time. A folder already set is kept: a pytest that a test runs shares its
+    parent session's."""
     if os.environ.get("PYTHONPYCACHEPREFIX"):
         yield
         return
