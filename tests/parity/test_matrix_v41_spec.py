@@ -23,7 +23,7 @@ import shutil
 import pytest
 from _launch_support import REPO
 from _planting import plant, plant_upstream
-from test_matrix_v41 import _matrix, _only_candidate, _summary
+from test_matrix_v41 import P06, _matrix, _only_candidate, _summary
 
 from bakery.bake.bake import bake
 from bakery.series.series import load_series
@@ -34,7 +34,6 @@ pytestmark = pytest.mark.slow
 
 SPEC_MATRIX = REPO / "launcher" / "dcp2" / "matrix-cpu-v41-spec.toml"
 BASELINE, CANDIDATE = "v41-spec-dcp1", "v41-spec-dcp2"
-P06 = "06-model_executor_layers_sparse_attn_indexer.py.diff"
 P10 = "10-v1_worker_gpu_spec_decode_dflash_speculator.py.diff"
 # Every draft group taken as DCP-sharded: each rank writes only its own interleave of the
 # draft's KV, at a sharded layout's slots (vLLM 0.32.0's own behaviour, which patch 10 fixes).
